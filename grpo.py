@@ -1,0 +1,450 @@
+"""GRPO: Group Relative Policy Optimization with a verifiable reward, in one file.
+
+For each prompt, sample a group of G completions, score each with the verifier, and use the
+reward's deviation from its group's mean (divided by the group's std) as the advantage of every
+token of that completion. No critic: the group is the baseline. The policy is then updated with
+PPO's clipped surrogate, and a KL penalty to the frozen reference model is added to the loss.
+
+Objective (DeepSeekMath, Shao et al. 2024, arXiv:2402.03300, eq. 3), maximised:
+    J(θ) = E[ 1/G Σ_i 1/|o_i| Σ_t { min(ρ_it Â_it, clip(ρ_it, 1-ε_low, 1+ε_high) Â_it) - β D_KL[π_θ || π_ref]_it } ]
+    ρ_it = π_θ(o_it | q, o_i,<t) / π_θold(o_it | q, o_i,<t)
+    Â_it = (r_i - mean(r)) / std(r)                                            (outcome supervision, §4.1.2)
+    D_KL ≈ π_ref/π_θ - log(π_ref/π_θ) - 1                                      (k3, eq. 4)
+
+Options from later papers, each off by default unless said:
+- DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (`--eps-high 0.28`), token-level loss
+  (`--loss-agg token-mean`), dynamic sampling (`--dynamic-sampling`), overlong reward shaping
+  (`--overlong-buffer`).
+- Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): no std scaling (`--no-scale-by-std`) and
+  `--loss-agg seq-mean-token-sum-norm` (divide by B × max_new_tokens, a constant).
+
+Where this file departs from the papers, and why:
+- The std in Â is the population std (divide by G) plus eps = 1e-4; TRL uses the sample std
+  (divide by G-1), which makes |Â| smaller by sqrt((G-1)/G).
+- Dynamic sampling drops zero-variance groups but does not sample more prompts to refill the
+  batch as DAPO does; the batch shrinks instead (`frac_reward_zero_std` says by how much).
+- β defaults to 0.04 (DeepSeekMath). With `--beta 0` the reference model is not loaded at all.
+- The learning rate warms up linearly and then stays constant.
+
+Run:
+    python grpo.py                      # SmolLM2-135M-Instruct (embedded) on arithmetic, CPU or GPU
+    python grpo.py --model tiny --steps 3
+    python grpo.py --loss-agg token-mean --eps-high 0.28 --dynamic-sampling --beta 0   # DAPO-style
+    python grpo.py --help
+
+Shapes: P prompts, G completions per prompt, B = P*G sequences, S prompt tokens, T completion tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+import tyro
+
+import common
+from common import InputError, masked_mean, masked_sum
+
+
+@dataclass
+class Args:
+    # --- experiment ---
+    model: str = "smollm2"
+    """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
+    dataset: Optional[str] = None
+    """JSONL file with fields prompt, answer (numeric); default: the built-in arithmetic task"""
+    seed: int = 0
+    """seed for problems, sampling and initialisation"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda, cuda:1, ..."""
+    dtype: str = "auto"
+    """auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16, float16"""
+    output_dir: str = "runs"
+    """the run folder is created inside this directory"""
+    eval_every: int = 50
+    """evaluate held-out accuracy and save a checkpoint every this many steps (0 = only before and after)"""
+    eval_size: int = 200
+    """number of held-out problems (greedy decoding, verifier reward)"""
+
+    # --- algorithm ---
+    steps: int = 150
+    """optimizer steps on fresh batches (each batch is reused num_iterations times)"""
+    prompts_per_step: int = 4
+    """prompts per batch (P)"""
+    group_size: int = 8
+    """completions sampled per prompt (G >= 2)"""
+    num_iterations: int = 1
+    """policy updates per batch (μ); with μ > 1 the old log-probs are stored once per batch"""
+    eps_low: float = 0.2
+    """lower clip range: ρ is clipped at 1 - eps_low"""
+    eps_high: float = 0.2
+    """upper clip range: ρ is clipped at 1 + eps_high (DAPO clip-higher: 0.28)"""
+    beta: float = 0.04
+    """KL penalty coefficient; 0 = no reference model is loaded at all"""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """estimator of KL(π_θ || π_ref) per token (Schulman 2020); k3 in DeepSeekMath"""
+    loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
+    """loss aggregation: GRPO (per-sequence mean), DAPO (per-token mean), Dr. GRPO (sum / (B × max_new_tokens))"""
+    scale_by_std: bool = True
+    """divide advantages by the group's reward std (off in Dr. GRPO)"""
+    dynamic_sampling: bool = False
+    """drop groups whose rewards are all equal (they have zero advantage) (DAPO)"""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment: the last this-many tokens before max_new_tokens are penalised linearly (0 = off)"""
+    overlong_penalty: float = 1.0
+    """penalty at max_new_tokens when overlong_buffer > 0"""
+
+    # --- generation ---
+    max_new_tokens: int = 32
+    """completion length limit, in training and evaluation"""
+    temperature: float = 1.0
+    """sampling temperature; the same temperature divides the logits when log-probs are recomputed"""
+    top_p: float = 1.0
+    """nucleus sampling (1.0 = off); top-k is never used"""
+
+    # --- optimisation ---
+    lr: float = 1e-5
+    """AdamW learning rate"""
+    warmup_steps: int = 10
+    """linear learning-rate warm-up steps"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    max_grad_norm: float = 1.0
+    """gradient clipping by global norm"""
+    batch_size: Optional[int] = None
+    """micro-batch size in sequences for gradient accumulation (default: the whole batch P*G at once)"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass to save memory"""
+    save_model: bool = True
+    """save the final model (and one at each evaluation) in the run folder"""
+
+
+# ---------------------------------------------------------------------------------------------
+# The math: advantages, KL, loss
+# ---------------------------------------------------------------------------------------------
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
+    """Â_i = (r_i - mean(r_group)) / (std(r_group) + eps), DeepSeekMath §4.1.2. (N,) -> (N,)
+
+    Groups are consecutive runs of `group_size`. std is the population std (divide by G).
+    With scale_by_std=False (Dr. GRPO) only the mean is subtracted. A group whose rewards are
+    all equal gets zero advantages either way.
+    """
+    grouped = rewards.view(-1, group_size)  # (P, G)
+    centered = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale_by_std:
+        centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
+    return centered.reshape(-1)
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(π_θ || π_ref) from tokens sampled from π_θ (Schulman 2020, "Approximating KL").
+
+    With log r = log π_ref - log π_θ:  k1 = -log r (unbiased, can be < 0),  k2 = (log r)² / 2,
+    k3 = r - log r - 1 (unbiased, >= 0; DeepSeekMath eq. 4). (B, T), (B, T) -> (B, T)
+    """
+    log_ratio = ref_logprobs - logprobs
+    if kind == "k1":
+        return -log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
+    if kind == "k3":
+        return torch.exp(log_ratio) - log_ratio - 1.0
+    raise ValueError(f"unknown KL estimator {kind!r}")
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,  # (B, T) log π_θ, with gradient
+    old_logprobs: torch.Tensor,  # (B, T) log π_θold, no gradient
+    ref_logprobs: Optional[torch.Tensor],  # (B, T) log π_ref, or None when beta = 0
+    advantages: torch.Tensor,  # (B,)
+    mask: torch.Tensor,  # (B, T)
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    beta: float = 0.04,
+    loss_agg: str = "seq-mean-token-mean",
+    max_completion_length: Optional[int] = None,
+    kl_kind: str = "k3",
+) -> tuple[torch.Tensor, dict]:
+    """The negated GRPO objective (see the module docstring), to be minimised.
+
+    Per token: l_it = max(-Â_i ρ_it, -Â_i clip(ρ_it, 1-eps_low, 1+eps_high)) + β KL_it; the KL goes
+    into each token's loss before aggregation (DeepSeekMath), not into the reward. Aggregation:
+      seq-mean-token-mean      1/B Σ_i 1/|o_i| Σ_t l_it           (GRPO)
+      token-mean               Σ_it l_it / Σ_i |o_i|              (DAPO eq. 12)
+      seq-mean-token-sum-norm  Σ_it l_it / (B · max_completion_length)   (Dr. GRPO; a constant, never the
+                               padded width of this batch, so adding padding changes nothing)
+    Returns (loss, metrics) with metrics as floats: kl, clip_ratio, clip_ratio/low, clip_ratio/high.
+    """
+    ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
+    adv = advantages[:, None]  # (B, 1)
+    pg_loss1 = -adv * ratio
+    pg_loss2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    per_token = torch.max(pg_loss1, pg_loss2)  # (B, T) pessimistic bound, PPO eq. 7
+    kl = None
+    if beta != 0.0:
+        kl = kl_estimate(logprobs, ref_logprobs, kl_kind)
+        per_token = per_token + beta * kl
+
+    if loss_agg == "seq-mean-token-mean":
+        loss = (masked_sum(per_token, mask, dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+    elif loss_agg == "token-mean":
+        loss = masked_sum(per_token, mask) / mask.sum().clamp(min=1)
+    elif loss_agg == "seq-mean-token-sum-norm":
+        if max_completion_length is None:
+            raise ValueError("seq-mean-token-sum-norm needs max_completion_length")
+        loss = masked_sum(per_token, mask) / (mask.shape[0] * max_completion_length)
+    else:
+        raise ValueError(f"unknown loss_agg {loss_agg!r}")
+
+    with torch.no_grad():
+        clipped_low = (ratio < 1.0 - eps_low) & (adv < 0)  # the clip binds only where it lowers the objective
+        clipped_high = (ratio > 1.0 + eps_high) & (adv > 0)
+        metrics = {
+            "kl": masked_mean(kl, mask).item() if kl is not None else 0.0,
+            "clip_ratio": masked_mean((clipped_low | clipped_high).float(), mask).item(),
+            "clip_ratio/low": masked_mean(clipped_low.float(), mask).item(),
+            "clip_ratio/high": masked_mean(clipped_high.float(), mask).item(),
+        }
+    return loss, metrics
+
+
+def micro_batch_weight(loss_agg: str, micro_mask: torch.Tensor, batch_mask: torch.Tensor) -> float:
+    """Weight of one micro-batch's loss so that the accumulated gradient equals the full batch's.
+
+    Sequence-level aggregations average over sequences, so a micro-batch counts by its share of
+    sequences; token-mean averages over tokens, so it counts by its share of tokens.
+    """
+    if loss_agg == "token-mean":
+        return micro_mask.sum().item() / batch_mask.sum().item()
+    return micro_mask.shape[0] / batch_mask.shape[0]
+
+
+def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, penalty: float) -> torch.Tensor:
+    """DAPO eq. 13, soft overlong punishment: 0 up to L_max - L_cache, then falling linearly to -penalty at L_max.
+
+    lengths (B,) -> (B,). L_max = max_new_tokens, L_cache = buffer.
+    """
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float)
+    over = (lengths - (max_new_tokens - buffer)).clamp(min=0).float()
+    return -penalty * (over / buffer).clamp(max=1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+def load_problems(args: Args) -> tuple[itertools.cycle | object, list[common.Problem]]:
+    """(endless training stream, held-out problems): the arithmetic task, or the user's JSONL."""
+    if args.dataset is None:
+        heldout = common.heldout_problems(args.eval_size)
+        return common.train_problems(args.seed, heldout), heldout
+    rows = common.read_jsonl(args.dataset, ("prompt", "answer"))
+    for line_no, row in enumerate(rows, 1):
+        if common.extract_final_number(row["answer"]) is None:
+            raise InputError(f"{args.dataset}: row {line_no}: answer {row['answer']!r} is not a number the verifier can check")
+    problems = [common.Problem(r["prompt"], r["answer"]) for r in rows]
+    random.Random(args.seed).shuffle(problems)
+    n_eval = min(args.eval_size, len(problems) // 10)
+    if len(problems) - n_eval < args.prompts_per_step:
+        raise InputError(f"{args.dataset}: {len(problems)} rows; need at least {args.prompts_per_step} for training beyond the held-out tenth")
+    return itertools.cycle(problems[n_eval:]), problems[:n_eval]
+
+
+def check_args(args: Args) -> None:
+    if args.group_size < 2:
+        raise InputError(f"--group-size must be at least 2 (the group is the baseline), not {args.group_size}")
+    batch = args.prompts_per_step * args.group_size
+    if args.batch_size is not None and (args.batch_size < 1 or batch % args.batch_size):
+        raise InputError(f"--batch-size {args.batch_size} must divide prompts-per-step × group-size = {batch}")
+    for name in ("steps", "prompts_per_step", "num_iterations", "max_new_tokens", "eval_size"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.temperature <= 0:
+        raise InputError("--temperature must be > 0 for sampling (evaluation is always greedy)")
+    if not 0 < args.top_p <= 1:
+        raise InputError("--top-p must be in (0, 1]")
+    if not (0 <= args.eps_low < 1 and args.eps_high >= 0):
+        raise InputError("--eps-low must be in [0, 1) and --eps-high >= 0")
+    if args.overlong_buffer >= args.max_new_tokens:
+        raise InputError("--overlong-buffer must be smaller than --max-new-tokens")
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def main(args: Args) -> dict:
+    check_args(args)
+    common.set_seed(args.seed)
+    device = common.resolve_device(args.device)
+    dtype = common.resolve_dtype(args.dtype, device)
+    train_stream, heldout = load_problems(args)
+    tokenizer = common.load_tokenizer(args.model)
+    policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
+    ref_model = None
+    if args.beta != 0.0:
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    if args.gradient_checkpointing:
+        policy.activation_checkpointing_enable()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
+    run_dir = common.make_run_dir(args.output_dir, "grpo", args.model, args.seed, args)
+    log = common.MetricsLog(run_dir / "metrics.jsonl")
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    G, micro = args.group_size, args.batch_size or args.prompts_per_step * args.group_size
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    print(f"run folder: {run_dir}")
+
+    def evaluate(step: int) -> dict:
+        policy.eval()
+        result = common.evaluate_accuracy(policy, tokenizer, heldout, args.max_new_tokens)
+        print(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
+        return result
+
+    before = evaluate(0)
+    evals = [{"step": 0, "accuracy": before["accuracy"]}]
+    last_good = None
+    bar = common.progress(args.steps, "grpo")
+    for step in range(1, args.steps + 1):
+        # ---- 1. sample G completions per prompt from the current policy -------------------------
+        t0 = time.time()
+        problems = [next(train_stream) for _ in range(args.prompts_per_step)]
+        prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p.prompt) for p in problems], device)
+        policy.eval()
+        completion_ids = common.sample_completions(
+            policy, prompt_ids, prompt_mask, G, args.max_new_tokens, eos, pad, args.temperature, args.top_p, generator
+        )  # (B, T)
+        mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
+        time_generate = time.time() - t0
+
+        # ---- 2. score with the verifier ---------------------------------------------------------
+        texts = common.decode_completions(tokenizer, completion_ids, mask)
+        answers = [p.answer for p in problems for _ in range(G)]
+        correct = torch.tensor([common.verify(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
+        lengths = mask.sum(1)  # (B,)
+        rewards = correct + overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty)
+
+        # ---- 3. group-relative advantages -------------------------------------------------------
+        advantages = group_advantages(rewards, G, args.scale_by_std)  # (B,)
+        group_std = rewards.view(-1, G).std(dim=1, unbiased=False)  # (P,)
+        keep_groups = torch.ones_like(group_std, dtype=torch.bool)
+        if args.dynamic_sampling:
+            keep_groups = group_std > 0
+        keep = keep_groups.repeat_interleave(G)  # (B,)
+        stats = {
+            "reward": rewards.mean().item(),
+            "reward_std": group_std.mean().item(),
+            "frac_reward_zero_std": (group_std == 0).float().mean().item(),
+            "accuracy/train": correct.mean().item(),
+            "completion_length": lengths.float().mean().item(),
+            "completion_truncated": (mask[:, -1] == 1).float().mean().item() if mask.shape[1] == args.max_new_tokens else 0.0,
+        }
+        t1 = time.time()
+        if not keep.any():
+            log.write(step, {**stats, "skipped": 1, "time/generate": time_generate, "memory/peak_gb": common.peak_memory_gb(device)})
+            bar.update(1)
+            bar.set_postfix(reward=f"{stats['reward']:.3f}", skipped="all groups equal")
+            continue
+        prompt_ids, prompt_mask = prompt_ids[keep_groups], prompt_mask[keep_groups]
+        completion_ids, mask, advantages = completion_ids[keep], mask[keep], advantages[keep]
+        width = int(mask.sum(1).max())  # drop columns that are padding in every row
+        completion_ids, mask = completion_ids[:, :width], mask[:, :width]
+        B = completion_ids.shape[0]
+        micro = min(micro, B)
+        slices = [slice(i, min(i + micro, B)) for i in range(0, B, micro)]
+        group_of_row = torch.arange(B, device=device) // G  # (B,) which kept prompt each row belongs to
+
+        def logprobs_of(model, rows: slice, with_entropy: bool = False):
+            prompts, repeats = torch.unique_consecutive(group_of_row[rows], return_counts=True)
+            return common.completion_logprobs(
+                model, prompt_ids[prompts], prompt_mask[prompts], completion_ids[rows], repeats, args.temperature, with_entropy
+            )
+
+        # ---- 4. old and reference log-probs, once per batch -------------------------------------
+        with torch.no_grad():
+            # With μ = 1 the sampling policy *is* the current one, so old = current.detach() below and
+            # ratio is exactly 1 (no extra forward); with μ > 1 they must be frozen before the first update.
+            old_logprobs = torch.cat([logprobs_of(policy, s)[0] for s in slices]) if args.num_iterations > 1 else None
+            ref_logprobs = torch.cat([logprobs_of(ref_model, s)[0] for s in slices]) if ref_model is not None else None
+
+        # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
+        policy.train()
+        for iteration in range(args.num_iterations):
+            optimizer.zero_grad(set_to_none=True)
+            step_metrics, entropies = [], []
+            for s in slices:
+                logprobs, entropy = logprobs_of(policy, s, with_entropy=iteration == 0)
+                loss, m = grpo_loss(
+                    logprobs,
+                    old_logprobs[s] if old_logprobs is not None else logprobs.detach(),
+                    ref_logprobs[s] if ref_logprobs is not None else None,
+                    advantages[s], mask[s], args.eps_low, args.eps_high, args.beta,
+                    args.loss_agg, args.max_new_tokens, args.kl_estimator,
+                )
+                if not torch.isfinite(loss):
+                    where = f"the last good checkpoint (step {last_good}) is in {run_dir / 'model'}" if last_good else "no checkpoint was saved"
+                    raise InputError(f"loss became {loss.item()} at step {step}; stopped without saving it; {where}. Try a lower --lr")
+                weight = micro_batch_weight(args.loss_agg, mask[s], mask)
+                (loss * weight).backward()
+                step_metrics.append({**m, "loss": loss.item(), "weight": weight})
+                if entropy is not None:
+                    entropies.append(masked_mean(entropy, mask[s]).item() * weight)
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+            optimizer.step()
+        scheduler.step()
+        time_train = time.time() - t1
+
+        # ---- 6. log -------------------------------------------------------------------------------
+        averaged = {k: sum(m[k] * m["weight"] for m in step_metrics) for k in step_metrics[0] if k != "weight"}
+        step_time = time.time() - t0
+        stats.update(averaged)
+        stats.update({
+            "entropy": sum(entropies),
+            "grad_norm": grad_norm.item(),
+            "lr": scheduler.get_last_lr()[0],
+            "time/generate": time_generate,
+            "time/train": time_train,
+            "tokens_per_second": lengths.sum().item() / step_time,
+            "tokens_per_second/generate": lengths.sum().item() / time_generate,
+            "memory/peak_gb": common.peak_memory_gb(device),
+        })
+        log.write(step, stats)
+        bar.update(1)
+        bar.set_postfix(reward=f"{stats['reward']:.3f}", kl=f"{stats['kl']:.4f}", len=f"{stats['completion_length']:.1f}")
+
+        # ---- 7. evaluate and checkpoint -----------------------------------------------------------
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            evals.append({"step": step, "accuracy": evaluate(step)["accuracy"]})
+            if args.save_model:
+                common.save_checkpoint(policy, tokenizer, run_dir / "model")
+                last_good = step
+    bar.close()
+
+    after = evaluate(args.steps)
+    evals.append({"step": args.steps, "accuracy": after["accuracy"]})
+    if args.save_model:
+        common.save_checkpoint(policy, tokenizer, run_dir / "model")
+    result = {
+        "accuracy_before": before["accuracy"],
+        "accuracy_after": after["accuracy"],
+        "evals": evals,
+        "steps": args.steps,
+        "wall_time_s": round(time.time() - log.start, 1),
+        "memory/peak_gb": common.peak_memory_gb(device),
+        "samples_before": before["samples"],
+        "samples_after": after["samples"],
+        "run_dir": str(run_dir),
+    }
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; run folder {run_dir}")
+    return result
+
+
+if __name__ == "__main__":
+    common.run_cli(main, tyro.cli(Args))
