@@ -287,7 +287,11 @@ def completion_logprobs(
 
 def _entropy(logits: torch.Tensor) -> torch.Tensor:
     """H = -Σ_v p_v log p_v per position, one sequence at a time to bound memory. (B, T, V) -> (B, T)"""
-    return torch.stack([torch.distributions.Categorical(logits=row.float()).entropy() for row in logits])
+    out = []
+    for row in logits:
+        logp = torch.log_softmax(row.float(), dim=-1)  # (T, V)
+        out.append(-(logp.exp() * logp).sum(-1))
+    return torch.stack(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,8 +484,11 @@ def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 def make_run_dir(output_dir: str, algo: str, model: str, seed: int, args) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(output_dir) / f"{algo}-{Path(model).name}-{seed}-{stamp}"
-    run_dir.mkdir(parents=True, exist_ok=False)
+    base = Path(output_dir) / f"{algo}-{Path(model).name}-{seed}-{stamp}"
+    run_dir, n = base, 1
+    while run_dir.exists():  # two runs started in the same second
+        run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
+    run_dir.mkdir(parents=True)
     (run_dir / "args.json").write_text(json.dumps(asdict(args), indent=2) + "\n")
     return run_dir
 

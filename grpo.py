@@ -44,7 +44,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional
 
 import torch
 import tyro
@@ -189,6 +189,8 @@ def grpo_loss(
     per_token = torch.max(pg_loss1, pg_loss2)  # (B, T) pessimistic bound, PPO eq. 7
     kl = None
     if beta != 0.0:
+        if ref_logprobs is None:
+            raise ValueError("beta != 0 needs ref_logprobs")
         kl = kl_estimate(logprobs, ref_logprobs, kl_kind)
         per_token = per_token + beta * kl
 
@@ -279,7 +281,12 @@ def check_args(args: Args) -> None:
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-def main(args: Args) -> dict:
+def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> dict:
+    """Train with GRPO; returns the final metrics (also written to the run folder's eval.json).
+
+    reward_fn(completion, answer) -> float scores training samples (default: the arithmetic
+    verifier); held-out accuracy is always measured with the verifier.
+    """
     check_args(args)
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
@@ -326,7 +333,7 @@ def main(args: Args) -> dict:
         # ---- 2. score with the verifier ---------------------------------------------------------
         texts = common.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
-        correct = torch.tensor([common.verify(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
+        correct = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
         lengths = mask.sum(1)  # (B,)
         rewards = correct + overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty)
 

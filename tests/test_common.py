@@ -1,0 +1,228 @@
+"""common.py: log-probs, masks, sampling, the task's verifier, data files and checkpoints."""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+import common
+
+
+# ---- masked statistics -------------------------------------------------------------------------
+def test_masked_mean_and_sum_by_hand():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert common.masked_sum(x, mask).item() == 7.0  # 1 + 2 + 4
+    assert common.masked_mean(x, mask).item() == pytest.approx(7 / 3)
+    assert common.masked_mean(x, mask, dim=1).tolist() == [1.5, 4.0]  # (1+2)/2, 4/1
+
+
+def test_masked_whiten_uses_population_variance_and_ignores_padding():
+    x = torch.tensor([1.0, 2.0, 3.0, 100.0])
+    mask = torch.tensor([1, 1, 1, 0])
+    # mean 2, population variance ((1-2)² + 0 + (3-2)²) / 3 = 2/3, so 1 -> -1/sqrt(2/3) = -1.224745
+    w = common.masked_whiten(x, mask)
+    assert w[:3].tolist() == pytest.approx([-1.224745, 0.0, 1.224745], abs=1e-5)
+    assert common.masked_whiten(x, mask, shift_mean=False)[:3].tolist() == pytest.approx([0.775255, 2.0, 3.224745], abs=1e-5)
+
+
+# ---- gather_logprobs and completion masks --------------------------------------------------------
+def test_gather_logprobs_matches_log_softmax_across_chunks():
+    torch.manual_seed(0)
+    logits, labels = torch.randn(3, 5, 11), torch.randint(0, 11, (3, 5))
+    naive = torch.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
+    assert torch.allclose(common.gather_logprobs(logits, labels, chunk_rows=4), naive, atol=1e-6)  # 15 rows: 4 chunks
+
+
+def test_gather_logprobs_by_hand():
+    # logits [0, ln 3]: softmax [1/4, 3/4]
+    logits = torch.tensor([[[0.0, math.log(3.0)]]])
+    assert common.gather_logprobs(logits, torch.tensor([[1]])).item() == pytest.approx(math.log(0.75))
+
+
+def test_completion_mask_keeps_first_eos_and_drops_the_rest():
+    eos = 2
+    ids = torch.tensor([[5, 2, 0, 0], [5, 6, 7, 8], [2, 5, 2, 2]])
+    assert common.completion_mask(ids, eos).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+
+
+def test_completion_mask_when_pad_is_eos():
+    # gpt2: pad == eos, so the row after the real EOS is all EOS; only the first one counts
+    ids = torch.tensor([[7, 9, 50256, 50256, 50256]])
+    assert common.completion_mask(ids, 50256).tolist() == [[1, 1, 1, 0, 0]]
+
+
+# ---- completion log-probs ----------------------------------------------------------------------------
+def one_token_at_a_time(model, prompt: torch.Tensor, completion: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Reference: no padding, no cache, one growing sequence per token."""
+    out = []
+    for t in range(len(completion)):
+        seq = torch.cat([prompt, completion[:t]])[None]
+        logits = model(seq).logits[0, -1] / temperature
+        out.append(torch.log_softmax(logits, -1)[completion[t]])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_completion_logprobs_equal_one_token_at_a_time_reference(tiny_model, tokenizer, prompts, share_prompt):
+    ids, mask = prompts
+    completions = common.sample_completions(tiny_model, ids, mask, 3, 6, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    logprobs, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([3, 3]), 0.7, share_prompt=share_prompt)
+    for b in range(6):
+        prompt = ids[b // 3][mask[b // 3].bool()]
+        reference = one_token_at_a_time(tiny_model, prompt, completions[b], temperature=0.7)
+        # one temperature division: dividing twice (0.49) or not at all would miss by far more than 1e-5
+        assert torch.allclose(logprobs[b], reference, atol=1e-5)
+
+
+def test_completion_logprobs_ignore_padding_amount(tiny_model, tokenizer, prompts):
+    ids, mask = prompts
+    completions = torch.randint(10, 60, (6, 5))
+    base, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([3, 3]))
+    pad = tokenizer.pad_token_id
+    more_left = torch.cat([torch.full((2, 7), pad), ids], 1), torch.cat([torch.zeros(2, 7, dtype=torch.long), mask], 1)
+    more_right = torch.cat([completions, torch.full((6, 4), pad)], 1)
+    padded, _ = common.completion_logprobs(tiny_model, *more_left, more_right, torch.tensor([3, 3]))
+    assert torch.allclose(padded[:, :5], base, atol=1e-5)
+
+
+def test_shared_prompt_and_concatenated_forward_give_the_same_gradient(tokenizer, prompts):
+    ids, mask = prompts
+    completions = torch.randint(10, 60, (4, 5))
+    grads = []
+    for share in (True, False):
+        model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32, seed=0)
+        logprobs, _ = common.completion_logprobs(model, ids, mask, completions, torch.tensor([1, 3]), share_prompt=share)
+        logprobs.sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)
+
+
+# ---- sampling --------------------------------------------------------------------------------------------
+def test_greedy_sampling_follows_argmax_and_pads_after_eos(tiny_model, tokenizer, prompts):
+    ids, mask = prompts
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    completions = common.sample_completions(tiny_model, ids, mask, 2, 8, eos, pad, temperature=0)
+    assert completions.shape[0] == 4 and torch.equal(completions[0], completions[1])  # greedy: both samples agree
+    logprobs, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]))
+    for b in range(4):
+        prompt = ids[b // 2][mask[b // 2].bool()]
+        for t in range(completions.shape[1]):
+            if t > 0 and completions[b, t - 1] == eos:
+                assert (completions[b, t:] == pad).all()
+                break
+            logits = tiny_model(torch.cat([prompt, completions[b, :t]])[None]).logits[0, -1]
+            assert completions[b, t] == logits.argmax()
+
+
+def test_inverse_cdf_sampling_has_the_right_distribution():
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]])).expand(20000, 3)
+    tokens = common._sample_token(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=3).float() / 20000
+    assert freq.tolist() == pytest.approx([0.2, 0.5, 0.3], abs=0.015)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]])).expand(5000, 3)
+    # sorted 0.5, 0.3, 0.2: top_p = 0.6 keeps {0.5, 0.3} (0.5 alone is < 0.6), renormalised to 5/8, 3/8
+    tokens = common._sample_token(logits, 1.0, 0.6, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=3).float() / 5000
+    assert freq[0] == 0 and freq[1].item() == pytest.approx(0.625, abs=0.03)
+
+
+# ---- the task -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "completion, reward",
+    [
+        ("85", 1.0),
+        ("The answer is 85.", 1.0),
+        ("47 + 38 = 85", 1.0),  # restated question: the final number counts
+        ("What is 47 + 38? 85", 1.0),
+        ("47 + 38 = 80 + 5 = 85", 1.0),  # '=' chain
+        ("85 is the sum of 47 and 38", 0.0),  # the final number is 38
+        ("The answer is 85, I am sure.", 1.0),  # trailing text after the number
+        ("The answer is 85.0", 1.0),
+        ("I don't know", 0.0),  # no number
+        ("", 0.0),
+        ("The answer is 86.", 0.0),
+        ("-85", 0.0),
+        ("The total is 1,085.", 0.0),  # comma is a thousands separator: 1085, not 85
+        ("8 5", 0.0),
+    ],
+)
+def test_verifier_table(completion, reward):
+    assert common.verify(completion, "85") == reward
+
+
+@pytest.mark.parametrize(
+    "text, number",
+    [("12 - 20 = -8", -8.0), ("5-3=2", 2.0), ("5-3", 3.0), ("1,234", 1234.0), ("pi is 3.14.", 3.14), ("x", None), ("1e5", 5.0)],
+)
+def test_extract_final_number(text, number):
+    assert common.extract_final_number(text) == number
+
+
+def test_heldout_set_is_fixed_distinct_and_never_trained_on():
+    heldout = common.heldout_problems(200)
+    assert heldout == common.heldout_problems(200) and len({p.prompt for p in heldout}) == 200
+    stream = common.train_problems(seed=3, exclude=heldout)
+    train = [next(stream) for _ in range(3000)]
+    assert not {p.prompt for p in train} & {p.prompt for p in heldout}
+    assert all(int(p.answer) == sum(int(x) for x in p.prompt[8:-1].split(" + ")) for p in train[:50])
+
+
+def test_prompt_format_with_and_without_chat_template(tokenizer):
+    assert common.format_prompt(tokenizer, "What is 1 + 2?") == "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
+    plain = common.make_tiny_tokenizer()
+    plain.chat_template = None
+    assert common.format_prompt(plain, "What is 1 + 2?") == "Question: What is 1 + 2?\nAnswer:"
+
+
+# ---- data files and checkpoints -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (['{"prompt": "a", "answer": "1"}', "{not json"], "data.jsonl:2: not valid JSON"),
+        (['{"prompt": "a", "answer": "1"}', "", '{"prompt": "b"}'], "data.jsonl:3: field 'answer' missing"),
+        (['["prompt", "answer"]'], "data.jsonl:1: expected a JSON object"),
+        ([""], "data.jsonl: the dataset is empty"),
+    ],
+)
+def test_read_jsonl_reports_file_and_line(tmp_path, lines, message):
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(common.InputError, match=message):
+        common.read_jsonl(str(path), ("prompt", "answer"))
+
+
+def test_read_jsonl_reads_valid_rows(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"prompt": "a", "answer": "1", "extra": 3}) + "\n")
+    assert common.read_jsonl(str(path), ("prompt", "answer")) == [{"prompt": "a", "answer": "1", "extra": 3}]
+
+
+def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, tokenizer, monkeypatch):
+    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32)
+    target = tmp_path / "model"
+    common.save_checkpoint(model, tokenizer, target)
+    good = (target / "model.safetensors").read_bytes()
+
+    def broken_save(path, *args, **kwargs):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model, "save_pretrained", broken_save)
+    with pytest.raises(KeyboardInterrupt):
+        common.save_checkpoint(model, tokenizer, target)
+    assert (target / "model.safetensors").read_bytes() == good
+
+
+def test_dropout_is_off_in_loaded_models(tokenizer):
+    model = common.load_model("tiny-gpt2", len(tokenizer), torch.device("cpu"), torch.float32)
+    model.train()
+    ids = torch.randint(5, 50, (2, 9))
+    assert torch.equal(model(ids).logits, model(ids).logits)
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))

