@@ -40,7 +40,6 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from typing import Callable, Literal, Optional
 
 import torch
 import tyro
+from tqdm.auto import tqdm
 
 import common
 from common import InputError, masked_mean, masked_sum
@@ -74,7 +74,7 @@ class Args:
     """number of held-out problems (greedy decoding, verifier reward)"""
 
     # --- algorithm ---
-    steps: int = 150
+    steps: int = 100
     """optimizer steps on fresh batches (each batch is reused num_iterations times)"""
     prompts_per_step: int = 4
     """prompts per batch (P)"""
@@ -311,7 +311,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
     def evaluate(step: int) -> dict:
         policy.eval()
         result = common.evaluate_accuracy(policy, tokenizer, heldout, args.max_new_tokens)
-        print(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
+        tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
         return result
 
     before = evaluate(0)
@@ -333,9 +333,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
         # ---- 2. score with the verifier ---------------------------------------------------------
         texts = common.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
-        correct = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
+        scores = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
         lengths = mask.sum(1)  # (B,)
-        rewards = correct + overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty)
+        rewards = scores + overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty)
 
         # ---- 3. group-relative advantages -------------------------------------------------------
         advantages = group_advantages(rewards, G, args.scale_by_std)  # (B,)
@@ -348,7 +348,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
             "reward": rewards.mean().item(),
             "reward_std": group_std.mean().item(),
             "frac_reward_zero_std": (group_std == 0).float().mean().item(),
-            "accuracy/train": correct.mean().item(),
+            "score": scores.mean().item(),  # the reward before any overlong penalty
             "completion_length": lengths.float().mean().item(),
             "completion_truncated": (mask[:, -1] == 1).float().mean().item() if mask.shape[1] == args.max_new_tokens else 0.0,
         }
@@ -417,8 +417,10 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
             "lr": scheduler.get_last_lr()[0],
             "time/generate": time_generate,
             "time/train": time_train,
+            "time/step": step_time,
             "tokens_per_second": lengths.sum().item() / step_time,
             "tokens_per_second/generate": lengths.sum().item() / time_generate,
+            "tokens_per_second/train": mask.sum().item() * args.num_iterations / time_train,
             "memory/peak_gb": common.peak_memory_gb(device),
         })
         log.write(step, stats)

@@ -168,7 +168,7 @@ def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path):
 
 
 @pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
-def test_one_micro_batch_of_8_equals_8_of_1(tmp_path, monkeypatch, loss_agg):
+def test_one_micro_batch_of_8_equals_8_of_1_and_checkpointing(tmp_path, monkeypatch, loss_agg):
     grads, clip = [], torch.nn.utils.clip_grad_norm_
 
     def record_then_clip(parameters, max_norm):  # the gradient the loop hands to the optimizer
@@ -177,9 +177,10 @@ def test_one_micro_batch_of_8_equals_8_of_1(tmp_path, monkeypatch, loss_agg):
         return clip(parameters, max_norm)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
-    for batch_size in (None, 1):
-        main(tiny_args(tmp_path, steps=1, batch_size=batch_size, loss_agg=loss_agg, beta=0.1, save_model=False), reward_fn=digit_fraction)
-    assert grads[0].norm() > 0 and torch.allclose(grads[0], grads[1], atol=1e-6)
+    for config in (dict(batch_size=None), dict(batch_size=1), dict(batch_size=2, gradient_checkpointing=True)):
+        main(tiny_args(tmp_path, steps=1, loss_agg=loss_agg, beta=0.1, save_model=False, **config), reward_fn=digit_fraction)
+    assert grads[0].norm() > 0
+    assert torch.allclose(grads[0], grads[1], atol=1e-6) and torch.allclose(grads[0], grads[2], atol=1e-6)
 
 
 def test_num_iterations_reuses_the_batch_with_stored_old_logprobs(tmp_path):
