@@ -166,7 +166,7 @@ def load_model(name: str, vocab_size: int, device: torch.device, dtype: torch.dt
         path = smollm2_checkpoint() if name == "smollm2" else name
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        except OSError as e:
+        except (OSError, ValueError) as e:
             raise InputError(
                 f"cannot load model {name!r}: not a local checkpoint, and the Hugging Face Hub is unreachable "
                 f"or has no such model ({type(e).__name__}). Offline choices: {OFFLINE_CHOICES}"
@@ -233,6 +233,12 @@ def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def _check_left_padded(prompt_mask: torch.Tensor) -> None:
+    # The next token is predicted from the last column, so it must be a real token in every row.
+    if not prompt_mask[:, -1].all():
+        raise ValueError("prompts must be left-padded (tokenize_prompts does this)")
+
+
 def _repeat_cache(cache, repeats: torch.Tensor) -> None:
     """Repeat each prompt's key/value cache `repeats[p]` times along the batch (autograd flows through)."""
     for layer in cache.layers:
@@ -260,6 +266,7 @@ def completion_logprobs(
     so it takes the concatenated branch.
     Returns logprobs (B, T) and entropy (B, T) or None (entropy carries no gradient).
     """
+    _check_left_padded(prompt_mask)
     S = prompt_ids.shape[1]
     full_mask = torch.cat([prompt_mask.repeat_interleave(repeats, dim=0), torch.ones_like(completion_ids)], dim=1)  # (B, S+T)
     positions = _position_ids(full_mask)  # (B, S+T)
@@ -317,6 +324,7 @@ def sample_completions(
     top_p < 1, no top-k. Rows that have emitted EOS are padded with pad_token_id; the loop stops
     when every row has finished.
     """
+    _check_left_padded(prompt_mask)
     repeats = torch.full((prompt_ids.shape[0],), num_samples, device=prompt_ids.device)
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=_position_ids(prompt_mask), use_cache=True, logits_to_keep=1)
     cache = out.past_key_values

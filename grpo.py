@@ -43,7 +43,7 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Callable, Iterator, Literal, Optional
 
 import torch
 import tyro
@@ -242,7 +242,7 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, pe
 # ---------------------------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------------------------
-def load_problems(args: Args) -> tuple[itertools.cycle | object, list[common.Problem]]:
+def load_problems(args: Args) -> tuple[Iterator[common.Problem], list[common.Problem]]:
     """(endless training stream, held-out problems): the arithmetic task, or the user's JSONL."""
     if args.dataset is None:
         heldout = common.heldout_problems(args.eval_size)
@@ -253,7 +253,7 @@ def load_problems(args: Args) -> tuple[itertools.cycle | object, list[common.Pro
             raise InputError(f"{args.dataset}: row {line_no}: answer {row['answer']!r} is not a number the verifier can check")
     problems = [common.Problem(r["prompt"], r["answer"]) for r in rows]
     random.Random(args.seed).shuffle(problems)
-    n_eval = min(args.eval_size, len(problems) // 10)
+    n_eval = max(1, min(args.eval_size, len(problems) // 10))
     if len(problems) - n_eval < args.prompts_per_step:
         raise InputError(f"{args.dataset}: {len(problems)} rows; need at least {args.prompts_per_step} for training beyond the held-out tenth")
     return itertools.cycle(problems[n_eval:]), problems[:n_eval]
@@ -382,9 +382,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
 
         # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
         policy.train()
+        step_metrics, entropies = [], []
         for iteration in range(args.num_iterations):
             optimizer.zero_grad(set_to_none=True)
-            step_metrics, entropies = [], []
             for s in slices:
                 logprobs, entropy = logprobs_of(policy, s, with_entropy=iteration == 0)
                 loss, m = grpo_loss(
@@ -404,17 +404,19 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
                     entropies.append(masked_mean(entropy, mask[s]).item() * weight)
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
+        lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
         time_train = time.time() - t1
 
         # ---- 6. log -------------------------------------------------------------------------------
-        averaged = {k: sum(m[k] * m["weight"] for m in step_metrics) for k in step_metrics[0] if k != "weight"}
+        # each iteration's micro-batch weights sum to 1, so this is the mean over the μ iterations
+        averaged = {k: sum(m[k] * m["weight"] for m in step_metrics) / args.num_iterations for k in step_metrics[0] if k != "weight"}
         step_time = time.time() - t0
         stats.update(averaged)
         stats.update({
             "entropy": sum(entropies),
             "grad_norm": grad_norm.item(),
-            "lr": scheduler.get_last_lr()[0],
+            "lr": lr,
             "time/generate": time_generate,
             "time/train": time_train,
             "time/step": step_time,

@@ -88,6 +88,15 @@ def test_completion_logprobs_ignore_padding_amount(tiny_model, tokenizer, prompt
     assert torch.allclose(padded[:, :5], base, atol=1e-5)
 
 
+def test_right_padded_prompts_are_refused_not_silently_wrong(tiny_model, tokenizer, prompts):
+    ids, mask = prompts
+    right_ids, right_mask = ids.flip(1), mask.flip(1)  # row 0 is shorter: its padding now sits on the right
+    with pytest.raises(ValueError, match="left-padded"):
+        common.completion_logprobs(tiny_model, right_ids, right_mask, torch.randint(10, 60, (2, 3)), torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="left-padded"):
+        common.sample_completions(tiny_model, right_ids, right_mask, 1, 3, tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+
 def test_shared_prompt_and_concatenated_forward_give_the_same_gradient(tokenizer, prompts):
     ids, mask = prompts
     completions = torch.randint(10, 60, (4, 5))

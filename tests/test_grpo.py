@@ -185,7 +185,9 @@ def test_one_micro_batch_of_8_equals_8_of_1_and_checkpointing(tmp_path, monkeypa
 
 def test_num_iterations_reuses_the_batch_with_stored_old_logprobs(tmp_path):
     result = main(tiny_args(tmp_path, steps=2, num_iterations=3, lr=1e-2), reward_fn=digit_fraction)
-    assert any(row["clip_ratio"] > 0 for row in metrics_of(result))  # later iterations move away from old
+    rows = metrics_of(result)
+    assert any(row["clip_ratio"] > 0 for row in rows)  # later iterations move away from old
+    assert all(row["entropy"] > 0 for row in rows)
 
 
 def test_dynamic_sampling_skips_batches_whose_groups_are_all_equal(tmp_path):
@@ -261,6 +263,19 @@ def test_user_dataset_trains_and_holds_out_a_tenth(tmp_path):
     rows = "".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(30))
     result = main(tiny_args(tmp_path, dataset=write(tmp_path, "data.jsonl", rows), output_dir=str(tmp_path / "runs")))
     assert len(result["samples_before"]) == 3
+
+
+def test_local_checkpoint_without_chat_template_or_pad_token(tmp_path, tokenizer):
+    """Like gpt2: no chat template (plain Question/Answer prompts) and no pad token (pad = eos)."""
+    plain = common.make_tiny_tokenizer()
+    plain.chat_template, plain.pad_token = None, None
+    model = common.make_tiny_model(len(plain), "gpt2")
+    model.save_pretrained(tmp_path / "ckpt")
+    plain.save_pretrained(tmp_path / "ckpt")
+    result = main(tiny_args(tmp_path, model=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "runs")), reward_fn=digit_fraction)
+    assert result["samples_before"][0]["prompt"].startswith("What is")
+    assert common.load_tokenizer(str(tmp_path / "ckpt")).pad_token == plain.eos_token
+    assert os.path.basename(result["run_dir"]).startswith("grpo-ckpt-0-")
 
 
 def run_cli(*argv, **env):
