@@ -23,8 +23,10 @@ import random
 import re
 import resource
 import shutil
+import socket
 import sys
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -141,17 +143,47 @@ def smollm2_checkpoint() -> Path:
     return target
 
 
+def _hub_reachable() -> bool:
+    """A 3-second TCP probe, so an offline machine fails at once instead of after minutes of retries."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = urllib.parse.urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def _from_pretrained(auto_class, name: str, **kwargs):
+    """Load from a local directory, else the Hugging Face cache, else the Hub; any failure is one line."""
+    try:
+        if os.path.isdir(name):
+            if not os.path.isfile(os.path.join(name, "config.json")):
+                raise InputError(f"cannot load {name!r}: the directory holds no transformers checkpoint (no config.json)")
+            return auto_class.from_pretrained(name, **kwargs)
+        try:
+            return auto_class.from_pretrained(name, local_files_only=True, **kwargs)
+        except (OSError, ValueError):
+            pass
+        if not _hub_reachable():
+            raise InputError(
+                f"cannot load {name!r}: it is not a local directory or in the Hugging Face cache, and the Hub "
+                f"cannot be reached from this machine. Offline choices: {OFFLINE_CHOICES}"
+            )
+        return auto_class.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"cannot load {name!r}: {first_line}") from None
+
+
 def load_tokenizer(name: str) -> transformers.PreTrainedTokenizerBase:
     if name in ("tiny", "tiny-gpt2"):
         return make_tiny_tokenizer()
-    path = smollm2_checkpoint() if name == "smollm2" else name
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise InputError(
-            f"cannot load tokenizer {name!r}: not a local checkpoint, and the Hugging Face Hub is unreachable "
-            f"or has no such model ({type(e).__name__}). Offline choices: {OFFLINE_CHOICES}"
-        ) from None
+    path = str(smollm2_checkpoint()) if name == "smollm2" else name
+    tokenizer = _from_pretrained(transformers.AutoTokenizer, path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # gpt2 has none; masks below stay correct when pad == eos
     return tokenizer
@@ -163,14 +195,8 @@ def load_model(name: str, vocab_size: int, device: torch.device, dtype: torch.dt
         torch.manual_seed(seed)
         model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama")
     else:
-        path = smollm2_checkpoint() if name == "smollm2" else name
-        try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        except (OSError, ValueError) as e:
-            raise InputError(
-                f"cannot load model {name!r}: not a local checkpoint, and the Hugging Face Hub is unreachable "
-                f"or has no such model ({type(e).__name__}). Offline choices: {OFFLINE_CHOICES}"
-            ) from None
+        path = str(smollm2_checkpoint()) if name == "smollm2" else name
+        model = _from_pretrained(transformers.AutoModelForCausalLM, path, dtype=dtype)
     disable_dropout(model)
     return model.to(device=device, dtype=dtype)
 

@@ -55,6 +55,10 @@ from common import InputError, masked_mean, masked_sum
 
 @dataclass
 class Args:
+    """GRPO on the arithmetic task with the verifier reward. Options come in four groups, in this order:
+    experiment (--model ... --eval-size), algorithm (--steps ... --overlong-penalty),
+    generation (--max-new-tokens ... --top-p), optimisation (--lr ... --save-model)."""
+
     # --- experiment ---
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
