@@ -33,7 +33,6 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import transformers
 from tqdm.auto import tqdm
 

@@ -2,7 +2,6 @@
 
 import json
 import math
-import random
 
 import pytest
 import torch
