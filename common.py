@@ -444,9 +444,9 @@ def extract_final_number(text: str) -> Optional[float]:
 
 
 def verify(completion: str, answer: str) -> float:
-    """Reward 1.0 if the completion's final number equals the answer, else 0.0."""
-    value = extract_final_number(completion)
-    return float(value is not None and math.isclose(value, float(answer), abs_tol=1e-9))
+    """Reward 1.0 if the completion's final number equals the answer's (so '1,234' and '1234' match), else 0.0."""
+    value, target = extract_final_number(completion), extract_final_number(answer)
+    return float(value is not None and target is not None and math.isclose(value, target, abs_tol=1e-9))
 
 
 def format_prompt(tokenizer, question: str) -> str:

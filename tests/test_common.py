@@ -164,6 +164,10 @@ def test_verifier_table(completion, reward):
     assert common.verify(completion, "85") == reward
 
 
+def test_verifier_reads_the_answer_the_same_way():
+    assert common.verify("so 1234", "1,234") == 1.0 and common.verify("-3", "-3.0") == 1.0 and common.verify("7", "seven") == 0.0
+
+
 @pytest.mark.parametrize(
     "text, number",
     [("12 - 20 = -8", -8.0), ("5-3=2", 2.0), ("5-3", 3.0), ("1,234", 1234.0), ("pi is 3.14.", 3.14), ("x", None), ("1e5", 5.0)],
