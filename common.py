@@ -103,19 +103,20 @@ def make_tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
     return tokenizer
 
 
-def make_tiny_model(vocab_size: int, arch: str = "llama") -> transformers.PreTrainedModel:
-    """A randomly initialised 2-layer causal LM: Llama (rotary positions) or GPT-2 (absolute positions)."""
+def make_tiny_model(vocab_size: int, arch: str = "llama", head: str = "lm") -> transformers.PreTrainedModel:
+    """A randomly initialised 2-layer model: Llama (rotary positions) or GPT-2 (absolute positions),
+    with a language-model head (head="lm") or a scalar score head (head="score", a reward model)."""
     if arch == "llama":
         config = transformers.LlamaConfig(
             vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, num_labels=1,
         )
-        return transformers.LlamaForCausalLM(config)
+        return (transformers.LlamaForCausalLM if head == "lm" else transformers.LlamaForSequenceClassification)(config)
     config = transformers.GPT2Config(
         vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=512,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, num_labels=1,
     )
-    return transformers.GPT2LMHeadModel(config)
+    return (transformers.GPT2LMHeadModel if head == "lm" else transformers.GPT2ForSequenceClassification)(config)
 
 
 def smollm2_checkpoint() -> Path:
@@ -188,14 +189,20 @@ def load_tokenizer(name: str) -> transformers.PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model(name: str, vocab_size: int, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """Load a causal LM with dropout off (dropout makes old and new log-probs disagree at ratio 1)."""
+def load_model(name: str, vocab_size: int, device: torch.device, dtype: torch.dtype, seed: int = 0, head: str = "lm"):
+    """Load a causal LM (head="lm") or a reward model (head="score": the same backbone with a scalar
+    head, new if the checkpoint has none), with dropout off (dropout makes old and new log-probs
+    disagree at ratio 1, and a reward model score the same text differently)."""
     if name in ("tiny", "tiny-gpt2"):
         torch.manual_seed(seed)
-        model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama")
+        model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama", head)
     else:
         path = str(smollm2_checkpoint()) if name == "smollm2" else name
-        model = _from_pretrained(transformers.AutoModelForCausalLM, path, dtype=dtype)
+        if head == "lm":
+            model = _from_pretrained(transformers.AutoModelForCausalLM, path, dtype=dtype)
+        else:
+            torch.manual_seed(seed)  # the new head's initialisation
+            model = _from_pretrained(transformers.AutoModelForSequenceClassification, path, dtype=dtype, num_labels=1)
     disable_dropout(model)
     return model.to(device=device, dtype=dtype)
 
@@ -252,6 +259,19 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
     var = masked_mean((x - mean) ** 2, mask)
     whitened = (x - mean) * torch.rsqrt(var + eps)
     return whitened if shift_mean else whitened + mean
+
+
+def reward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """r(x, y): a score-head model read at the last real token of each prompt + completion row. (B, L) -> (B,) float
+
+    The last real token is found from the attention mask and positions come from it too, so left,
+    right or mixed padding of any amount gives the same score. (transformers' own pooling looks
+    for the last token that is not the pad id, which skips a final EOS when pad == eos, as in
+    SmolLM2 and gpt2; read a reward model's scores with this function.)
+    """
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=_position_ids(attention_mask)).last_hidden_state  # (B, L, H)
+    last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # (B,) index of the last 1
+    return model.score(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
 
 
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -483,6 +503,141 @@ def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens:
             if len(samples) < num_samples_kept:
                 samples.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "correct": bool(reward)})
     return {"accuracy": correct / len(problems), "samples": samples}
+
+
+# ---------------------------------------------------------------------------------------------
+# Preference data: the reference model's own samples, labelled by the verifier, then paired
+# ---------------------------------------------------------------------------------------------
+def label_samples(model, tokenizer, problems: list[Problem], samples_per_prompt: int, max_new_tokens: int, temperature: float,
+                  seed: int, label_fn: Callable[[str, str], float] = verify, prompts_per_batch: int = 32) -> list[dict]:
+    """G samples per problem, each labelled by the verifier: rows {prompt, answer, completion, label (1 or 0)}."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rows, bar = [], progress(len(problems), "sampling preference data (once, then cached)")
+    for start in range(0, len(problems), prompts_per_batch):
+        batch = problems[start : start + prompts_per_batch]
+        ids, mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p.prompt) for p in batch], device)
+        completion_ids = sample_completions(model, ids, mask, samples_per_prompt, max_new_tokens, eos, pad, temperature, 1.0, generator)
+        texts = decode_completions(tokenizer, completion_ids, completion_mask(completion_ids, eos))
+        for i, text in enumerate(texts):
+            p = batch[i // samples_per_prompt]
+            rows.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "label": int(label_fn(text, p.answer) > 0)})
+        bar.update(len(batch))
+    bar.close()
+    return rows
+
+
+def pair_samples(samples: list[dict]) -> list[dict]:
+    """(prompt, chosen, rejected) rows: each prompt's i-th correct completion with its i-th incorrect one.
+
+    Every completion is used at most once, so a prompt gives min(#correct, #incorrect) pairs and a
+    prompt whose samples are all right or all wrong gives none. Empty completions are skipped.
+    """
+    by_prompt: dict[str, list[dict]] = {}
+    for s in samples:
+        if s["completion"].strip():
+            by_prompt.setdefault(s["prompt"], []).append(s)
+    pairs = []
+    for prompt, group in by_prompt.items():
+        chosen = [s["completion"] for s in group if s["label"] == 1]
+        rejected = [s["completion"] for s in group if s["label"] == 0]
+        pairs += [{"prompt": prompt, "chosen": c, "rejected": r, "answer": group[0]["answer"]} for c, r in zip(chosen, rejected)]
+    return pairs
+
+
+def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int, max_new_tokens: int,
+                    temperature: float, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, list[dict]], Path]:
+    """Train pairs, held-out pairs and held-out samples from the reference model, built once and cached as JSONL.
+
+    `num_prompts` distinct arithmetic problems (never one of the accuracy problems) are each sampled
+    `samples_per_prompt` times; the first eighth of the prompts are held out, so no held-out pair
+    shares a prompt with a training pair. The folder is keyed by everything that changes the data
+    and written whole or not at all; delete it to rebuild. Returns ({"train", "heldout",
+    "heldout_samples"}, folder).
+    """
+    key = f"{Path(model_name).name}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}-temp{temperature:g}"
+    folder = CACHE_DIR / "preference-data" / key
+    if not folder.exists():
+        problems, seen = [], set()
+        for p in train_problems(seed, heldout_problems()):
+            if p.prompt not in seen:
+                seen.add(p.prompt)
+                problems.append(p)
+            if len(problems) == num_prompts:
+                break
+        model = load_model(model_name, len(tokenizer), device, dtype, seed).eval()
+        samples = label_samples(model, tokenizer, problems, samples_per_prompt, max_new_tokens, temperature, seed)
+        n_heldout = samples_per_prompt * max(1, num_prompts // 8)
+        splits = {"heldout_samples": samples[:n_heldout], "train_samples": samples[n_heldout:],
+                  "heldout": pair_samples(samples[:n_heldout]), "train": pair_samples(samples[n_heldout:])}
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, rows in splits.items():
+            (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.rename(folder)
+    data = {name: [json.loads(line) for line in open(folder / f"{name}.jsonl")] for name in ("train", "heldout", "heldout_samples")}
+    for name in ("train", "heldout"):
+        if not data[name]:
+            accuracy = sum(s["label"] for s in data["heldout_samples"]) / max(1, len(data["heldout_samples"]))
+            raise InputError(
+                f"no {name} preference pairs: the {model_name} samples in {folder} are all correct or all wrong "
+                f"(held-out sample accuracy {accuracy:.2f}); use more --num-prompts, a stronger --model, or --dataset pairs.jsonl"
+            )
+    return data, folder
+
+
+def load_preference_pairs(dataset: Optional[str], model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int,
+                          max_new_tokens: int, temperature: float, device, dtype) -> tuple[list[dict], list[dict], list[dict]]:
+    """(train pairs, held-out pairs, held-out labelled samples) for the offline scripts.
+
+    Without a dataset: the reference model's own verifier-labelled samples (preference_data). With
+    one: the user's JSONL with prompt, chosen, rejected, shuffled by the seed, a tenth (at most 64)
+    held out; it has no labelled samples.
+    """
+    if dataset is None:
+        data, folder = preference_data(model_name, tokenizer, seed, num_prompts, samples_per_prompt, max_new_tokens, temperature, device, dtype)
+        print(f"preference pairs: {len(data['train'])} train, {len(data['heldout'])} held-out, from {folder}")
+        return data["train"], data["heldout"], data["heldout_samples"]
+    pairs = read_jsonl(dataset, ("prompt", "chosen", "rejected"))
+    if len(pairs) < 2:
+        raise InputError(f"{dataset}: {len(pairs)} pair; need at least 2 (one to train on, one held out)")
+    random.Random(seed).shuffle(pairs)
+    n_heldout = max(1, min(64, len(pairs) // 10))
+    return pairs[n_heldout:], pairs[:n_heldout], []
+
+
+def epoch_batches(num_items: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
+    """The item indices of each step's batch: a fresh shuffle of all items per epoch, fixed by the seed."""
+    rng, order, batches = random.Random(seed), [], []
+    for _ in range(steps):
+        if len(order) < batch_size:
+            epoch = list(range(num_items))
+            rng.shuffle(epoch)
+            order += epoch
+        batches.append(order[:batch_size])
+        order = order[batch_size:]
+    return batches
+
+
+def tokenize_completions(tokenizer, texts: list[str], device, max_tokens: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Completion ids + EOS, right-padded, and their mask, (B, T). Tokenised apart from the prompt.
+
+    Tokenising the completion on its own is what makes chosen and rejected share exactly the same
+    prompt tokens: tokenising prompt + completion as one string can merge characters across the
+    boundary. Completions longer than max_tokens are cut (then they end without EOS). The mask
+    comes from the lengths, not from searching for EOS, so it is right when pad == eos.
+    """
+    rows = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
+    if max_tokens is not None:
+        rows = [r[:max_tokens] for r in rows]
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+    return ids.to(device), mask.to(device)
 
 
 # ---------------------------------------------------------------------------------------------

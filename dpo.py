@@ -1,0 +1,335 @@
+"""DPO: Direct Preference Optimization on (prompt, chosen, rejected) pairs, in one file.
+
+The KL-regularised RLHF objective max E[r(x, y)] - β KL[π_θ || π_ref] has the closed-form optimum
+π*(y|x) ∝ π_ref(y|x) exp(r(x, y)/β). Solved for r, the reward is β log π*(y|x)/π_ref(y|x) up to a
+term in x alone, which cancels in a Bradley-Terry comparison of two completions of the same prompt.
+So the policy can be fit to preference pairs directly, with a classification loss and no reward
+model or sampling: the language model is secretly the reward model.
+
+Objective (Rafailov et al. 2023, arXiv:2305.18290, eq. 7), minimised:
+    L_DPO(π_θ; π_ref) = -E_(x, y_w, y_l) [ log σ( β log π_θ(y_w|x)/π_ref(y_w|x) - β log π_θ(y_l|x)/π_ref(y_l|x) ) ]
+    implicit reward  r̂(x, y) = β log π_θ(y|x)/π_ref(y|x)         (§5, reported as rewards/chosen, rewards/rejected)
+With label smoothing ε (conservative DPO, Mitchell 2023, "A note on DPO with noisy preferences"), the
+label is trusted with probability 1 - ε:  L = -(1-ε) log σ(β h) - ε log σ(-β h).
+
+Conventions a reader could get wrong (each pinned by a test):
+- log π(y|x) is the *sum* of the completion's token log-probs (EOS included), never the mean.
+- β multiplies the log-ratios inside the sigmoid; it is not a KL coefficient added to a loss.
+- The reference is the starting model, frozen. Its log-probs are computed once up front by
+  default, before the first update, so only one model is ever in memory; with
+  `--no-precompute-ref-logprobs` a frozen copy scores each batch on the fly (same numbers).
+- Chosen and rejected go through the model together: each prompt is encoded once and its
+  key/value cache shared by its two completions (common.completion_logprobs); the test
+  suite checks this equals two separate forwards.
+
+Data. By default, pairs are the reference model's own samples on the arithmetic task, labelled by
+the verifier: each prompt is sampled `--samples-per-prompt` times and a correct completion is
+paired with an incorrect one (common.preference_data; built once, cached as JSONL, an eighth of
+the prompts held out). `--dataset pairs.jsonl` with TRL's fields prompt, chosen, rejected trains on
+your own pairs (a tenth held out). Completions get EOS appended and are tokenised apart from the
+prompt, so a pair's two rows share exactly the same prompt tokens.
+
+Where this file departs from the paper, and why:
+- No SFT stage on the chosen completions first: the embedded model is already instruction-tuned
+  and the pairs are its own samples, which is the on-distribution case the paper recommends.
+- The learning rate warms up linearly and then stays constant; the paper uses RMSprop at 1e-6.
+
+Run:
+    python dpo.py                       # SmolLM2-135M-Instruct (embedded), its own samples as pairs
+    python dpo.py --model tiny --dataset tests/data/pairs.jsonl --steps 3
+    python dpo.py --help
+
+Shapes: P pairs, B = 2P sequences (chosen and rejected interleaved), S prompt tokens, T completion tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import tyro
+from tqdm.auto import tqdm
+
+import common
+from common import InputError, masked_sum
+
+
+@dataclass
+class Args:
+    """DPO on preference pairs; held-out accuracy on the arithmetic task with the verifier. Options come in
+    four groups, in this order: experiment (--model ... --eval-size), algorithm (--steps ...
+    --precompute-ref-logprobs), preference data (--num-prompts ... --max-new-tokens), optimisation (--lr ... --save-model)."""
+
+    # --- experiment ---
+    model: str = "smollm2"
+    """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
+    dataset: Optional[str] = None
+    """JSONL file with fields prompt, chosen, rejected; default: pairs sampled from the model and labelled by the verifier"""
+    seed: int = 0
+    """seed for data, pair order and initialisation"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda, cuda:1, ..."""
+    dtype: str = "auto"
+    """auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16, float16"""
+    output_dir: str = "runs"
+    """the run folder is created inside this directory"""
+    eval_every: int = 0
+    """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
+    eval_size: int = 200
+    """number of held-out arithmetic problems for greedy accuracy"""
+
+    # --- algorithm ---
+    steps: int = 60
+    """optimizer steps; the training pairs are reshuffled each time they run out"""
+    batch_size: int = 8
+    """preference pairs per optimizer step"""
+    beta: float = 0.1
+    """β: inverse temperature of the implicit reward β log π/π_ref (larger stays closer to the reference)"""
+    label_smoothing: float = 0.0
+    """ε of conservative DPO: the probability that a pair's label is wrong (0 = plain DPO)"""
+    precompute_ref_logprobs: bool = True
+    """score every pair with the reference once before training and keep only the policy in memory"""
+
+    # --- preference data (when --dataset is not given) ---
+    num_prompts: int = 512
+    """distinct arithmetic prompts to sample; an eighth are held out"""
+    samples_per_prompt: int = 8
+    """completions sampled per prompt; a correct and an incorrect one make a pair"""
+    temperature: float = 0.7
+    """sampling temperature for building the pairs (evaluation is greedy)"""
+    max_new_tokens: int = 32
+    """completion length limit when sampling pairs and in evaluation"""
+    max_completion_tokens: int = 256
+    """completions of --dataset pairs longer than this are cut (they then end without EOS)"""
+
+    # --- optimisation ---
+    lr: float = 5e-6
+    """AdamW learning rate"""
+    warmup_steps: int = 5
+    """linear learning-rate warm-up steps"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    max_grad_norm: float = 1.0
+    """gradient clipping by global norm"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass to save memory"""
+    save_model: bool = True
+    """save the final model (and one at each evaluation) in the run folder"""
+
+
+# ---------------------------------------------------------------------------------------------
+# The math
+# ---------------------------------------------------------------------------------------------
+def dpo_loss(
+    policy_chosen_logps: torch.Tensor,  # (P,) log π_θ(y_w|x), summed over completion tokens
+    policy_rejected_logps: torch.Tensor,  # (P,) log π_θ(y_l|x)
+    ref_chosen_logps: torch.Tensor,  # (P,) log π_ref(y_w|x)
+    ref_rejected_logps: torch.Tensor,  # (P,) log π_ref(y_l|x)
+    beta: float,
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-pair DPO loss (Rafailov et al. 2023, eq. 7) and the implicit rewards (§5).
+
+    h = log π_θ(y_w)/π_ref(y_w) - log π_θ(y_l)/π_ref(y_l)
+    loss = -(1-ε) log σ(β h) - ε log σ(-β h)      (ε = label_smoothing, cDPO; ε = 0 is DPO)
+    Returns (losses (P,), chosen_rewards (P,), rejected_rewards (P,)) with rewards β log π_θ/π_ref,
+    detached: they are for logging. Take losses.mean() to train.
+    """
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps  # (P,)
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps  # (P,)
+    logits = chosen_logratios - rejected_logratios  # (P,) h
+    losses = -(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)
+    return losses, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
+
+
+# ---------------------------------------------------------------------------------------------
+# Data and the concatenated forward
+# ---------------------------------------------------------------------------------------------
+def concatenated_logps(model, tokenizer, pairs: list[dict], max_completion_tokens: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Summed log-probs of chosen and rejected completions, both in one batch: (P,), (P,), tokens processed.
+
+    Rows are [chosen_0, rejected_0, chosen_1, ...]; each prompt is encoded once and shared by its two
+    completions (common.completion_logprobs), which is the same function as two separate forwards.
+    """
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p["prompt"]) for p in pairs], device)  # (P, S)
+    texts = [text for p in pairs for text in (p["chosen"], p["rejected"])]
+    completion_ids, mask = common.tokenize_completions(tokenizer, texts, device, max_completion_tokens)  # (B, T)
+    repeats = torch.full((len(pairs),), 2, device=device)
+    logprobs, _ = common.completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, repeats)  # (B, T)
+    logps = masked_sum(logprobs, mask, dim=1).view(len(pairs), 2)  # (P, 2) sum, never mean, over tokens
+    tokens = int(2 * prompt_mask.sum() + mask.sum())
+    return logps[:, 0], logps[:, 1], tokens
+
+
+@torch.no_grad()
+def score_pairs(model, tokenizer, pairs: list[dict], batch_size: int, max_completion_tokens: int, desc: str) -> torch.Tensor:
+    """Summed log-probs of every pair under `model`, (N, 2) [chosen, rejected], batch by batch with a progress bar."""
+    model.eval()
+    out = []
+    for start in tqdm(range(0, len(pairs), batch_size), desc=desc, dynamic_ncols=True, leave=False):
+        chosen, rejected, _ = concatenated_logps(model, tokenizer, pairs[start : start + batch_size], max_completion_tokens)
+        out.append(torch.stack([chosen, rejected], dim=1))
+    return torch.cat(out)
+
+
+def pair_metrics(losses, chosen_rewards, rejected_rewards, chosen_logps, rejected_logps, prefix: str = "") -> dict:
+    """TRL's DPO metric names, as floats averaged over the pairs."""
+    return {
+        f"{prefix}loss": losses.mean().item(),
+        f"{prefix}rewards/chosen": chosen_rewards.mean().item(),
+        f"{prefix}rewards/rejected": rejected_rewards.mean().item(),
+        f"{prefix}rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
+        f"{prefix}rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item(),
+        f"{prefix}logps/chosen": chosen_logps.detach().mean().item(),
+        f"{prefix}logps/rejected": rejected_logps.detach().mean().item(),
+    }
+
+
+def check_args(args: Args) -> None:
+    for name in ("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size", "max_completion_tokens"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.samples_per_prompt < 2:
+        raise InputError("--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
+    if args.beta <= 0:
+        raise InputError("--beta must be > 0")
+    if not 0 <= args.label_smoothing < 0.5:
+        raise InputError("--label-smoothing must be in [0, 0.5): it is the probability that a label is wrong")
+    if args.temperature <= 0:
+        raise InputError("--temperature must be > 0 (it samples the preference data)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def main(args: Args) -> dict:
+    """Train with DPO; returns the final metrics (also written to the run folder's eval.json)."""
+    check_args(args)
+    common.set_seed(args.seed)
+    device = common.resolve_device(args.device)
+    dtype = common.resolve_dtype(args.dtype, device)
+    tokenizer = common.load_tokenizer(args.model)
+    train_pairs, heldout_pairs, _ = common.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
+                                                                 args.samples_per_prompt, args.max_new_tokens, args.temperature, device, dtype)
+    heldout_problems = common.heldout_problems(args.eval_size)
+    policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
+    batches = common.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
+    run_dir = common.make_run_dir(args.output_dir, "dpo", args.model, args.seed, args)
+    log = common.MetricsLog(run_dir / "metrics.jsonl")
+    print(f"run folder: {run_dir}")
+
+    # ---- 1. the reference: log π_ref once for every pair used, or a frozen copy -----------------
+    # Before any update the policy *is* the reference, so precomputing needs no second model.
+    heldout_ref = score_pairs(policy, tokenizer, heldout_pairs, args.batch_size, args.max_completion_tokens, "reference log-probs (held-out)")
+    ref_model, train_ref = None, None
+    if args.precompute_ref_logprobs:
+        used = sorted({i for batch in batches for i in batch})
+        scored = score_pairs(policy, tokenizer, [train_pairs[i] for i in used], args.batch_size, args.max_completion_tokens, "reference log-probs (train)")
+        train_ref = torch.zeros(len(train_pairs), 2, device=device)
+        train_ref[used] = scored
+    else:
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+
+    if args.gradient_checkpointing:
+        policy.activation_checkpointing_enable()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=device.type in ("cpu", "cuda"))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
+
+    def evaluate(step: int) -> dict:
+        """Held-out greedy task accuracy (the number every algorithm reports) and held-out pair metrics."""
+        policy.eval()
+        result = common.evaluate_accuracy(policy, tokenizer, heldout_problems, args.max_new_tokens)
+        with torch.no_grad():
+            chosen, rejected = score_pairs(policy, tokenizer, heldout_pairs, args.batch_size, args.max_completion_tokens, "held-out pairs").unbind(1)
+        losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, heldout_ref[:, 0], heldout_ref[:, 1], args.beta, args.label_smoothing)
+        result["pairs"] = pair_metrics(losses, chosen_rewards, rejected_rewards, chosen, rejected, prefix="eval/")
+        tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout_problems)} problems); "
+                   f"held-out pairs: loss {result['pairs']['eval/loss']:.4f}, reward accuracy {result['pairs']['eval/rewards/accuracies']:.3f}")
+        return result
+
+    before = evaluate(0)
+    evals = [{"step": 0, "accuracy": before["accuracy"], **before["pairs"]}]
+    last_good = None
+    bar = common.progress(args.steps, "dpo")
+    for step, batch in enumerate(batches, 1):
+        t0 = time.time()
+        pairs = [train_pairs[i] for i in batch]
+
+        # ---- 2. log π_ref of this batch: precomputed, or from the frozen copy ---------------------
+        if train_ref is not None:
+            ref_chosen, ref_rejected = train_ref[batch].unbind(1)  # (P,), (P,)
+        else:
+            with torch.no_grad():
+                ref_chosen, ref_rejected, _ = concatenated_logps(ref_model, tokenizer, pairs, args.max_completion_tokens)
+
+        # ---- 3. log π_θ of chosen and rejected in one batch, then the DPO loss ------------------
+        policy.train()
+        policy_chosen, policy_rejected, tokens = concatenated_logps(policy, tokenizer, pairs, args.max_completion_tokens)
+        losses, chosen_rewards, rejected_rewards = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, args.beta, args.label_smoothing)
+        loss = losses.mean()
+        if not torch.isfinite(loss):
+            where = f"the last good checkpoint (step {last_good}) is in {run_dir / 'model'}" if last_good else "no checkpoint was saved"
+            raise InputError(f"loss became {loss.item()} at step {step}; stopped without saving it; {where}. Try a lower --lr")
+
+        # ---- 4. update -------------------------------------------------------------------------
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+        optimizer.step()
+        lr = scheduler.get_last_lr()[0]  # the rate this step used
+        scheduler.step()
+
+        # ---- 5. log ----------------------------------------------------------------------------------
+        step_time = time.time() - t0
+        stats = pair_metrics(losses, chosen_rewards, rejected_rewards, policy_chosen, policy_rejected)
+        stats.update({
+            "grad_norm": grad_norm.item(),
+            "lr": lr,
+            "time/step": step_time,
+            "tokens_per_second": tokens / step_time,  # prompt + completion tokens of the 2P sequences
+            "memory/peak_gb": common.peak_memory_gb(device),
+        })
+        log.write(step, stats)
+        bar.update(1)
+        bar.set_postfix(loss=f"{stats['loss']:.4f}", margin=f"{stats['rewards/margins']:.3f}", acc=f"{stats['rewards/accuracies']:.2f}")
+
+        # ---- 6. evaluate and checkpoint ----------------------------------------------------------
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            result = evaluate(step)
+            evals.append({"step": step, "accuracy": result["accuracy"], **result["pairs"]})
+            if args.save_model:
+                common.save_checkpoint(policy, tokenizer, run_dir / "model")
+                last_good = step
+    bar.close()
+
+    after = evaluate(args.steps)
+    evals.append({"step": args.steps, "accuracy": after["accuracy"], **after["pairs"]})
+    if args.save_model:
+        common.save_checkpoint(policy, tokenizer, run_dir / "model")
+    result = {
+        "accuracy_before": before["accuracy"],
+        "accuracy_after": after["accuracy"],
+        "evals": evals,
+        "steps": args.steps,
+        "pairs_train": len(train_pairs),
+        "pairs_heldout": len(heldout_pairs),
+        "pairs_used": args.steps * args.batch_size,
+        "wall_time_s": round(time.time() - log.start, 1),
+        "memory/peak_gb": common.peak_memory_gb(device),
+        "samples_before": before["samples"],
+        "samples_after": after["samples"],
+        "run_dir": str(run_dir),
+    }
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; run folder {run_dir}")
+    return result
+
+
+if __name__ == "__main__":
+    common.run_cli(main, tyro.cli(Args))

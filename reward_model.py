@@ -1,0 +1,320 @@
+"""Reward model: a language model with a scalar head, trained on preference pairs with the Bradley-Terry loss.
+
+Stage 2 of RLHF. Humans (here: the arithmetic verifier) compare two completions of the same prompt;
+the Bradley-Terry model says the chosen one wins with probability σ(r(x, y_w) - r(x, y_l)), and the
+reward model r is fit by maximising the likelihood of the observed choices. Only differences of r
+are learned: adding a constant to every score changes nothing, which is why reward centering exists.
+The trained model scores (prompt, completion) for ppo.py and initialises its critic.
+
+Objective (Ouyang et al. 2022, InstructGPT, arXiv:2203.02155, eq. 1), minimised:
+    loss(r) = -E_(x, y_w, y_l) [ log σ( r(x, y_w) - r(x, y_l) - m ) ] + c · E[ (r(x, y_w) + r(x, y_l))² ]
+    m: an optional per-pair margin (Llama 2, Touvron et al. 2023, arXiv:2307.09288, eq. 2), from a
+       `margin` field in --dataset; 0 otherwise.
+    c: --center-rewards-coefficient, the auxiliary loss that keeps scores centred on zero
+       (Eisenstein et al. 2023, arXiv:2312.09244; TRL's center_rewards_coefficient); off by default.
+
+The score r(x, y) is the scalar head applied to the final hidden state at the *last real token* of
+prompt + completion (the EOS appended to every completion), found from the attention mask
+(common.reward_scores), so the score does not depend on how the batch was padded. InstructGPT
+compares all K(K-1)/2 pairs of K ranked completions in one batch; here each pair is one row pair.
+
+Data: the same pairs as dpo.py (the reference model's own samples, a correct completion chosen
+over an incorrect one, built once and cached; or --dataset with prompt, chosen, rejected).
+Evaluation, before and after: pair accuracy on held-out pairs, and agreement with the verifier on
+fresh samples of held-out prompts (AUC: how often a correct sample outscores an incorrect one; and
+best-of-n accuracy: pick the top-scored of each prompt's n samples).
+
+The checkpoint is an ordinary transformers sequence-classification model with one label:
+    AutoModelForSequenceClassification.from_pretrained("runs/rm-.../model"), scored with common.reward_scores.
+
+Run:
+    python reward_model.py              # SmolLM2-135M-Instruct backbone (embedded), its own samples as pairs
+    python reward_model.py --model tiny --dataset tests/data/pairs.jsonl --steps 3
+    python reward_model.py --help
+
+Shapes: P pairs, B = 2P sequences (chosen and rejected interleaved), L prompt + completion tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import tyro
+from tqdm.auto import tqdm
+
+import common
+from common import InputError
+
+
+@dataclass
+class Args:
+    """Bradley-Terry reward model on preference pairs. Options come in four groups, in this order:
+    experiment (--model ... --eval-every), algorithm (--steps ... --center-rewards-coefficient),
+    preference data (--num-prompts ... --max-completion-tokens), optimisation (--lr ... --save-model)."""
+
+    # --- experiment ---
+    model: str = "smollm2"
+    """backbone: smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
+    dataset: Optional[str] = None
+    """JSONL file with fields prompt, chosen, rejected (and optionally a numeric margin); default: pairs sampled from the model and labelled by the verifier"""
+    seed: int = 0
+    """seed for data, pair order and the score head's initialisation"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda, cuda:1, ..."""
+    dtype: str = "auto"
+    """auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16, float16"""
+    output_dir: str = "runs"
+    """the run folder is created inside this directory"""
+    eval_every: int = 0
+    """evaluate on held-out pairs and save a checkpoint every this many steps (0 = only before and after)"""
+
+    # --- algorithm ---
+    steps: int = 60
+    """optimizer steps; the training pairs are reshuffled each time they run out"""
+    batch_size: int = 8
+    """preference pairs per optimizer step"""
+    center_rewards_coefficient: Optional[float] = None
+    """weight c of the centering loss c·E[(r_w + r_l)²] (Eisenstein et al. 2023; 0.01 is typical); None = off"""
+
+    # --- preference data (when --dataset is not given) ---
+    num_prompts: int = 512
+    """distinct arithmetic prompts to sample; an eighth are held out"""
+    samples_per_prompt: int = 8
+    """completions sampled per prompt; a correct and an incorrect one make a pair"""
+    temperature: float = 0.7
+    """sampling temperature for building the pairs"""
+    max_new_tokens: int = 32
+    """completion length limit when sampling pairs"""
+    max_completion_tokens: int = 256
+    """completions of --dataset pairs longer than this are cut (they then end without EOS)"""
+
+    # --- optimisation ---
+    lr: float = 1e-5
+    """AdamW learning rate"""
+    warmup_steps: int = 5
+    """linear learning-rate warm-up steps"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    max_grad_norm: float = 1.0
+    """gradient clipping by global norm"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass to save memory"""
+    save_model: bool = True
+    """save the final model (and one at each evaluation) in the run folder"""
+
+
+# ---------------------------------------------------------------------------------------------
+# The math
+# ---------------------------------------------------------------------------------------------
+def bradley_terry_loss(
+    chosen_scores: torch.Tensor,  # (P,) r(x, y_w)
+    rejected_scores: torch.Tensor,  # (P,) r(x, y_l)
+    margin: Optional[torch.Tensor] = None,  # (P,) or None
+    center_coef: float = 0.0,
+) -> torch.Tensor:
+    """Mean over pairs of -log σ(r_w - r_l - m) (InstructGPT eq. 1; margin m: Llama 2 eq. 2),
+    plus center_coef · mean((r_w + r_l)²) (reward centering). Returns a scalar."""
+    diff = chosen_scores - rejected_scores  # (P,)
+    if margin is not None:
+        diff = diff - margin
+    loss = -F.logsigmoid(diff).mean()
+    if center_coef:
+        loss = loss + center_coef * ((chosen_scores + rejected_scores) ** 2).mean()
+    return loss
+
+
+def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """P(score of a random positive > score of a random negative), ties counted half. (N,), (N,) -> float
+
+    1.0: the reward model ranks every correct sample above every incorrect one; 0.5: chance.
+    NaN when there are no positives or no negatives.
+    """
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    if len(pos) == 0 or len(neg) == 0:
+        return math.nan
+    greater = (pos[:, None] > neg[None, :]).float() + 0.5 * (pos[:, None] == neg[None, :]).float()  # (N+, N-)
+    return greater.mean().item()
+
+
+# ---------------------------------------------------------------------------------------------
+# Data and scoring
+# ---------------------------------------------------------------------------------------------
+def score_texts(model, tokenizer, prompts: list[str], completions: list[str], max_completion_tokens: int) -> torch.Tensor:
+    """r(x, y) for each (prompt, completion): the chat-formatted prompt, left-padded, then the completion
+    and EOS, right-padded, as one row. (B,) float."""
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p) for p in prompts], device)  # (B, S)
+    completion_ids, completion_mask = common.tokenize_completions(tokenizer, completions, device, max_completion_tokens)  # (B, T)
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    return common.reward_scores(model, input_ids, attention_mask)
+
+
+def pair_scores(model, tokenizer, pairs: list[dict], max_completion_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores of chosen and rejected, both in one batch of 2P rows [chosen_0, rejected_0, ...]: (P,), (P,)."""
+    prompts = [p["prompt"] for p in pairs for _ in range(2)]
+    completions = [text for p in pairs for text in (p["chosen"], p["rejected"])]
+    scores = score_texts(model, tokenizer, prompts, completions, max_completion_tokens).view(len(pairs), 2)  # (P, 2)
+    return scores[:, 0], scores[:, 1]
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, pairs: list[dict], samples: list[dict], max_completion_tokens: int, batch_size: int = 32) -> dict:
+    """Held-out pair accuracy and margin; agreement with the verifier on labelled samples (if any)."""
+    model.eval()
+    chosen, rejected = [], []
+    for start in tqdm(range(0, len(pairs), batch_size), desc="held-out pairs", dynamic_ncols=True, leave=False):
+        c, r = pair_scores(model, tokenizer, pairs[start : start + batch_size], max_completion_tokens)
+        chosen.append(c)
+        rejected.append(r)
+    chosen, rejected = torch.cat(chosen), torch.cat(rejected)
+    result = {"eval/accuracy": (chosen > rejected).float().mean().item(), "eval/margin": (chosen - rejected).mean().item()}
+    if samples:
+        scores = torch.cat([
+            score_texts(model, tokenizer, [s["prompt"] for s in samples[i : i + batch_size]], [s["completion"] for s in samples[i : i + batch_size]], max_completion_tokens)
+            for i in tqdm(range(0, len(samples), batch_size), desc="held-out samples", dynamic_ncols=True, leave=False)
+        ])
+        labels = torch.tensor([s["label"] for s in samples], dtype=torch.float)
+        by_prompt: dict[str, list[int]] = {}
+        for i, s in enumerate(samples):
+            by_prompt.setdefault(s["prompt"], []).append(i)
+        best = [max(rows, key=lambda i: scores[i].item()) for rows in by_prompt.values()]
+        result.update({
+            "agreement/auc": auc(scores.cpu(), labels),
+            "agreement/best_of_n_accuracy": labels[best].mean().item(),  # the top-scored sample of each prompt
+            "agreement/sample_accuracy": labels.mean().item(),  # a random sample of each prompt
+            "agreement/oracle_accuracy": torch.stack([labels[rows].max() for rows in by_prompt.values()]).mean().item(),
+        })
+    return result
+
+
+def check_args(args: Args) -> None:
+    for name in ("steps", "batch_size", "num_prompts", "max_new_tokens", "max_completion_tokens"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.samples_per_prompt < 2:
+        raise InputError("--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
+    if args.temperature <= 0:
+        raise InputError("--temperature must be > 0 (it samples the preference data)")
+    if args.center_rewards_coefficient is not None and args.center_rewards_coefficient < 0:
+        raise InputError("--center-rewards-coefficient must be >= 0")
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def main(args: Args) -> dict:
+    """Train a Bradley-Terry reward model; returns the final metrics (also written to eval.json)."""
+    check_args(args)
+    common.set_seed(args.seed)
+    device = common.resolve_device(args.device)
+    dtype = common.resolve_dtype(args.dtype, device)
+    tokenizer = common.load_tokenizer(args.model)
+    train_pairs, heldout_pairs, heldout_samples = common.load_preference_pairs(
+        args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens, args.temperature, device, dtype
+    )
+    for pair in train_pairs + heldout_pairs:  # TRL's optional per-pair margin
+        if "margin" in pair and not (isinstance(pair["margin"], (int, float)) and math.isfinite(pair["margin"])):
+            raise InputError(f"{args.dataset}: margin {pair['margin']!r} of prompt {pair['prompt']!r} is not a finite number")
+    model = common.load_model(args.model, len(tokenizer), device, dtype, args.seed, head="score")
+    model.config.pad_token_id = tokenizer.pad_token_id  # transformers' own forward needs it for batches
+    if args.gradient_checkpointing:
+        model.activation_checkpointing_enable()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=device.type in ("cpu", "cuda"))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
+    batches = common.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
+    has_margin = any("margin" in p for p in train_pairs)
+    run_dir = common.make_run_dir(args.output_dir, "rm", args.model, args.seed, args)
+    log = common.MetricsLog(run_dir / "metrics.jsonl")
+    print(f"run folder: {run_dir}")
+
+    def report(step: int) -> dict:
+        result = evaluate(model, tokenizer, heldout_pairs, heldout_samples, args.max_completion_tokens)
+        line = f"step {step}: held-out pair accuracy {result['eval/accuracy']:.3f} ({len(heldout_pairs)} pairs)"
+        if "agreement/auc" in result:
+            line += (f"; verifier agreement on {len(heldout_samples)} fresh samples: AUC {result['agreement/auc']:.3f}, "
+                     f"best-of-n accuracy {result['agreement/best_of_n_accuracy']:.3f} (random sample {result['agreement/sample_accuracy']:.3f})")
+        tqdm.write(line)
+        return result
+
+    before = report(0)
+    evals = [{"step": 0, **before}]
+    last_good = None
+    bar = common.progress(args.steps, "reward model")
+    for step, batch in enumerate(batches, 1):
+        t0 = time.time()
+        pairs = [train_pairs[i] for i in batch]
+
+        # ---- 1. score chosen and rejected in one batch -----------------------------------------
+        model.train()
+        chosen, rejected = pair_scores(model, tokenizer, pairs, args.max_completion_tokens)  # (P,), (P,)
+        margin = torch.tensor([float(p.get("margin", 0.0)) for p in pairs], device=device) if has_margin else None
+
+        # ---- 2. Bradley-Terry loss and update ------------------------------------------------------
+        loss = bradley_terry_loss(chosen, rejected, margin, args.center_rewards_coefficient or 0.0)
+        if not torch.isfinite(loss):
+            where = f"the last good checkpoint (step {last_good}) is in {run_dir / 'model'}" if last_good else "no checkpoint was saved"
+            raise InputError(f"loss became {loss.item()} at step {step}; stopped without saving it; {where}. Try a lower --lr")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        optimizer.step()
+        lr = scheduler.get_last_lr()[0]  # the rate this step used
+        scheduler.step()
+
+        # ---- 3. log -----------------------------------------------------------------------------------
+        step_time = time.time() - t0
+        scores = torch.cat([chosen, rejected]).detach()
+        stats = {
+            "loss": loss.item(),
+            "accuracy": (chosen > rejected).float().mean().item(),
+            "margin": (chosen - rejected).mean().item(),
+            "mean_reward": scores.mean().item(),
+            "min_reward": scores.min().item(),
+            "max_reward": scores.max().item(),
+            "grad_norm": grad_norm.item(),
+            "lr": lr,
+            "time/step": step_time,
+            "memory/peak_gb": common.peak_memory_gb(device),
+        }
+        log.write(step, stats)
+        bar.update(1)
+        bar.set_postfix(loss=f"{stats['loss']:.4f}", acc=f"{stats['accuracy']:.2f}")
+
+        # ---- 4. evaluate and checkpoint ----------------------------------------------------------
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            evals.append({"step": step, **report(step)})
+            if args.save_model:
+                common.save_checkpoint(model, tokenizer, run_dir / "model")
+                last_good = step
+    bar.close()
+
+    after = report(args.steps)
+    evals.append({"step": args.steps, **after})
+    if args.save_model:
+        common.save_checkpoint(model, tokenizer, run_dir / "model")
+    result = {
+        "pair_accuracy_before": before["eval/accuracy"],
+        "pair_accuracy_after": after["eval/accuracy"],
+        **{f"{k}_after": v for k, v in after.items() if k.startswith("agreement/")},
+        "evals": evals,
+        "steps": args.steps,
+        "pairs_train": len(train_pairs),
+        "pairs_heldout": len(heldout_pairs),
+        "wall_time_s": round(time.time() - log.start, 1),
+        "memory/peak_gb": common.peak_memory_gb(device),
+        "run_dir": str(run_dir),
+    }
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}; run folder {run_dir}")
+    return result
+
+
+if __name__ == "__main__":
+    common.run_cli(main, tyro.cli(Args))
