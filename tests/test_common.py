@@ -238,3 +238,53 @@ def test_dropout_is_off_in_loaded_models(tokenizer):
     ids = torch.randint(5, 50, (2, 9))
     assert torch.equal(model(ids).logits, model(ids).logits)
     assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+
+
+# ---- preference data ----------------------------------------------------------------------------------------------
+def test_pair_samples_pairs_each_correct_with_an_incorrect_once():
+    samples = [
+        {"prompt": "p", "answer": "7", "completion": "7", "label": 1},
+        {"prompt": "p", "answer": "7", "completion": "8", "label": 0},
+        {"prompt": "p", "answer": "7", "completion": "6", "label": 0},
+        {"prompt": "p", "answer": "7", "completion": "= 7", "label": 1},
+        {"prompt": "p", "answer": "7", "completion": "   ", "label": 0},  # empty: skipped
+        {"prompt": "q", "answer": "1", "completion": "1", "label": 1},  # all correct: no pair
+    ]
+    assert common.pair_samples(samples) == [
+        {"prompt": "p", "chosen": "7", "rejected": "8", "answer": "7"},
+        {"prompt": "p", "chosen": "= 7", "rejected": "6", "answer": "7"},
+    ]
+
+
+def test_preference_data_is_built_once_and_holds_out_whole_prompts(tokenizer, preference_cache, monkeypatch):
+    real = common.label_samples
+    monkeypatch.setattr(common, "label_samples", lambda *a, **k: real(*a, **k, label_fn=lambda text, answer: float("1" in text)))
+    data, folder = common.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), torch.float32)
+    assert len(data["heldout_samples"]) == 4 * 4  # an eighth of the 32 prompts, 4 samples each
+    assert {p["prompt"] for p in data["train"]}.isdisjoint({p["prompt"] for p in data["heldout"]})
+    assert {p["prompt"] for p in data["train"]}.isdisjoint({p.prompt for p in common.heldout_problems()})
+    assert all(p["chosen"].count("1") and not p["rejected"].count("1") for p in data["train"])
+    monkeypatch.setattr(common, "label_samples", None)  # the second call must not sample again
+    again, same_folder = common.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), torch.float32)
+    assert again == data and same_folder == folder
+    assert folder.name == "tiny-seed0-prompts32-samples4-tokens8-temp1"
+    assert common.read_jsonl(str(folder / "train.jsonl"), ("prompt", "chosen", "rejected")) == data["train"]
+
+
+def test_tokenize_completions_appends_eos_and_masks_by_length_when_pad_is_eos(tokenizer):
+    plain = common.make_tiny_tokenizer()
+    plain.pad_token = plain.eos_token  # like gpt2 and SmolLM2
+    ids, mask = common.tokenize_completions(plain, ["12", "abcd"], "cpu")
+    eos = plain.eos_token_id
+    assert ids[0].tolist()[:3] == plain("12", add_special_tokens=False).input_ids + [eos] and ids[0, 3:].eq(eos).all()
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    cut_ids, cut_mask = common.tokenize_completions(tokenizer, ["abcd"], "cpu", max_tokens=3)
+    assert cut_ids.tolist() == [tokenizer("abc", add_special_tokens=False).input_ids] and cut_mask.sum() == 3  # cut: no EOS
+
+
+def test_epoch_batches_visit_every_item_once_per_epoch():
+    batches = common.epoch_batches(10, 4, 5, seed=0)  # 20 items = 2 epochs
+    assert [len(b) for b in batches] == [4] * 5
+    flat = [i for b in batches for i in b]
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
+    assert common.epoch_batches(10, 4, 5, seed=0) == batches and common.epoch_batches(10, 4, 5, seed=1) != batches

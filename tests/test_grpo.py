@@ -3,14 +3,12 @@
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import common
-from conftest import HAS_EMBEDDED_MODEL, REPO
+from conftest import HAS_EMBEDDED_MODEL, assert_one_line_error, metrics_of, run_script, write
 from grpo import Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty
 
 
@@ -23,11 +21,6 @@ def tiny_args(tmp_path, **overrides) -> Args:
     defaults = dict(model="tiny", steps=2, prompts_per_step=2, group_size=4, max_new_tokens=8, eval_size=8,
                     eval_every=0, output_dir=str(tmp_path), lr=1e-3, warmup_steps=1)
     return Args(**{**defaults, **overrides})
-
-
-def metrics_of(result: dict) -> list[dict]:
-    with open(os.path.join(result["run_dir"], "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 # ---- group_advantages ----------------------------------------------------------------------------
@@ -224,12 +217,6 @@ def test_run_folder_is_complete(tmp_path):
 
 
 # ---- bad input ----------------------------------------------------------------------------------------------------
-def write(tmp_path, name, text):
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
-
-
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -278,18 +265,14 @@ def test_local_checkpoint_without_chat_template_or_pad_token(tmp_path, tokenizer
     assert os.path.basename(result["run_dir"]).startswith("grpo-ckpt-0-")
 
 
-def run_cli(*argv, **env):
-    return subprocess.run([sys.executable, "grpo.py", *argv], cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
-
-
 def test_cli_tiny_run(tmp_path):
-    proc = run_cli("--model", "tiny", "--steps", "3", "--eval-size", "16", "--output-dir", str(tmp_path))
+    proc = run_script("grpo.py", "--model", "tiny", "--steps", "3", "--eval-size", "16", "--output-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "held-out accuracy" in proc.stdout and len(os.listdir(tmp_path)) == 1
 
 
 def test_cli_help_lists_every_option_with_its_default():
-    proc = run_cli("--help")
+    proc = run_script("grpo.py", "--help")
     assert proc.returncode == 0
     for flag in ("--model", "--group-size", "--num-iterations", "--eps-low", "--eps-high", "--beta", "--kl-estimator",
                  "--loss-agg", "--scale-by-std", "--dynamic-sampling", "--overlong-buffer", "--lr", "--warmup-steps",
@@ -308,9 +291,8 @@ def test_cli_help_lists_every_option_with_its_default():
 )
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, argv, message):
     # HF_HUB_OFFLINE keeps the test hermetic where the Hub is reachable; offline, the probe fails the same way
-    proc = run_cli(*argv, "--output-dir", str(tmp_path), HF_HUB_OFFLINE="1")
-    assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and message in proc.stderr
+    proc = run_script("grpo.py", *argv, "--output-dir", str(tmp_path), HF_HUB_OFFLINE="1")
+    assert_one_line_error(proc, message)
     if argv[1] == "gpt2":  # the offline choices are named
         assert "Offline choices: --model smollm2" in proc.stderr
 

