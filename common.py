@@ -706,6 +706,13 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def check_finite(loss: torch.Tensor, step: int, last_good: Optional[int], run_dir: Path) -> None:
+    """Stop before a NaN or infinite loss reaches the weights, naming the last good checkpoint."""
+    if not torch.isfinite(loss):
+        where = f"the last good checkpoint (step {last_good}) is in {run_dir / 'model'}" if last_good else "no checkpoint was saved"
+        raise InputError(f"loss became {loss.item()} at step {step}; stopped without saving it; {where}. Try a lower --lr")
+
+
 def save_checkpoint(model, tokenizer, path: Path) -> None:
     """Write to a temporary folder, then swap it in: an interrupted save never replaces a good one."""
     tmp = path.with_name(path.name + ".tmp")

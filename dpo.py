@@ -273,9 +273,7 @@ def main(args: Args) -> dict:
         policy_chosen, policy_rejected, tokens = concatenated_logps(policy, tokenizer, pairs, args.max_completion_tokens)
         losses, chosen_rewards, rejected_rewards = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, args.beta, args.label_smoothing)
         loss = losses.mean()
-        if not torch.isfinite(loss):
-            where = f"the last good checkpoint (step {last_good}) is in {run_dir / 'model'}" if last_good else "no checkpoint was saved"
-            raise InputError(f"loss became {loss.item()} at step {step}; stopped without saving it; {where}. Try a lower --lr")
+        common.check_finite(loss, step, last_good, run_dir)
 
         # ---- 4. update -------------------------------------------------------------------------
         optimizer.zero_grad(set_to_none=True)

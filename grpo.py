@@ -399,9 +399,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
                     advantages[s], mask[s], args.eps_low, args.eps_high, args.beta,
                     args.loss_agg, args.max_new_tokens, args.kl_estimator,
                 )
-                if not torch.isfinite(loss):
-                    where = f"the last good checkpoint (step {last_good}) is in {run_dir / 'model'}" if last_good else "no checkpoint was saved"
-                    raise InputError(f"loss became {loss.item()} at step {step}; stopped without saving it; {where}. Try a lower --lr")
+                common.check_finite(loss, step, last_good, run_dir)
                 weight = micro_batch_weight(args.loss_agg, mask[s], mask)
                 (loss * weight).backward()
                 step_metrics.append({**m, "loss": loss.item(), "weight": weight})

@@ -258,9 +258,7 @@ def main(args: Args) -> dict:
 
         # ---- 2. Bradley-Terry loss and update ------------------------------------------------------
         loss = bradley_terry_loss(chosen, rejected, margin, args.center_rewards_coefficient or 0.0)
-        if not torch.isfinite(loss):
-            where = f"the last good checkpoint (step {last_good}) is in {run_dir / 'model'}" if last_good else "no checkpoint was saved"
-            raise InputError(f"loss became {loss.item()} at step {step}; stopped without saving it; {where}. Try a lower --lr")
+        common.check_finite(loss, step, last_good, run_dir)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)

@@ -161,6 +161,14 @@ def test_no_pairs_is_one_clear_error(tmp_path, preference_cache):
         main(tiny_args(tmp_path, dataset=None, num_prompts=8, samples_per_prompt=2))
 
 
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    args = tiny_args(tmp_path, steps=6, eval_every=1, lr=1e12, max_grad_norm=1e30)
+    with pytest.raises(common.InputError, match=r"loss became nan at step \d; stopped without saving it; the last good checkpoint \(step \d\)"):
+        main(args)
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert (run_dir / "model" / "model.safetensors").exists() and not (run_dir / "model.tmp").exists()
+
+
 # ---- bad input ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "overrides, message",
