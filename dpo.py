@@ -8,7 +8,7 @@ model or sampling: the language model is secretly the reward model.
 
 Objective (Rafailov et al. 2023, arXiv:2305.18290, eq. 7), minimised:
     L_DPO(π_θ; π_ref) = -E_(x, y_w, y_l) [ log σ( β log π_θ(y_w|x)/π_ref(y_w|x) - β log π_θ(y_l|x)/π_ref(y_l|x) ) ]
-    implicit reward  r̂(x, y) = β log π_θ(y|x)/π_ref(y|x)         (§5, reported as rewards/chosen, rewards/rejected)
+    implicit reward  r̂(x, y) = β log π_θ(y|x)/π_ref(y|x)         (§4, reported as rewards/chosen, rewards/rejected)
 With label smoothing ε (conservative DPO, Mitchell 2023, "A note on DPO with noisy preferences"), the
 label is trusted with probability 1 - ε:  L = -(1-ε) log σ(β h) - ε log σ(-β h).
 
@@ -133,7 +133,7 @@ def dpo_loss(
     beta: float,
     label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-pair DPO loss (Rafailov et al. 2023, eq. 7) and the implicit rewards (§5).
+    """Per-pair DPO loss (Rafailov et al. 2023, eq. 7) and the implicit rewards (§4).
 
     h = log π_θ(y_w)/π_ref(y_w) - log π_θ(y_l)/π_ref(y_l)
     loss = -(1-ε) log σ(β h) - ε log σ(-β h)      (ε = label_smoothing, cDPO; ε = 0 is DPO)
