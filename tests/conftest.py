@@ -68,3 +68,11 @@ def preference_cache(tmp_path, monkeypatch):
 
 
 PAIRS = str(REPO / "tests" / "data" / "pairs.jsonl")
+
+
+@pytest.fixture
+def digits_are_correct(monkeypatch, preference_cache):
+    """Label preference samples 'correct' when they contain a digit: the random tiny model never
+    solves a sum, so the verifier alone would give it no pairs."""
+    real = common.label_samples
+    monkeypatch.setattr(common, "label_samples", lambda *a, **k: real(*a, **k, label_fn=lambda text, answer: float(any(ch.isdigit() for ch in text))))

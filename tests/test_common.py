@@ -256,14 +256,12 @@ def test_pair_samples_pairs_each_correct_with_an_incorrect_once():
     ]
 
 
-def test_preference_data_is_built_once_and_holds_out_whole_prompts(tokenizer, preference_cache, monkeypatch):
-    real = common.label_samples
-    monkeypatch.setattr(common, "label_samples", lambda *a, **k: real(*a, **k, label_fn=lambda text, answer: float("1" in text)))
+def test_preference_data_is_built_once_and_holds_out_whole_prompts(tokenizer, preference_cache, digits_are_correct, monkeypatch):
     data, folder = common.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), torch.float32)
     assert len(data["heldout_samples"]) == 4 * 4  # an eighth of the 32 prompts, 4 samples each
     assert {p["prompt"] for p in data["train"]}.isdisjoint({p["prompt"] for p in data["heldout"]})
     assert {p["prompt"] for p in data["train"]}.isdisjoint({p.prompt for p in common.heldout_problems()})
-    assert all(p["chosen"].count("1") and not p["rejected"].count("1") for p in data["train"])
+    assert all(any(ch.isdigit() for ch in p["chosen"]) and not any(ch.isdigit() for ch in p["rejected"]) for p in data["train"])
     monkeypatch.setattr(common, "label_samples", None)  # the second call must not sample again
     again, same_folder = common.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), torch.float32)
     assert again == data and same_folder == folder

@@ -143,11 +143,8 @@ def test_run_folder_is_complete_and_the_model_reloads(tmp_path):
     transformers.AutoModelForCausalLM.from_pretrained(os.path.join(run_dir, "model"))
 
 
-def test_default_data_is_the_models_own_samples_built_once(tmp_path, preference_cache, monkeypatch):
-    """The tiny model never solves a sum, so label its samples by 'contains a digit' to get pairs."""
+def test_default_data_is_the_models_own_samples_built_once(tmp_path, preference_cache, digits_are_correct, monkeypatch):
     tokenizer = common.make_tiny_tokenizer()
-    real_label_samples = common.label_samples
-    monkeypatch.setattr(common, "label_samples", lambda *a, **k: real_label_samples(*a, **k, label_fn=lambda text, answer: float(any(c.isdigit() for c in text))))
     args = tiny_args(tmp_path, dataset=None, num_prompts=16, samples_per_prompt=4, temperature=1.0)
     data, folder = common.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), torch.float32)
     assert folder.parent == preference_cache / "preference-data"

@@ -134,10 +134,8 @@ def test_training_and_scoring_give_the_same_score(tmp_path, tokenizer, tiny_rewa
     assert score_texts(tiny_reward_model, tokenizer, prompts, completions, 256).item() == pytest.approx(in_training.item(), abs=1e-6)
 
 
-def test_run_folder_metrics_and_verifier_agreement(tmp_path, preference_cache, monkeypatch):
+def test_run_folder_metrics_and_verifier_agreement(tmp_path, digits_are_correct):
     """With the default data the held-out labelled samples give the agreement numbers."""
-    real_label_samples = common.label_samples
-    monkeypatch.setattr(common, "label_samples", lambda *a, **k: real_label_samples(*a, **k, label_fn=lambda text, answer: float(any(c.isdigit() for c in text))))
     result = main(tiny_args(tmp_path, dataset=None, num_prompts=16, samples_per_prompt=4, max_new_tokens=8))
     assert sorted(os.listdir(result["run_dir"])) == ["args.json", "eval.json", "metrics.jsonl", "model"]
     for key in ("agreement/auc_after", "agreement/best_of_n_accuracy_after", "agreement/sample_accuracy_after"):
