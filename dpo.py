@@ -63,7 +63,7 @@ from common import InputError, masked_sum
 class Args:
     """DPO on preference pairs; held-out accuracy on the arithmetic task with the verifier. Options come in
     four groups, in this order: experiment (--model ... --eval-size), algorithm (--steps ...
-    --precompute-ref-logprobs), preference data (--num-prompts ... --max-new-tokens), optimisation (--lr ... --save-model)."""
+    --precompute-ref-logprobs), preference data (--num-prompts ... --max-completion-tokens), optimisation (--lr ... --save-model)."""
 
     # --- experiment ---
     model: str = "smollm2"
