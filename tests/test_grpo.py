@@ -8,13 +8,8 @@ import pytest
 import torch
 
 import common
-from conftest import HAS_EMBEDDED_MODEL, assert_one_line_error, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, digit_fraction, assert_one_line_error, metrics_of, run_script, write
 from grpo import Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty
-
-
-def digit_fraction(completion: str, answer: str) -> float:
-    """A dense reward the random tiny model can climb: the share of characters that are digits."""
-    return sum(c.isdigit() for c in completion) / max(1, len(completion))
 
 
 def tiny_args(tmp_path, **overrides) -> Args:

