@@ -105,7 +105,8 @@ class Args:
     value_clip: float = 0.2
     """ε_v of the clipped value loss"""
     vf_coef: float = 0.1
-    """weight of the value loss (the critic has its own optimizer; this scales its gradient)"""
+    """weight of the value loss in the summed loss (TRL's vf_coef); the critic has its own AdamW, which is
+    nearly scale-invariant, so this matters mostly through the critic's gradient clipping"""
     entropy_coef: float = 0.0
     """weight of the entropy bonus (0 = off)"""
     gamma: float = 1.0
