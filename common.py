@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -505,6 +506,24 @@ def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens:
             if len(samples) < num_samples_kept:
                 samples.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "correct": bool(reward)})
     return {"accuracy": correct / len(problems), "samples": samples}
+
+
+def load_problems(dataset: Optional[str], seed: int, eval_size: int, prompts_per_step: int) -> tuple[Iterator[Problem], list[Problem]]:
+    """(endless training stream, held-out problems) for the online scripts: the arithmetic task, or the
+    user's JSONL with prompt and a numeric answer, shuffled by the seed, a tenth (at most eval_size) held out."""
+    if dataset is None:
+        heldout = heldout_problems(eval_size)
+        return train_problems(seed, heldout), heldout
+    rows = read_jsonl(dataset, ("prompt", "answer"))
+    for line_no, row in enumerate(rows, 1):
+        if extract_final_number(row["answer"]) is None:
+            raise InputError(f"{dataset}: row {line_no}: answer {row['answer']!r} is not a number the verifier can check")
+    problems = [Problem(r["prompt"], r["answer"]) for r in rows]
+    random.Random(seed).shuffle(problems)
+    n_eval = max(1, min(eval_size, len(problems) // 10))
+    if len(problems) - n_eval < prompts_per_step:
+        raise InputError(f"{dataset}: {len(problems)} rows; need at least {prompts_per_step} for training beyond the held-out tenth")
+    return itertools.cycle(problems[n_eval:]), problems[:n_eval]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,12 +38,10 @@ Shapes: P prompts, G completions per prompt, B = P*G sequences, S prompt tokens,
 from __future__ import annotations
 
 import copy
-import itertools
 import json
-import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Literal, Optional
+from typing import Callable, Literal, Optional
 
 import torch
 import tyro
@@ -246,23 +244,6 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, pe
 # ---------------------------------------------------------------------------------------------
 # Data
 # ---------------------------------------------------------------------------------------------
-def load_problems(args: Args) -> tuple[Iterator[common.Problem], list[common.Problem]]:
-    """(endless training stream, held-out problems): the arithmetic task, or the user's JSONL."""
-    if args.dataset is None:
-        heldout = common.heldout_problems(args.eval_size)
-        return common.train_problems(args.seed, heldout), heldout
-    rows = common.read_jsonl(args.dataset, ("prompt", "answer"))
-    for line_no, row in enumerate(rows, 1):
-        if common.extract_final_number(row["answer"]) is None:
-            raise InputError(f"{args.dataset}: row {line_no}: answer {row['answer']!r} is not a number the verifier can check")
-    problems = [common.Problem(r["prompt"], r["answer"]) for r in rows]
-    random.Random(args.seed).shuffle(problems)
-    n_eval = max(1, min(args.eval_size, len(problems) // 10))
-    if len(problems) - n_eval < args.prompts_per_step:
-        raise InputError(f"{args.dataset}: {len(problems)} rows; need at least {args.prompts_per_step} for training beyond the held-out tenth")
-    return itertools.cycle(problems[n_eval:]), problems[:n_eval]
-
-
 def check_args(args: Args) -> None:
     if args.group_size < 2:
         raise InputError(f"--group-size must be at least 2 (the group is the baseline), not {args.group_size}")
@@ -295,7 +276,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     dtype = common.resolve_dtype(args.dtype, device)
-    train_stream, heldout = load_problems(args)
+    train_stream, heldout = common.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
     tokenizer = common.load_tokenizer(args.model)
     policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
     ref_model = None

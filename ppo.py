@@ -46,9 +46,7 @@ Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens
 from __future__ import annotations
 
 import copy
-import itertools
 import json
-import random
 import time
 from dataclasses import dataclass
 from typing import Callable, Literal, Optional
@@ -268,20 +266,6 @@ def memory_table(models: dict[str, torch.nn.Module], trainable: set[str]) -> lis
     return rows
 
 
-def load_problems(args: Args):
-    """(endless training stream, held-out problems): the arithmetic task, or the user's JSONL."""
-    if args.dataset is None:
-        heldout = common.heldout_problems(args.eval_size)
-        return common.train_problems(args.seed, heldout), heldout
-    rows = common.read_jsonl(args.dataset, ("prompt", "answer"))
-    problems = [common.Problem(r["prompt"], r["answer"]) for r in rows]
-    random.Random(args.seed).shuffle(problems)
-    n_eval = max(1, min(args.eval_size, len(problems) // 10))
-    if len(problems) - n_eval < args.batch_size:
-        raise InputError(f"{args.dataset}: {len(problems)} rows; need at least {args.batch_size} for training beyond the held-out tenth")
-    return itertools.cycle(problems[n_eval:]), problems[:n_eval]
-
-
 def check_args(args: Args) -> None:
     for name in ("steps", "batch_size", "minibatch_size", "ppo_epochs", "max_new_tokens", "eval_size", "kl_horizon"):
         if getattr(args, name) < 1:
@@ -314,7 +298,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     dtype = common.resolve_dtype(args.dtype, device)
-    train_stream, heldout = load_problems(args)
+    train_stream, heldout = common.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = common.load_tokenizer(args.model)
 
     # ---- the four models ----------------------------------------------------------------------
