@@ -1,0 +1,404 @@
+"""Variants of DPO and of critic-free RL, one loss each: IPO, KTO, SimPO, ORPO (offline) and RLOO, ReMax (online).
+
+The offline four train on the same preference data as dpo.py (the model's own samples, labelled by
+the verifier; KTO sees them unpaired) and differ only in the loss on sequence log-probs. The online
+two sample from the policy, score with the verifier minus a KL penalty to the reference, and take a
+REINFORCE step with a baseline that needs no critic: the other samples of the prompt (RLOO) or the
+greedy completion's reward (ReMax). Every run is evaluated like the others: held-out greedy
+accuracy by the verifier, before and after.
+
+Losses (y_w chosen, y_l rejected, log π(y|x) summed over completion tokens unless said):
+  IPO    (Azar et al. 2024, arXiv:2310.12036, eq. 17):  (h - 1/(2τ))²,  h = log π(y_w)/π_ref(y_w) - log π(y_l)/π_ref(y_l)
+  KTO    (Ethayarajh et al. 2024, arXiv:2402.01306, eq. 8):  λ_D (1 - σ(β(r - z0))) for desirable y,
+         λ_U (1 - σ(β(z0 - r))) for undesirable y,  r = log π(y|x)/π_ref(y|x),  z0 = max(0, KL estimate), detached
+  SimPO  (Meng et al. 2024, arXiv:2405.14734, eq. 6):  -log σ( β/|y_w| log π(y_w) - β/|y_l| log π(y_l) - γ ),  no reference
+  ORPO   (Hong et al. 2024, arXiv:2403.07691, eq. 6-7):  L_SFT(y_w) + λ · -log σ( log odds(y_w) - log odds(y_l) ),  no reference
+         odds(y) = P(y)/(1 - P(y)) with log P(y) the *mean* token log-prob
+  RLOO   (Ahmadian et al. 2024, arXiv:2402.14740, eq. 6):  A_i = r_i - 1/(k-1) Σ_{j≠i} r_j
+  ReMax  (Li et al. 2024, arXiv:2310.10505, Alg. 1):  A_i = r_i - r(x, ȳ), ȳ the greedy completion of x
+
+Conventions a reader could get wrong (each pinned by a test):
+- IPO uses *summed* log-probs here, as the paper's h; TRL's IPO averages over tokens instead,
+  which changes what τ means (a margin per token instead of per sequence).
+- KTO's z0 is estimated from mismatched pairs in the batch (prompt i with completion i+1), as in
+  the paper's implementation and TRL: the mean of log π/π_ref over them, clamped at 0 and detached.
+  The pairs are unpaired: each gives one desirable and one undesirable sample.
+- SimPO's β scales the *length-normalised* log-probs and γ is subtracted after: the margin is in
+  reward units, not divided by β.
+- ORPO's odds use the mean token log-prob, and its SFT term is the mean token NLL of y_w.
+- RLOO and ReMax: the reward is the verifier's score minus β·Σ_t (log π - log π_ref) of the whole
+  sequence (the KL enters the reward, as in both papers), and the update is one REINFORCE step on
+  the summed log-prob, without importance ratio or clipping (the batch is used once). ReMax's
+  greedy baseline is the verifier's score of the greedy completion, without a KL term.
+
+Run:
+    python variants.py --algo simpo             # embedded model, the preference data of dpo.py
+    python variants.py --algo rloo              # embedded model, verifier reward
+    python variants.py --algo kto --model tiny --dataset tests/data/pairs.jsonl --steps 3
+    python variants.py --help
+
+Shapes: P pairs or prompts, B sequences, k samples per prompt, T completion tokens.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import torch
+import torch.nn.functional as F
+import tyro
+from tqdm.auto import tqdm
+
+import common
+from common import InputError, masked_sum
+
+OFFLINE = ("ipo", "kto", "simpo", "orpo")
+# The β of each algorithm means something different: IPO's τ, KTO's β, SimPO's β, ORPO's λ, RLOO/ReMax's KL coefficient.
+DEFAULT_BETA = {"ipo": 0.1, "kto": 0.1, "simpo": 2.0, "orpo": 0.1, "rloo": 0.05, "remax": 0.05}
+DEFAULT_LR = {"ipo": 5e-6, "kto": 5e-6, "simpo": 5e-6, "orpo": 5e-6, "rloo": 1e-5, "remax": 1e-5}
+
+
+@dataclass
+class Args:
+    """One variant, chosen with --algo. Options come in four groups, in this order: experiment (--algo ...
+    --eval-size), algorithm (--steps ... --group-size), data and generation (--num-prompts ...
+    --max-completion-tokens), optimisation (--lr ... --save-model)."""
+
+    algo: Literal["ipo", "kto", "simpo", "orpo", "rloo", "remax"]
+    """offline on preference pairs: ipo, kto, simpo, orpo; online with the verifier reward: rloo, remax"""
+
+    # --- experiment ---
+    model: str = "smollm2"
+    """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
+    dataset: Optional[str] = None
+    """offline: JSONL with prompt, chosen, rejected; online: JSONL with prompt, answer; default: the built-in task"""
+    seed: int = 0
+    """seed for data, sampling and initialisation"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda, cuda:1, ..."""
+    dtype: str = "auto"
+    """auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16, float16"""
+    output_dir: str = "runs"
+    """the run folder is created inside this directory"""
+    eval_every: int = 0
+    """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
+    eval_size: int = 200
+    """number of held-out arithmetic problems for greedy accuracy"""
+
+    # --- algorithm ---
+    steps: int = 60
+    """optimizer steps"""
+    batch_size: int = 8
+    """offline: preference pairs per step (KTO: their 2× unpaired samples); online: prompts per step"""
+    beta: Optional[float] = None
+    """IPO τ (0.1), KTO β (0.1), SimPO β (2.0), ORPO λ (0.1), RLOO/ReMax KL coefficient (0.05); None = that default"""
+    simpo_gamma: float = 0.5
+    """SimPO's target margin γ, in reward units (subtracted after β scales the log-probs)"""
+    desirable_weight: float = 1.0
+    """KTO λ_D, the weight of desirable samples"""
+    undesirable_weight: float = 1.0
+    """KTO λ_U, the weight of undesirable samples"""
+    group_size: int = 4
+    """RLOO: samples per prompt, k >= 2 (ReMax always takes one sample and one greedy completion)"""
+
+    # --- data and generation ---
+    num_prompts: int = 512
+    """offline: distinct arithmetic prompts sampled for the preference data (the same cache as dpo.py)"""
+    samples_per_prompt: int = 8
+    """offline: completions sampled per prompt for the preference data"""
+    temperature: float = 0.7
+    """offline: temperature of the preference data; online: the sampling temperature (1.0 is typical)"""
+    max_new_tokens: int = 32
+    """completion length limit when sampling and in evaluation"""
+    max_completion_tokens: int = 256
+    """offline: completions of --dataset pairs longer than this are cut"""
+
+    # --- optimisation ---
+    lr: Optional[float] = None
+    """AdamW learning rate; None = 5e-6 offline (as dpo.py), 1e-5 online (as grpo.py)"""
+    warmup_steps: int = 5
+    """linear learning-rate warm-up steps"""
+    max_grad_norm: float = 1.0
+    """gradient clipping by global norm"""
+    save_model: bool = True
+    """save the final model in the run folder"""
+
+
+# ---------------------------------------------------------------------------------------------
+# The math
+# ---------------------------------------------------------------------------------------------
+def ipo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, tau: float):
+    """IPO (Azar et al. 2024, eq. 17): (h - 1/(2τ))² per pair, h the DPO log-ratio difference. All (P,).
+
+    Returns (losses, chosen_rewards, rejected_rewards) like dpo_loss, rewards = τ log π/π_ref (detached).
+    """
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps
+    h = chosen_logratios - rejected_logratios
+    losses = (h - 1.0 / (2.0 * tau)) ** 2
+    return losses, tau * chosen_logratios.detach(), tau * rejected_logratios.detach()
+
+
+def kto_loss(policy_logps, ref_logps, desirable, policy_kl_logps, ref_kl_logps, beta: float,
+             desirable_weight: float = 1.0, undesirable_weight: float = 1.0):
+    """KTO (Ethayarajh et al. 2024, eq. 8) per sample. policy_logps, ref_logps, desirable (bool): (B,);
+    policy_kl_logps, ref_kl_logps: (B,) log-probs of mismatched (prompt, completion) pairs for z0.
+
+    r = log π(y|x) - log π_ref(y|x);  z0 = max(0, mean(log π(y'|x) - log π_ref(y'|x))), detached
+    desirable:   λ_D (1 - σ(β (r - z0)));   undesirable:   λ_U (1 - σ(β (z0 - r)))
+    Returns (losses (B,), rewards β r (B,) detached, z0 (scalar)).
+    """
+    z0 = (policy_kl_logps - ref_kl_logps).mean().clamp(min=0).detach()
+    r = policy_logps - ref_logps
+    losses = torch.where(
+        desirable,
+        desirable_weight * (1 - torch.sigmoid(beta * (r - z0))),
+        undesirable_weight * (1 - torch.sigmoid(beta * (z0 - r))),
+    )
+    return losses, beta * r.detach(), z0
+
+
+def simpo_loss(policy_chosen_logps, policy_rejected_logps, chosen_lengths, rejected_lengths, beta: float, gamma: float):
+    """SimPO (Meng et al. 2024, eq. 6): -log σ(β/|y_w| log π(y_w) - β/|y_l| log π(y_l) - γ). All (P,); no reference.
+
+    Returns (losses, chosen_rewards, rejected_rewards) with rewards β/|y| log π(y) (detached).
+    """
+    chosen_rewards = beta * policy_chosen_logps / chosen_lengths
+    rejected_rewards = beta * policy_rejected_logps / rejected_lengths
+    losses = -F.logsigmoid(chosen_rewards - rejected_rewards - gamma)
+    return losses, chosen_rewards.detach(), rejected_rewards.detach()
+
+
+def orpo_loss(policy_chosen_logps, policy_rejected_logps, chosen_lengths, rejected_lengths, lam: float):
+    """ORPO (Hong et al. 2024, eq. 6-7): mean-token NLL of y_w + λ · -log σ(log odds(y_w) - log odds(y_l)). All (P,).
+
+    log P(y) = log π(y|x) / |y| (mean token log-prob), log odds(y) = log P - log(1 - P).
+    Returns (losses, chosen_rewards, rejected_rewards) with rewards λ·log P (detached), as TRL logs them.
+    """
+    chosen_mean = policy_chosen_logps / chosen_lengths
+    rejected_mean = policy_rejected_logps / rejected_lengths
+    # log(1 - P) = log(-expm1(log P)), exact for P near 0 and near 1
+    log_odds = (chosen_mean - torch.log(-torch.expm1(chosen_mean))) - (rejected_mean - torch.log(-torch.expm1(rejected_mean)))
+    losses = -chosen_mean - lam * F.logsigmoid(log_odds)
+    return losses, lam * chosen_mean.detach(), lam * rejected_mean.detach()
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """A_i = r_i - mean of the other k-1 rewards of the same prompt (Ahmadian et al. 2024). (N,) -> (N,)"""
+    grouped = rewards.view(-1, group_size)  # (P, k)
+    baseline = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)
+    return (grouped - baseline).reshape(-1)
+
+
+def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> torch.Tensor:
+    """A_i = r_i - r(x, ȳ) with ȳ the greedy completion of sample i's prompt (Li et al. 2024).
+
+    rewards (N,) with N/P consecutive samples per prompt, greedy_rewards (P,) -> (N,)
+    """
+    return rewards - greedy_rewards.repeat_interleave(len(rewards) // len(greedy_rewards))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequence log-probs
+# ---------------------------------------------------------------------------------------------
+def sequence_logps(model, tokenizer, prompts: list[str], completions: list[str], max_completion_tokens: int):
+    """Summed completion log-probs and lengths, (B,) and (B,), for len(completions)/len(prompts)
+    completions per prompt, in order; each prompt is encoded once and shared by its completions."""
+    device = next(model.parameters()).device
+    per_prompt = len(completions) // len(prompts)
+    prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p) for p in prompts], device)
+    completion_ids, mask = common.tokenize_completions(tokenizer, completions, device, max_completion_tokens)
+    repeats = torch.full((len(prompts),), per_prompt, device=device)
+    logprobs, _ = common.completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, repeats)
+    return masked_sum(logprobs, mask, dim=1), mask.sum(1).float()
+
+
+def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, dict]:
+    """The mean loss of one batch of pairs and its metrics, for ipo, simpo, orpo (paired) or kto (unpaired)."""
+    prompts = [p["prompt"] for p in pairs]
+    texts = [t for p in pairs for t in (p["chosen"], p["rejected"])]  # chosen_0, rejected_0, chosen_1, ...
+    logps, lengths = sequence_logps(policy, tokenizer, prompts, texts, args.max_completion_tokens)  # (2P,)
+    chosen, rejected = logps[0::2], logps[1::2]
+    if args.algo in ("ipo", "kto"):
+        with torch.no_grad():
+            ref_logps, _ = sequence_logps(ref_model, tokenizer, prompts, texts, args.max_completion_tokens)
+    if args.algo == "ipo":
+        losses, chosen_rewards, rejected_rewards = ipo_loss(chosen, rejected, ref_logps[0::2], ref_logps[1::2], beta)
+    elif args.algo == "simpo":
+        losses, chosen_rewards, rejected_rewards = simpo_loss(chosen, rejected, lengths[0::2], lengths[1::2], beta, args.simpo_gamma)
+    elif args.algo == "orpo":
+        losses, chosen_rewards, rejected_rewards = orpo_loss(chosen, rejected, lengths[0::2], lengths[1::2], beta)
+    else:  # kto: the 2P samples unpaired; z0 from each prompt with the next pair's completions
+        shifted = texts[2:] + texts[:2]
+        with torch.no_grad():  # z0 is a detached reference point
+            kl_logps, _ = sequence_logps(policy, tokenizer, prompts, shifted, args.max_completion_tokens)
+            ref_kl_logps, _ = sequence_logps(ref_model, tokenizer, prompts, shifted, args.max_completion_tokens)
+        desirable = torch.tensor([True, False] * len(pairs), device=logps.device)
+        losses, rewards, z0 = kto_loss(logps, ref_logps, desirable, kl_logps, ref_kl_logps, beta,
+                                       args.desirable_weight, args.undesirable_weight)
+        chosen_rewards, rejected_rewards = rewards[0::2], rewards[1::2]
+    metrics = {
+        "loss": losses.mean().item(),
+        "rewards/chosen": chosen_rewards.mean().item(),
+        "rewards/rejected": rejected_rewards.mean().item(),
+        "rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
+        "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item(),
+        "logps/chosen": chosen.mean().item(),
+        "logps/rejected": rejected.mean().item(),
+    }
+    if args.algo == "kto":
+        metrics["kl"] = z0.item()
+    return losses.mean(), metrics
+
+
+def check_args(args: Args) -> None:
+    for name in ("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size", "max_completion_tokens"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.beta is not None and args.beta <= 0:
+        raise InputError("--beta must be > 0")
+    if args.algo == "rloo" and args.group_size < 2:
+        raise InputError(f"--group-size must be at least 2 for RLOO (the other samples are the baseline), not {args.group_size}")
+    if args.algo == "kto" and args.batch_size < 2:
+        raise InputError("--batch-size must be at least 2 for KTO (z0 pairs each prompt with another pair's completions)")
+    if args.samples_per_prompt < 2:
+        raise InputError("--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
+    if args.temperature <= 0:
+        raise InputError("--temperature must be > 0 (evaluation is always greedy)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def main(args: Args, reward_fn=common.verify) -> dict:
+    """Train one variant; returns the final metrics (also written to the run folder's eval.json).
+
+    Online, reward_fn(completion, answer) scores samples (default: the verifier); held-out accuracy
+    always uses the verifier.
+    """
+    check_args(args)
+    beta = args.beta if args.beta is not None else DEFAULT_BETA[args.algo]
+    lr = args.lr if args.lr is not None else DEFAULT_LR[args.algo]
+    common.set_seed(args.seed)
+    device = common.resolve_device(args.device)
+    dtype = common.resolve_dtype(args.dtype, device)
+    tokenizer = common.load_tokenizer(args.model)
+    offline = args.algo in OFFLINE
+    if offline:
+        train_pairs, _, _ = common.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
+                                                         args.samples_per_prompt, args.max_new_tokens, args.temperature, device, dtype)
+        batches = common.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
+        heldout = common.heldout_problems(args.eval_size)
+    else:
+        train_stream, heldout = common.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
+    policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
+    ref_model = None  # SimPO and ORPO are reference-free: no second model is loaded
+    if args.algo in ("ipo", "kto", "rloo", "remax"):
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, fused=device.type in ("cpu", "cuda"))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
+    run_dir = common.make_run_dir(args.output_dir, args.algo, args.model, args.seed, args)
+    log = common.MetricsLog(run_dir / "metrics.jsonl")
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    print(f"run folder: {run_dir}")
+
+    def evaluate(step: int) -> dict:
+        policy.eval()
+        result = common.evaluate_accuracy(policy, tokenizer, heldout, args.max_new_tokens)
+        tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
+        return result
+
+    before = evaluate(0)
+    evals = [{"step": 0, "accuracy": before["accuracy"]}]
+    last_good = None
+    bar = common.progress(args.steps, args.algo)
+    for step in range(1, args.steps + 1):
+        t0 = time.time()
+        if offline:
+            # ---- offline: one batch of preference pairs, one loss ------------------------------------
+            policy.train()
+            loss, stats = offline_loss(args, beta, policy, ref_model, tokenizer, [train_pairs[i] for i in batches[step - 1]])
+        else:
+            # ---- online 1. sample: k per prompt (RLOO) or one plus the greedy completion (ReMax) --------
+            problems = [next(train_stream) for _ in range(args.batch_size)]
+            prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p.prompt) for p in problems], device)
+            k = args.group_size if args.algo == "rloo" else 1
+            policy.eval()
+            completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, k, args.max_new_tokens, eos, pad, args.temperature, 1.0, generator)
+            mask = common.completion_mask(completion_ids, eos)
+            answers = [p.answer for p in problems for _ in range(k)]
+            texts = common.decode_completions(tokenizer, completion_ids, mask)
+            scores = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
+            repeats = torch.full((len(problems),), k, device=device)
+            if args.algo == "remax":
+                greedy_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad, temperature=0)
+                greedy_texts = common.decode_completions(tokenizer, greedy_ids, common.completion_mask(greedy_ids, eos))
+                greedy_scores = torch.tensor([reward_fn(t, p.answer) for t, p in zip(greedy_texts, problems)], device=device)  # (P,)
+
+            # ---- online 2. reward = score - β·KL of the sequence, then the critic-free baseline ----------
+            with torch.no_grad():
+                ref_logprobs, _ = common.completion_logprobs(ref_model, prompt_ids, prompt_mask, completion_ids, repeats, args.temperature)
+            policy.train()
+            logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, repeats, args.temperature)
+            kl = masked_sum(logprobs.detach() - ref_logprobs, mask, dim=1)  # (B,) k1 summed over the sequence
+            rewards = scores - beta * kl
+            if args.algo == "rloo":
+                advantages = rloo_advantages(rewards, k)
+            else:
+                advantages = remax_advantages(rewards, greedy_scores)
+
+            # ---- online 3. REINFORCE with the baseline: -A · log π(y|x), one step per batch -------------
+            loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()
+            stats = {"reward": scores.mean().item(), "kl": kl.mean().item(), "rlhf_reward": rewards.mean().item(),
+                     "advantage_abs": advantages.abs().mean().item(), "completion_length": mask.sum(1).float().mean().item(),
+                     "loss": loss.item()}
+
+        # ---- update, log ---------------------------------------------------------------------------------
+        common.check_finite(loss, step, last_good, run_dir)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+        optimizer.step()
+        stats.update({"grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0], "time/step": time.time() - t0,
+                      "memory/peak_gb": common.peak_memory_gb(device)})
+        scheduler.step()
+        log.write(step, stats)
+        bar.update(1)
+        bar.set_postfix(loss=f"{stats['loss']:.4f}")
+
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            evals.append({"step": step, "accuracy": evaluate(step)["accuracy"]})
+            if args.save_model:
+                common.save_checkpoint(policy, tokenizer, run_dir / "model")
+                last_good = step
+    bar.close()
+
+    after = evaluate(args.steps)
+    evals.append({"step": args.steps, "accuracy": after["accuracy"]})
+    if args.save_model:
+        common.save_checkpoint(policy, tokenizer, run_dir / "model")
+    result = {
+        "algo": args.algo,
+        "accuracy_before": before["accuracy"],
+        "accuracy_after": after["accuracy"],
+        "evals": evals,
+        "steps": args.steps,
+        "models_in_memory": 1 if ref_model is None else 2,
+        "wall_time_s": round(time.time() - log.start, 1),
+        "memory/peak_gb": common.peak_memory_gb(device),
+        "samples_before": before["samples"],
+        "samples_after": after["samples"],
+        "run_dir": str(run_dir),
+    }
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; run folder {run_dir}")
+    return result
+
+
+if __name__ == "__main__":
+    common.run_cli(main, tyro.cli(Args))
