@@ -1,0 +1,165 @@
+"""variants.py: every loss and advantage on hand-computed numbers, the conventions, learning, the CLI."""
+
+import copy
+import math
+import os
+
+import pytest
+import torch
+
+import common
+from conftest import PAIRS, assert_one_line_error, digit_fraction, metrics_of, run_script
+from variants import (Args, ipo_loss, kto_loss, main, offline_loss, orpo_loss, remax_advantages, rloo_advantages,
+                      sequence_logps, simpo_loss)
+
+
+def tiny_args(tmp_path, algo, **overrides) -> Args:
+    defaults = dict(algo=algo, model="tiny", dataset=PAIRS if algo in ("ipo", "kto", "simpo", "orpo") else None, steps=2,
+                    batch_size=4, max_new_tokens=8, eval_size=8, output_dir=str(tmp_path / "runs"), lr=1e-3, warmup_steps=1)
+    return Args(**{**defaults, **overrides})
+
+
+# ---- the losses ---------------------------------------------------------------------------------------------------
+def test_ipo_loss_by_hand():
+    # log-ratios 1 (chosen) and 0 (rejected): h = 1; τ = 0.1: (h - 1/(2τ))² = (1 - 5)² = 16; rewards τ·1 = 0.1 and 0
+    losses, chosen_rewards, rejected_rewards = ipo_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-3.0]), 0.1)
+    assert losses.item() == pytest.approx(16.0)
+    assert (chosen_rewards.item(), rejected_rewards.item()) == pytest.approx((0.1, 0.0))
+
+
+def test_kto_loss_by_hand():
+    # β = 0.1; mismatched log-ratios [1, 0] → z0 = 0.5. Desirable r = 2: 1 - σ(0.1·(2 - 0.5)) = 1 - σ(0.15) = 1 - 0.537430 = 0.462570
+    # undesirable r = -1: λ_U · (1 - σ(0.1·(0.5 + 1))) = 2 · 0.462570 = 0.925140
+    losses, rewards, z0 = kto_loss(torch.tensor([2.0, -1.0]), torch.zeros(2), torch.tensor([True, False]),
+                                   torch.tensor([1.0, 0.0]), torch.zeros(2), beta=0.1, undesirable_weight=2.0)
+    assert z0.item() == pytest.approx(0.5)
+    assert losses.tolist() == pytest.approx([0.462570, 0.925140], abs=1e-6)
+    assert rewards.tolist() == pytest.approx([0.2, -0.1])
+
+
+def test_kto_reference_point_is_clamped_at_zero_and_detached():
+    policy_kl = torch.tensor([-1.0, -2.0], requires_grad=True)
+    losses, _, z0 = kto_loss(torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([True]), policy_kl, torch.zeros(2), beta=0.1)
+    assert z0.item() == 0.0 and not z0.requires_grad  # mean -1.5 clamps to 0
+    assert losses.item() == pytest.approx(0.5)  # 1 - σ(0) = 0.5
+
+
+def test_simpo_loss_by_hand_with_gamma_in_reward_units():
+    # β = 2, γ = 0.5. chosen: log π = -4 over 4 tokens → β·(-1) = -2; rejected: -9 over 3 tokens → β·(-3) = -6
+    # -log σ(-2 - (-6) - 0.5) = log(1 + e^-3.5) = 0.029750  (γ/β inside the bracket would give 3.75 instead)
+    losses, chosen_rewards, rejected_rewards = simpo_loss(torch.tensor([-4.0]), torch.tensor([-9.0]), torch.tensor([4.0]), torch.tensor([3.0]), 2.0, 0.5)
+    assert losses.item() == pytest.approx(0.029750, abs=1e-6)
+    assert (chosen_rewards.item(), rejected_rewards.item()) == pytest.approx((-2.0, -6.0))
+
+
+def test_orpo_loss_by_hand_with_odds_from_mean_token_logprobs():
+    # chosen: mean log-prob log 0.5 (sum 2·log 0.5 over 2 tokens): odds 1, log odds 0; NLL = 0.693147
+    # rejected: mean log-prob log 0.2 over 3 tokens: odds 0.25, log odds -1.386294
+    # λ = 0.1: 0.693147 + 0.1 · log(1 + e^-1.386294) = 0.693147 + 0.1 · log 1.25 = 0.693147 + 0.022314 = 0.715461
+    losses, _, _ = orpo_loss(torch.tensor([2 * math.log(0.5)]), torch.tensor([3 * math.log(0.2)]), torch.tensor([2.0]), torch.tensor([3.0]), 0.1)
+    assert losses.item() == pytest.approx(0.715461, abs=1e-6)
+
+
+def test_rloo_leave_one_out_by_hand():
+    # [1, 0, 0, 1]: the baseline of a 1 is (0 + 0 + 1)/3 = 1/3, of a 0 is 2/3, so A = ±2/3
+    assert rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 4).tolist() == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    assert rloo_advantages(torch.full((4,), 0.5), 4).abs().max() == 0  # an all-equal group has no signal
+    # two groups of 2, consecutive: [3, 1] → ±2; [0, 0] → 0
+    assert rloo_advantages(torch.tensor([3.0, 1.0, 0.0, 0.0]), 2).tolist() == pytest.approx([2.0, -2.0, 0.0, 0.0])
+
+
+def test_remax_greedy_baseline_by_hand():
+    # two prompts, two samples each: [1, 0 | 0, 1] minus greedy [1 | 0]
+    assert remax_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.tensor([1.0, 0.0])).tolist() == [0.0, -1.0, 0.0, 1.0]
+    rewards = torch.tensor([0.3, 0.7])
+    assert remax_advantages(rewards, rewards).abs().max() == 0  # greedy reward equal to the sample reward gives zero
+
+
+# ---- the conventions in the loop ------------------------------------------------------------------------------------
+ROWS = [
+    {"prompt": "What is 3 + 4?", "chosen": "7", "rejected": "3 + 4 = 8, I think"},
+    {"prompt": "What is 12 + 45?", "chosen": "12 + 45 = 57", "rejected": "58"},
+]
+
+
+def test_sequence_logps_are_sums_and_lengths_count_eos(tokenizer, tiny_model):
+    logps, lengths = sequence_logps(tiny_model, tokenizer, ["What is 3 + 4?"], ["7", "3 + 4 = 8"], 256)
+    assert lengths.tolist() == [2.0, 10.0]  # characters + EOS
+    one, _ = sequence_logps(tiny_model, tokenizer, ["What is 3 + 4?"], ["7"], 256)
+    assert logps[0].item() == pytest.approx(one.item(), abs=1e-5)
+
+
+def test_ipo_uses_summed_log_probs_and_simpo_orpo_the_length_normalised_ones(tokenizer):
+    policy = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32, seed=0)
+    ref = copy.deepcopy(policy)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    texts = [t for r in ROWS for t in (r["chosen"], r["rejected"])]
+    prompts = [r["prompt"] for r in ROWS]
+    with torch.no_grad():
+        logps, lengths = sequence_logps(policy, tokenizer, prompts, texts, 256)
+        ref_logps, _ = sequence_logps(ref, tokenizer, prompts, texts, 256)
+        for algo, expected in (
+            ("ipo", ipo_loss(logps[0::2], logps[1::2], ref_logps[0::2], ref_logps[1::2], 0.1)[0]),
+            ("simpo", simpo_loss(logps[0::2], logps[1::2], lengths[0::2], lengths[1::2], 2.0, 0.5)[0]),
+            ("orpo", orpo_loss(logps[0::2], logps[1::2], lengths[0::2], lengths[1::2], 0.1)[0]),
+        ):
+            beta = {"ipo": 0.1, "simpo": 2.0, "orpo": 0.1}[algo]
+            loss, _ = offline_loss(Args(algo=algo), beta, policy, ref, tokenizer, ROWS)
+            assert loss.item() == pytest.approx(expected.mean().item(), rel=1e-5), algo
+
+
+def test_simpo_and_orpo_load_no_reference_model(tmp_path):
+    for algo in ("simpo", "orpo", "ipo"):
+        assert main(tiny_args(tmp_path, algo, steps=1))["models_in_memory"] == (1 if algo != "ipo" else 2)
+
+
+# ---- learning ---------------------------------------------------------------------------------------------------------
+def test_simpo_raises_the_chosen_minus_rejected_margin_on_the_tiny_model(tmp_path):
+    rows = metrics_of(main(tiny_args(tmp_path, "simpo", steps=60, batch_size=8, lr=3e-3)))
+    first, last = rows[:5], rows[-10:]
+    assert sum(r["rewards/margins"] for r in last) / 10 > sum(r["rewards/margins"] for r in first) / 5 + 0.3
+    assert sum(r["loss"] for r in last) / 10 < sum(r["loss"] for r in first) / 5 - 0.2
+
+
+def test_rloo_raises_a_dense_reward_on_the_tiny_model(tmp_path):
+    args = tiny_args(tmp_path, "rloo", steps=30, batch_size=4, group_size=8, lr=3e-3, temperature=1.0, beta=0.01)
+    rows = metrics_of(main(args, reward_fn=digit_fraction))
+    assert sum(r["reward"] for r in rows[-5:]) / 5 > sum(r["reward"] for r in rows[:5]) / 5 + 0.1
+
+
+# ---- bad input, the command line --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "algo, overrides, message",
+    [
+        ("rloo", dict(group_size=1), "--group-size must be at least 2 for RLOO"),
+        ("kto", dict(batch_size=1), "--batch-size must be at least 2 for KTO"),
+        ("ipo", dict(beta=0.0), "--beta must be > 0"),
+        ("simpo", dict(dataset="/nonexistent.jsonl"), "no such file"),
+    ],
+)
+def test_bad_arguments_are_one_clear_error(tmp_path, algo, overrides, message):
+    with pytest.raises(common.InputError, match=message):
+        main(tiny_args(tmp_path, algo, **overrides))
+    assert not os.path.exists(tmp_path / "runs")
+
+
+@pytest.mark.parametrize("algo", ["ipo", "kto", "simpo", "orpo", "rloo", "remax"])
+def test_cli_tiny_run_for_every_algo(tmp_path, algo):
+    dataset = ["--dataset", PAIRS] if algo in ("ipo", "kto", "simpo", "orpo") else ["--max-new-tokens", "8"]
+    proc = run_script("variants.py", "--algo", algo, "--model", "tiny", *dataset, "--steps", "2", "--eval-size", "8", "--output-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "held-out accuracy" in proc.stdout
+    (run_dir,) = os.listdir(tmp_path)
+    assert run_dir.startswith(f"{algo}-tiny-0-")
+    assert sorted(os.listdir(tmp_path / run_dir)) == ["args.json", "eval.json", "metrics.jsonl", "model"]
+
+
+def test_cli_needs_an_algo_and_reports_bad_input_in_one_line(tmp_path):
+    assert run_script("variants.py", "--model", "tiny").returncode != 0  # --algo is required
+    assert_one_line_error(run_script("variants.py", "--algo", "rloo", "--model", "tiny", "--group-size", "1"),
+                          "--group-size must be at least 2 for RLOO")
+    help_text = run_script("variants.py", "--help").stdout
+    for flag in ("--algo", "--beta", "--simpo-gamma", "--desirable-weight", "--undesirable-weight", "--group-size"):
+        assert flag in help_text, flag
