@@ -340,6 +340,19 @@ def completion_logprobs(
     return logprobs, entropy
 
 
+def sequence_logps(model, tokenizer, prompts: list[str], completions: list[str], max_completion_tokens: int):
+    """log π(y|x) summed over each completion's tokens (EOS included) and the lengths |y|, (B,) and (B,), for
+    len(completions)/len(prompts) completions per prompt, in order. Prompts get the chat template;
+    completions are tokenised apart from them (tokenize_completions); each prompt is encoded once."""
+    device = next(model.parameters()).device
+    per_prompt = len(completions) // len(prompts)
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p) for p in prompts], device)
+    completion_ids, mask = tokenize_completions(tokenizer, completions, device, max_completion_tokens)
+    repeats = torch.full((len(prompts),), per_prompt, device=device)
+    logprobs, _ = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, repeats)
+    return masked_sum(logprobs, mask, dim=1), mask.sum(1).float()
+
+
 def _entropy(logits: torch.Tensor) -> torch.Tensor:
     """H = -Σ_v p_v log p_v per position, one sequence at a time to bound memory. (B, T, V) -> (B, T)"""
     out = []

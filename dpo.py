@@ -56,7 +56,7 @@ import tyro
 from tqdm.auto import tqdm
 
 import common
-from common import InputError, masked_sum
+from common import InputError
 
 
 @dataclass
@@ -156,14 +156,12 @@ def concatenated_logps(model, tokenizer, pairs: list[dict], max_completion_token
     Rows are [chosen_0, rejected_0, chosen_1, ...]; each prompt is encoded once and shared by its two
     completions (common.completion_logprobs), which is the same function as two separate forwards.
     """
-    device = next(model.parameters()).device
-    prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p["prompt"]) for p in pairs], device)  # (P, S)
+    prompts = [p["prompt"] for p in pairs]
     texts = [text for p in pairs for text in (p["chosen"], p["rejected"])]
-    completion_ids, mask = common.tokenize_completions(tokenizer, texts, device, max_completion_tokens)  # (B, T)
-    repeats = torch.full((len(pairs),), 2, device=device)
-    logprobs, _ = common.completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, repeats)  # (B, T)
-    logps = masked_sum(logprobs, mask, dim=1).view(len(pairs), 2)  # (P, 2) sum, never mean, over tokens
-    tokens = int(2 * prompt_mask.sum() + mask.sum())
+    logps, lengths = common.sequence_logps(model, tokenizer, prompts, texts, max_completion_tokens)  # (2P,) sums, never means
+    prompt_tokens = sum(len(tokenizer(common.format_prompt(tokenizer, p), add_special_tokens=False).input_ids) for p in prompts)
+    tokens = int(2 * prompt_tokens + lengths.sum())
+    logps = logps.view(len(pairs), 2)  # (P, 2)
     return logps[:, 0], logps[:, 1], tokens
 
 

@@ -54,7 +54,7 @@ import tyro
 from tqdm.auto import tqdm
 
 import common
-from common import InputError, masked_sum
+from common import InputError, masked_sum, sequence_logps
 
 OFFLINE = ("ipo", "kto", "simpo", "orpo")
 # The β of each algorithm means something different: IPO's τ, KTO's β, SimPO's β, ORPO's λ, RLOO/ReMax's KL coefficient.
@@ -205,18 +205,6 @@ def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> tor
 # ---------------------------------------------------------------------------------------------
 # Sequence log-probs
 # ---------------------------------------------------------------------------------------------
-def sequence_logps(model, tokenizer, prompts: list[str], completions: list[str], max_completion_tokens: int):
-    """Summed completion log-probs and lengths, (B,) and (B,), for len(completions)/len(prompts)
-    completions per prompt, in order; each prompt is encoded once and shared by its completions."""
-    device = next(model.parameters()).device
-    per_prompt = len(completions) // len(prompts)
-    prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p) for p in prompts], device)
-    completion_ids, mask = common.tokenize_completions(tokenizer, completions, device, max_completion_tokens)
-    repeats = torch.full((len(prompts),), per_prompt, device=device)
-    logprobs, _ = common.completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, repeats)
-    return masked_sum(logprobs, mask, dim=1), mask.sum(1).float()
-
-
 def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, dict]:
     """The mean loss of one batch of pairs and its metrics, for ipo, simpo, orpo (paired) or kto (unpaired)."""
     prompts = [p["prompt"] for p in pairs]
