@@ -24,7 +24,7 @@ Conventions a reader could get wrong (each pinned by a test):
 
 Data. By default, pairs are the reference model's own samples on the arithmetic task, labelled by
 the verifier: each prompt is sampled `--samples-per-prompt` times and a correct completion is
-paired with an incorrect one (common.preference_data; built once, cached as JSONL, an eighth of
+paired with an incorrect one (tasks.preference_data; built once, cached as JSONL, an eighth of
 the prompts held out). `--dataset pairs.jsonl` with TRL's fields prompt, chosen, rejected trains on
 your own pairs (a tenth held out). Completions get EOS appended and are tokenised apart from the
 prompt, so a pair's two rows share exactly the same prompt tokens.
@@ -56,6 +56,7 @@ import tyro
 from tqdm.auto import tqdm
 
 import common
+import tasks
 from common import InputError
 
 
@@ -158,8 +159,8 @@ def concatenated_logps(model, tokenizer, pairs: list[dict], max_completion_token
     """
     prompts = [p["prompt"] for p in pairs]
     texts = [text for p in pairs for text in (p["chosen"], p["rejected"])]
-    logps, lengths = common.sequence_logps(model, tokenizer, prompts, texts, max_completion_tokens)  # (2P,) sums, never means
-    prompt_tokens = sum(len(tokenizer(common.format_prompt(tokenizer, p), add_special_tokens=False).input_ids) for p in prompts)
+    logps, lengths = tasks.sequence_logps(model, tokenizer, prompts, texts, max_completion_tokens)  # (2P,) sums, never means
+    prompt_tokens = sum(len(tokenizer(tasks.format_prompt(tokenizer, p), add_special_tokens=False).input_ids) for p in prompts)
     tokens = int(2 * prompt_tokens + lengths.sum())
     logps = logps.view(len(pairs), 2)  # (P, 2)
     return logps[:, 0], logps[:, 1], tokens
@@ -213,11 +214,11 @@ def main(args: Args) -> dict:
     device = common.resolve_device(args.device)
     dtype = common.resolve_dtype(args.dtype, device)
     tokenizer = common.load_tokenizer(args.model)
-    train_pairs, heldout_pairs, _ = common.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
+    train_pairs, heldout_pairs, _ = tasks.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
                                                                  args.samples_per_prompt, args.max_new_tokens, args.temperature, device, dtype)
-    heldout_problems = common.heldout_problems(args.eval_size)
+    heldout_problems = tasks.heldout_problems(args.eval_size)
     policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
-    batches = common.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
+    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
     run_dir = common.make_run_dir(args.output_dir, "dpo", args.model, args.seed, args)
     log = common.MetricsLog(run_dir / "metrics.jsonl")
     print(f"run folder: {run_dir}")
@@ -236,13 +237,12 @@ def main(args: Args) -> dict:
 
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=device.type in ("cpu", "cuda"))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
+    optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
 
     def evaluate(step: int) -> dict:
         """Held-out greedy task accuracy (the number every algorithm reports) and held-out pair metrics."""
         policy.eval()
-        result = common.evaluate_accuracy(policy, tokenizer, heldout_problems, args.max_new_tokens)
+        result = tasks.evaluate_accuracy(policy, tokenizer, heldout_problems, args.max_new_tokens)
         with torch.no_grad():
             chosen, rejected = score_pairs(policy, tokenizer, heldout_pairs, args.batch_size, args.max_completion_tokens, "held-out pairs").unbind(1)
         losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, heldout_ref[:, 0], heldout_ref[:, 1], args.beta, args.label_smoothing)

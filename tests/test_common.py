@@ -1,6 +1,5 @@
-"""common.py: log-probs, masks, sampling, the task's verifier, data files and checkpoints."""
+"""common.py: log-probs, masks, masked statistics, sampling, model loading and checkpoints."""
 
-import json
 import math
 
 import pytest
@@ -140,81 +139,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert freq[0] == 0 and freq[1].item() == pytest.approx(0.625, abs=0.03)
 
 
-# ---- the task -------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "completion, reward",
-    [
-        ("85", 1.0),
-        ("The answer is 85.", 1.0),
-        ("47 + 38 = 85", 1.0),  # restated question: the final number counts
-        ("What is 47 + 38? 85", 1.0),
-        ("47 + 38 = 80 + 5 = 85", 1.0),  # '=' chain
-        ("85 is the sum of 47 and 38", 0.0),  # the final number is 38
-        ("The answer is 85, I am sure.", 1.0),  # trailing text after the number
-        ("The answer is 85.0", 1.0),
-        ("I don't know", 0.0),  # no number
-        ("", 0.0),
-        ("The answer is 86.", 0.0),
-        ("-85", 0.0),
-        ("The total is 1,085.", 0.0),  # comma is a thousands separator: 1085, not 85
-        ("8 5", 0.0),
-    ],
-)
-def test_verifier_table(completion, reward):
-    assert common.verify(completion, "85") == reward
-
-
-def test_verifier_reads_the_answer_the_same_way():
-    assert common.verify("so 1234", "1,234") == 1.0 and common.verify("-3", "-3.0") == 1.0 and common.verify("7", "seven") == 0.0
-
-
-@pytest.mark.parametrize(
-    "text, number",
-    [("12 - 20 = -8", -8.0), ("5-3=2", 2.0), ("5-3", 3.0), ("1,234", 1234.0), ("pi is 3.14.", 3.14), ("x", None), ("1e5", 5.0)],
-)
-def test_extract_final_number(text, number):
-    assert common.extract_final_number(text) == number
-
-
-def test_heldout_set_is_fixed_distinct_and_never_trained_on():
-    heldout = common.heldout_problems(200)
-    assert heldout == common.heldout_problems(200) and len({p.prompt for p in heldout}) == 200
-    stream = common.train_problems(seed=3, exclude=heldout)
-    train = [next(stream) for _ in range(3000)]
-    assert not {p.prompt for p in train} & {p.prompt for p in heldout}
-    assert all(int(p.answer) == sum(int(x) for x in p.prompt[8:-1].split(" + ")) for p in train[:50])
-
-
-def test_prompt_format_with_and_without_chat_template(tokenizer):
-    assert common.format_prompt(tokenizer, "What is 1 + 2?") == "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
-    plain = common.make_tiny_tokenizer()
-    plain.chat_template = None
-    assert common.format_prompt(plain, "What is 1 + 2?") == "Question: What is 1 + 2?\nAnswer:"
-
-
-# ---- data files and checkpoints -----------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "lines, message",
-    [
-        (['{"prompt": "a", "answer": "1"}', "{not json"], "data.jsonl:2: not valid JSON"),
-        (['{"prompt": "a", "answer": "1"}', "", '{"prompt": "b"}'], "data.jsonl:3: field 'answer' missing"),
-        (['["prompt", "answer"]'], "data.jsonl:1: expected a JSON object"),
-        ([""], "data.jsonl: the dataset is empty"),
-    ],
-)
-def test_read_jsonl_reports_file_and_line(tmp_path, lines, message):
-    path = tmp_path / "data.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(common.InputError, match=message):
-        common.read_jsonl(str(path), ("prompt", "answer"))
-
-
-def test_read_jsonl_reads_valid_rows(tmp_path):
-    path = tmp_path / "data.jsonl"
-    path.write_text(json.dumps({"prompt": "a", "answer": "1", "extra": 3}) + "\n")
-    assert common.read_jsonl(str(path), ("prompt", "answer")) == [{"prompt": "a", "answer": "1", "extra": 3}]
-
-
+# ---- checkpoints and loaded models ---------------------------------------------------------------------------
 def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, tokenizer, monkeypatch):
     model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32)
     target = tmp_path / "model"
@@ -238,51 +163,3 @@ def test_dropout_is_off_in_loaded_models(tokenizer):
     ids = torch.randint(5, 50, (2, 9))
     assert torch.equal(model(ids).logits, model(ids).logits)
     assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
-
-
-# ---- preference data ----------------------------------------------------------------------------------------------
-def test_pair_samples_pairs_each_correct_with_an_incorrect_once():
-    samples = [
-        {"prompt": "p", "answer": "7", "completion": "7", "label": 1},
-        {"prompt": "p", "answer": "7", "completion": "8", "label": 0},
-        {"prompt": "p", "answer": "7", "completion": "6", "label": 0},
-        {"prompt": "p", "answer": "7", "completion": "= 7", "label": 1},
-        {"prompt": "p", "answer": "7", "completion": "   ", "label": 0},  # empty: skipped
-        {"prompt": "q", "answer": "1", "completion": "1", "label": 1},  # all correct: no pair
-    ]
-    assert common.pair_samples(samples) == [
-        {"prompt": "p", "chosen": "7", "rejected": "8", "answer": "7"},
-        {"prompt": "p", "chosen": "= 7", "rejected": "6", "answer": "7"},
-    ]
-
-
-def test_preference_data_is_built_once_and_holds_out_whole_prompts(tokenizer, preference_cache, digits_are_correct, monkeypatch):
-    data, folder = common.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), torch.float32)
-    assert len(data["heldout_samples"]) == 4 * 4  # an eighth of the 32 prompts, 4 samples each
-    assert {p["prompt"] for p in data["train"]}.isdisjoint({p["prompt"] for p in data["heldout"]})
-    assert {p["prompt"] for p in data["train"]}.isdisjoint({p.prompt for p in common.heldout_problems()})
-    assert all(any(ch.isdigit() for ch in p["chosen"]) and not any(ch.isdigit() for ch in p["rejected"]) for p in data["train"])
-    monkeypatch.setattr(common, "label_samples", None)  # the second call must not sample again
-    again, same_folder = common.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), torch.float32)
-    assert again == data and same_folder == folder
-    assert folder.name == "tiny-seed0-prompts32-samples4-tokens8-temp1"
-    assert common.read_jsonl(str(folder / "train.jsonl"), ("prompt", "chosen", "rejected")) == data["train"]
-
-
-def test_tokenize_completions_appends_eos_and_masks_by_length_when_pad_is_eos(tokenizer):
-    plain = common.make_tiny_tokenizer()
-    plain.pad_token = plain.eos_token  # like gpt2 and SmolLM2
-    ids, mask = common.tokenize_completions(plain, ["12", "abcd"], "cpu")
-    eos = plain.eos_token_id
-    assert ids[0].tolist()[:3] == plain("12", add_special_tokens=False).input_ids + [eos] and ids[0, 3:].eq(eos).all()
-    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
-    cut_ids, cut_mask = common.tokenize_completions(tokenizer, ["abcd"], "cpu", max_tokens=3)
-    assert cut_ids.tolist() == [tokenizer("abc", add_special_tokens=False).input_ids] and cut_mask.sum() == 3  # cut: no EOS
-
-
-def test_epoch_batches_visit_every_item_once_per_epoch():
-    batches = common.epoch_batches(10, 4, 5, seed=0)  # 20 items = 2 epochs
-    assert [len(b) for b in batches] == [4] * 5
-    flat = [i for b in batches for i in b]
-    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
-    assert common.epoch_batches(10, 4, 5, seed=0) == batches and common.epoch_batches(10, 4, 5, seed=1) != batches

@@ -9,6 +9,7 @@ import torch
 import transformers
 
 import common
+import tasks
 from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, metrics_of, run_script, write
 from dpo import Args, concatenated_logps, dpo_loss, main
 
@@ -69,7 +70,7 @@ PAIR_ROWS = [
 
 def naive_sequence_logp(model, tokenizer, prompt: str, completion: str) -> float:
     """log π(y|x) from one unpadded forward of prompt + completion + EOS, summed token by token."""
-    prompt_ids = tokenizer(common.format_prompt(tokenizer, prompt), add_special_tokens=False).input_ids
+    prompt_ids = tokenizer(tasks.format_prompt(tokenizer, prompt), add_special_tokens=False).input_ids
     completion_ids = tokenizer(completion, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
     ids = torch.tensor([prompt_ids + completion_ids])
     logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
@@ -85,7 +86,7 @@ def test_concatenated_forward_equals_two_separate_forwards_and_sums_tokens(tiny_
     # the sum (not the mean) of the completion's token log-probs, EOS included, as one unpadded forward gives it
     naive = [naive_sequence_logp(tiny_model, tokenizer, p["prompt"], p["chosen"]) for p in PAIR_ROWS]
     assert chosen.tolist() == pytest.approx(naive, abs=1e-4)
-    prompt_tokens = sum(len(tokenizer(common.format_prompt(tokenizer, p["prompt"])).input_ids) for p in PAIR_ROWS)
+    prompt_tokens = sum(len(tokenizer(tasks.format_prompt(tokenizer, p["prompt"])).input_ids) for p in PAIR_ROWS)
     completion_tokens = sum(len(p[k]) + 1 for p in PAIR_ROWS for k in ("chosen", "rejected"))  # characters + EOS
     assert tokens == 2 * prompt_tokens + completion_tokens
 
@@ -101,11 +102,11 @@ def test_completions_are_tokenised_apart_so_the_prompt_tokens_are_the_same():
     backend.add_special_tokens(["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"])
     merging = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>")
     merging.chat_template = base.chat_template
-    prompt = common.format_prompt(merging, "What is 3 + 4?")  # ends in "assistant\n"
+    prompt = tasks.format_prompt(merging, "What is 3 + 4?")  # ends in "assistant\n"
     prompt_ids = merging(prompt, add_special_tokens=False).input_ids
     joined = merging(prompt + "7", add_special_tokens=False).input_ids
     assert joined[: len(prompt_ids)] != prompt_ids  # the trap: the last prompt token changed
-    completion_ids, mask = common.tokenize_completions(merging, ["7", "8"], "cpu")
+    completion_ids, mask = tasks.tokenize_completions(merging, ["7", "8"], "cpu")
     assert completion_ids.tolist() == [[vocab["7"], merging.eos_token_id], [vocab["8"], merging.eos_token_id]]
     assert mask.tolist() == [[1, 1], [1, 1]]
 
@@ -146,9 +147,9 @@ def test_run_folder_is_complete_and_the_model_reloads(tmp_path):
 def test_default_data_is_the_models_own_samples_built_once(tmp_path, preference_cache, digits_are_correct, monkeypatch):
     tokenizer = common.make_tiny_tokenizer()
     args = tiny_args(tmp_path, dataset=None, num_prompts=16, samples_per_prompt=4, temperature=1.0)
-    data, folder = common.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), torch.float32)
+    data, folder = tasks.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), torch.float32)
     assert folder.parent == preference_cache / "preference-data"
-    monkeypatch.setattr(common, "label_samples", None)  # a second build would fail: the cache is used
+    monkeypatch.setattr(tasks, "label_samples", None)  # a second build would fail: the cache is used
     result = main(args)
     assert result["pairs_train"] == len(data["train"]) and result["pairs_heldout"] == len(data["heldout"])
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import common
+import tasks
 import reward_model
 from conftest import HAS_EMBEDDED_MODEL, digit_fraction, PAIRS, assert_one_line_error, metrics_of, run_script
 from ppo import (Args, adaptive_kl_coef, compute_gae, explained_variance, kl_penalized_rewards, main, ppo_policy_loss,
@@ -121,7 +122,7 @@ def test_explained_variance():
 def test_value_of_the_first_token_is_read_before_it(tokenizer):
     """V(s_1) comes from the last prompt token: changing y_1 cannot change it, changing y_2 cannot change V(s_1), V(s_2)."""
     critic = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32, seed=0, head="score").eval()
-    prompt_ids, prompt_mask = common.tokenize_prompts(tokenizer, [common.format_prompt(tokenizer, "What is 1 + 1?")], "cpu")
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, "What is 1 + 1?")], "cpu")
     with torch.no_grad():
         a, b, c = (token_values(critic, prompt_ids, prompt_mask, torch.tensor([ids]))[0].tolist() for ids in ([20, 21, 22], [30, 21, 22], [20, 31, 22]))
     assert a[0] == pytest.approx(b[0]) and a[1] != pytest.approx(b[1])  # y_1 changes V(s_2), not V(s_1)

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 import common
+import tasks
 from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, metrics_of, run_script, write
 from reward_model import Args, auc, bradley_terry_loss, main, score_texts
 
@@ -80,7 +81,7 @@ def test_pair_rows_share_the_prompt_tokens_and_end_in_eos(tokenizer, tiny_reward
     monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: seen.update(ids=ids, mask=mask) or torch.zeros(len(ids)))
     score_texts(tiny_reward_model, tokenizer, ["What is 3 + 4?", "What is 3 + 4?"], ["7", "3 + 4 = 8"], 256)
     ids, mask = seen["ids"], seen["mask"]
-    prompt = tokenizer(common.format_prompt(tokenizer, "What is 3 + 4?"), add_special_tokens=False).input_ids
+    prompt = tokenizer(tasks.format_prompt(tokenizer, "What is 3 + 4?"), add_special_tokens=False).input_ids
     assert ids[0, : len(prompt)].tolist() == ids[1, : len(prompt)].tolist() == prompt
     last = [int(m.nonzero().max()) for m in mask]
     assert [ids[i, j].item() for i, j in enumerate(last)] == [tokenizer.eos_token_id] * 2
@@ -119,7 +120,7 @@ def test_checkpoint_reloads_with_transformers_and_scores_the_same(tmp_path, toke
     assert score_texts(reloaded, tokenizer, prompts, completions, 256).tolist() == pytest.approx(ours.tolist(), abs=1e-6)
     # transformers' own pooling (the last token that is not pad) agrees when pad != eos and rows are right-padded
     reloaded.config.pad_token_id = tokenizer.pad_token_id
-    enc = tokenizer([common.format_prompt(tokenizer, p) + c + tokenizer.eos_token for p, c in zip(prompts, completions)],
+    enc = tokenizer([tasks.format_prompt(tokenizer, p) + c + tokenizer.eos_token for p, c in zip(prompts, completions)],
                     return_tensors="pt", padding=True, add_special_tokens=False, padding_side="right")
     with torch.no_grad():
         assert reloaded(**enc).logits.squeeze(-1).tolist() == pytest.approx(ours.tolist(), abs=1e-5)

@@ -1,0 +1,329 @@
+"""The task the models are trained on, and its data: arithmetic problems, the verifier, prompts, datasets.
+
+Everything that knows *what* is learned lives here; common.py knows only *how* a model is run.
+Every algorithm reports greedy held-out accuracy on the same problems with the same verifier,
+so the algorithms can be compared on one number.
+
+Your own task: change this file only. A task provides three functions, and the algorithm
+files use nothing else of it beyond the generic data helpers below them:
+    heldout_problems(n)                -> list[Problem]   fixed, the same for every run
+    train_problems(seed, exclude)      -> Iterator[Problem]   endless, never a held-out prompt
+    verify(completion, answer)         -> float           the reward (1.0 correct, 0.0 not)
+A Problem is a prompt and a reference answer; format_prompt decides how a question is shown to
+the model (its chat template, or `Question: ...\\nAnswer:` when it has none). A user's JSONL file
+(`--dataset`) replaces the generated problems without touching the code.
+
+Preference data (DPO, the reward model, the offline variants) is the reference model's own
+samples labelled by `verify` and paired correct-with-incorrect, cached as JSONL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import torch
+
+import common
+from common import InputError
+
+# ---------------------------------------------------------------------------------------------
+# The shared task: arithmetic with a verifier
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Problem:
+    prompt: str
+    answer: str
+
+
+# (digits of a, digits of b): one-digit sums are mostly solved, two-digit ones mostly not.
+DIFFICULTIES = [(1, 1), (2, 1), (2, 2)]
+_NUMBER = re.compile(r"(?<![\d.])-?\d[\d,]*(?:\.\d+)?")
+
+
+def make_problem(rng: random.Random) -> Problem:
+    da, db = rng.choice(DIFFICULTIES)
+    a = rng.randint(0 if da == 1 else 10, 10**da - 1)
+    b = rng.randint(0 if db == 1 else 10, 10**db - 1)
+    if rng.random() < 0.5:
+        a, b = b, a
+    return Problem(prompt=f"What is {a} + {b}?", answer=str(a + b))
+
+
+def heldout_problems(n: int = 200, seed: int = 1234) -> list[Problem]:
+    """A fixed held-out set, distinct problems, the same for every algorithm and run seed."""
+    rng, problems = random.Random(seed), {}
+    while len(problems) < n:
+        p = make_problem(rng)
+        problems.setdefault(p.prompt, p)
+    return list(problems.values())
+
+
+def train_problems(seed: int, exclude: list[Problem]) -> Iterator[Problem]:
+    """An endless stream of training problems from `seed` that never repeats a held-out one."""
+    rng, held = random.Random(seed), {p.prompt for p in exclude}
+    while True:
+        p = make_problem(rng)
+        if p.prompt not in held:
+            yield p
+
+
+def extract_final_number(text: str) -> Optional[float]:
+    """The last number in free text, or None. '1,234' is 1234; '5-3' is 5 and 3, not -3.
+
+    Parsed with a regular expression and float(), never evaluated: model output is not code.
+    """
+    matches = _NUMBER.findall(text)
+    if not matches:
+        return None
+    try:
+        return float(matches[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def verify(completion: str, answer: str) -> float:
+    """Reward 1.0 if the completion's final number equals the answer's (so '1,234' and '1234' match), else 0.0."""
+    value, target = extract_final_number(completion), extract_final_number(answer)
+    return float(value is not None and target is not None and math.isclose(value, target, abs_tol=1e-9))
+
+
+def format_prompt(tokenizer, question: str) -> str:
+    """The chat template with one user turn when the tokenizer has one, else `Question: ...\\nAnswer:`."""
+    if tokenizer.chat_template:
+        return tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
+    return f"Question: {question}\nAnswer:"
+
+
+def tokenize_prompts(tokenizer, prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask, (P, S). The template already holds any special tokens."""
+    tokenizer.padding_side = "left"
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return enc.input_ids.to(device), enc.attention_mask.to(device)
+
+
+def decode_completions(tokenizer, completion_ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    return [tokenizer.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(completion_ids, mask)]
+
+
+@torch.no_grad()
+def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64, num_samples_kept: int = 8) -> dict:
+    """Greedy held-out accuracy with the verifier, and a few sample completions to read."""
+    device = next(model.parameters()).device
+    correct, samples = 0.0, []
+    for start in range(0, len(problems), batch_size):
+        batch = problems[start : start + batch_size]
+        ids, mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p.prompt) for p in batch], device)
+        completion_ids = common.sample_completions(model, ids, mask, 1, max_new_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id, temperature=0)
+        texts = decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, tokenizer.eos_token_id))
+        for p, text in zip(batch, texts):
+            reward = verify(text, p.answer)
+            correct += reward
+            if len(samples) < num_samples_kept:
+                samples.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "correct": bool(reward)})
+    return {"accuracy": correct / len(problems), "samples": samples}
+
+
+def load_problems(dataset: Optional[str], seed: int, eval_size: int, prompts_per_step: int) -> tuple[Iterator[Problem], list[Problem]]:
+    """(endless training stream, held-out problems) for the online scripts: the arithmetic task, or the
+    user's JSONL with prompt and a numeric answer, shuffled by the seed, a tenth (at most eval_size) held out."""
+    if dataset is None:
+        heldout = heldout_problems(eval_size)
+        return train_problems(seed, heldout), heldout
+    rows = read_jsonl(dataset, ("prompt", "answer"))
+    for line_no, row in enumerate(rows, 1):
+        if extract_final_number(row["answer"]) is None:
+            raise InputError(f"{dataset}: row {line_no}: answer {row['answer']!r} is not a number the verifier can check")
+    problems = [Problem(r["prompt"], r["answer"]) for r in rows]
+    random.Random(seed).shuffle(problems)
+    n_eval = max(1, min(eval_size, len(problems) // 10))
+    if len(problems) - n_eval < prompts_per_step:
+        raise InputError(f"{dataset}: {len(problems)} rows; need at least {prompts_per_step} for training beyond the held-out tenth")
+    return itertools.cycle(problems[n_eval:]), problems[:n_eval]
+
+
+# ---------------------------------------------------------------------------------------------
+# Preference data: the reference model's own samples, labelled by the verifier, then paired
+# ---------------------------------------------------------------------------------------------
+def label_samples(model, tokenizer, problems: list[Problem], samples_per_prompt: int, max_new_tokens: int, temperature: float,
+                  seed: int, label_fn: Callable[[str, str], float] = verify, prompts_per_batch: int = 32) -> list[dict]:
+    """G samples per problem, each labelled by the verifier: rows {prompt, answer, completion, label (1 or 0)}."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rows, bar = [], common.progress(len(problems), "sampling preference data (once, then cached)")
+    for start in range(0, len(problems), prompts_per_batch):
+        batch = problems[start : start + prompts_per_batch]
+        ids, mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p.prompt) for p in batch], device)
+        completion_ids = common.sample_completions(model, ids, mask, samples_per_prompt, max_new_tokens, eos, pad, temperature, 1.0, generator)
+        texts = decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, eos))
+        for i, text in enumerate(texts):
+            p = batch[i // samples_per_prompt]
+            rows.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "label": int(label_fn(text, p.answer) > 0)})
+        bar.update(len(batch))
+    bar.close()
+    return rows
+
+
+def pair_samples(samples: list[dict]) -> list[dict]:
+    """(prompt, chosen, rejected) rows: each prompt's i-th correct completion with its i-th incorrect one.
+
+    Every completion is used at most once, so a prompt gives min(#correct, #incorrect) pairs and a
+    prompt whose samples are all right or all wrong gives none. Empty completions are skipped.
+    """
+    by_prompt: dict[str, list[dict]] = {}
+    for s in samples:
+        if s["completion"].strip():
+            by_prompt.setdefault(s["prompt"], []).append(s)
+    pairs = []
+    for prompt, group in by_prompt.items():
+        chosen = [s["completion"] for s in group if s["label"] == 1]
+        rejected = [s["completion"] for s in group if s["label"] == 0]
+        pairs += [{"prompt": prompt, "chosen": c, "rejected": r, "answer": group[0]["answer"]} for c, r in zip(chosen, rejected)]
+    return pairs
+
+
+def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int, max_new_tokens: int,
+                    temperature: float, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, list[dict]], Path]:
+    """Train pairs, held-out pairs and held-out samples from the reference model, built once and cached as JSONL.
+
+    `num_prompts` distinct arithmetic problems (never one of the accuracy problems) are each sampled
+    `samples_per_prompt` times; the first eighth of the prompts are held out, so no held-out pair
+    shares a prompt with a training pair. The folder is keyed by everything that changes the data
+    and written whole or not at all; delete it to rebuild. Returns ({"train", "heldout",
+    "heldout_samples"}, folder).
+    """
+    key = f"{Path(model_name).name}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}-temp{temperature:g}"
+    folder = common.CACHE_DIR / "preference-data" / key
+    if not folder.exists():
+        problems, seen = [], set()
+        for p in train_problems(seed, heldout_problems()):
+            if p.prompt not in seen:
+                seen.add(p.prompt)
+                problems.append(p)
+            if len(problems) == num_prompts:
+                break
+        model = common.load_model(model_name, len(tokenizer), device, dtype, seed).eval()
+        samples = label_samples(model, tokenizer, problems, samples_per_prompt, max_new_tokens, temperature, seed)
+        n_heldout = samples_per_prompt * max(1, num_prompts // 8)
+        splits = {"heldout_samples": samples[:n_heldout], "train_samples": samples[n_heldout:],
+                  "heldout": pair_samples(samples[:n_heldout]), "train": pair_samples(samples[n_heldout:])}
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, rows in splits.items():
+            (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tmp.rename(folder)
+    data = {name: [json.loads(line) for line in open(folder / f"{name}.jsonl")] for name in ("train", "heldout", "heldout_samples")}
+    for name in ("train", "heldout"):
+        if not data[name]:
+            accuracy = sum(s["label"] for s in data["heldout_samples"]) / max(1, len(data["heldout_samples"]))
+            raise InputError(
+                f"no {name} preference pairs: the {model_name} samples in {folder} are all correct or all wrong "
+                f"(held-out sample accuracy {accuracy:.2f}); use more --num-prompts, a stronger --model, or --dataset pairs.jsonl"
+            )
+    return data, folder
+
+
+def load_preference_pairs(dataset: Optional[str], model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int,
+                          max_new_tokens: int, temperature: float, device, dtype) -> tuple[list[dict], list[dict], list[dict]]:
+    """(train pairs, held-out pairs, held-out labelled samples) for the offline scripts.
+
+    Without a dataset: the reference model's own verifier-labelled samples (preference_data). With
+    one: the user's JSONL with prompt, chosen, rejected, shuffled by the seed, a tenth (at most 64)
+    held out; it has no labelled samples.
+    """
+    if dataset is None:
+        data, folder = preference_data(model_name, tokenizer, seed, num_prompts, samples_per_prompt, max_new_tokens, temperature, device, dtype)
+        print(f"preference pairs: {len(data['train'])} train, {len(data['heldout'])} held-out, from {folder}")
+        return data["train"], data["heldout"], data["heldout_samples"]
+    pairs = read_jsonl(dataset, ("prompt", "chosen", "rejected"))
+    if len(pairs) < 2:
+        raise InputError(f"{dataset}: {len(pairs)} pair; need at least 2 (one to train on, one held out)")
+    random.Random(seed).shuffle(pairs)
+    n_heldout = max(1, min(64, len(pairs) // 10))
+    return pairs[n_heldout:], pairs[:n_heldout], []
+
+
+def epoch_batches(num_items: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
+    """The item indices of each step's batch: a fresh shuffle of all items per epoch, fixed by the seed."""
+    rng, order, batches = random.Random(seed), [], []
+    for _ in range(steps):
+        if len(order) < batch_size:
+            epoch = list(range(num_items))
+            rng.shuffle(epoch)
+            order += epoch
+        batches.append(order[:batch_size])
+        order = order[batch_size:]
+    return batches
+
+
+def tokenize_completions(tokenizer, texts: list[str], device, max_tokens: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Completion ids + EOS, right-padded, and their mask, (B, T). Tokenised apart from the prompt.
+
+    Tokenising the completion on its own is what makes chosen and rejected share exactly the same
+    prompt tokens: tokenising prompt + completion as one string can merge characters across the
+    boundary. Completions longer than max_tokens are cut (then they end without EOS). The mask
+    comes from the lengths, not from searching for EOS, so it is right when pad == eos.
+    """
+    rows = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
+    if max_tokens is not None:
+        rows = [r[:max_tokens] for r in rows]
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+    return ids.to(device), mask.to(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data files
+# ---------------------------------------------------------------------------------------------
+def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
+    """Rows of a JSONL file, each checked to hold `fields` as strings; errors name file and line."""
+    if not os.path.isfile(path):
+        raise InputError(f"--dataset {path}: no such file")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path}:{line_no}: expected a JSON object with fields {', '.join(fields)}")
+            for field in fields:
+                if not isinstance(row.get(field), str) or not row[field].strip():
+                    raise InputError(f"{path}:{line_no}: field {field!r} missing or not a non-empty string (need {', '.join(fields)})")
+            rows.append(row)
+    if not rows:
+        raise InputError(f"{path}: the dataset is empty")
+    return rows
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Text in, log-probs out
+# ---------------------------------------------------------------------------------------------
+def sequence_logps(model, tokenizer, prompts: list[str], completions: list[str], max_completion_tokens: int):
+    """log π(y|x) summed over each completion's tokens (EOS included) and the lengths |y|, (B,) and (B,), for
+    len(completions)/len(prompts) completions per prompt, in order. Prompts get the chat template;
+    completions are tokenised apart from them (tokenize_completions); each prompt is encoded once."""
+    device = next(model.parameters()).device
+    per_prompt = len(completions) // len(prompts)
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p) for p in prompts], device)
+    completion_ids, mask = tokenize_completions(tokenizer, completions, device, max_completion_tokens)
+    repeats = torch.full((len(prompts),), per_prompt, device=device)
+    logprobs, _ = common.completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, repeats)
+    return common.masked_sum(logprobs, mask, dim=1), mask.sum(1).float()
