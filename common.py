@@ -14,6 +14,7 @@ Two conventions used everywhere:
 
 from __future__ import annotations
 
+import copy
 import datetime
 import importlib.util
 import json
@@ -51,7 +52,7 @@ def run_cli(main: Callable, args) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Set-up: seed, device, dtype
+# Set-up: seed, device, precision
 # ---------------------------------------------------------------------------------------------
 def set_seed(seed: int) -> None:
     random.seed(seed)
@@ -65,12 +66,31 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise InputError(f"--dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
-    return getattr(torch, dtype)
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """auto -> bf16-mixed on CUDA, fp32 on CPU.
+
+    fp32: float32 weights and compute. bf16-mixed: float32 master weights (AdamW updates them in
+    float32), forward and backward matmuls in bfloat16 under torch.autocast, as TRL's bf16=True.
+    bf16-true: bfloat16 weights; half the memory, but an update smaller than half a weight's bf16
+    rounding step (|Δw| < |w|·2^-9, e.g. lr 1e-5 on any |w| > 5e-3) is rounded away and lost.
+    Log-softmax, log-probs, losses, advantages and KL are float32 under every precision.
+    """
+    if precision == "auto":
+        return "bf16-mixed" if device.type == "cuda" else "fp32"
+    if precision not in ("fp32", "bf16-mixed", "bf16-true"):
+        raise InputError(f"--precision must be auto, fp32, bf16-mixed or bf16-true, not {precision!r}")
+    return precision
+
+
+def autocast(model: torch.nn.Module):
+    """The context every forward of `model` runs in: bfloat16 autocast for a bf16-mixed model, else nothing."""
+    device_type = next(model.parameters()).device.type
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=getattr(model, "bf16_mixed", False))
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy (the reference policy): same weights, same precision, no gradients."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.0, warmup_steps: int = 0):
@@ -197,10 +217,12 @@ def load_tokenizer(name: str) -> transformers.PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_model(name: str, vocab_size: int, device: torch.device, dtype: torch.dtype, seed: int = 0, head: str = "lm"):
+def load_model(name: str, vocab_size: int, device: torch.device, precision: str = "fp32", seed: int = 0, head: str = "lm"):
     """Load a causal LM (head="lm") or a reward model (head="score": the same backbone with a scalar
     head, new if the checkpoint has none), with dropout off (dropout makes old and new log-probs
-    disagree at ratio 1, and a reward model score the same text differently)."""
+    disagree at ratio 1, and a reward model score the same text differently). Weights are float32
+    unless precision is bf16-true; a bf16-mixed model is marked so that `autocast(model)` applies."""
+    dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
     if name in ("tiny", "tiny-gpt2"):
         torch.manual_seed(seed)
         model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama", head)
@@ -212,6 +234,7 @@ def load_model(name: str, vocab_size: int, device: torch.device, dtype: torch.dt
             torch.manual_seed(seed)  # the new head's initialisation
             model = _from_pretrained(transformers.AutoModelForSequenceClassification, path, dtype=dtype, num_labels=1)
     disable_dropout(model)
+    model.bf16_mixed = precision == "bf16-mixed"
     return model.to(device=device, dtype=dtype)
 
 
@@ -237,7 +260,7 @@ def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int 
         rows = flat_logits[start : start + chunk_rows].float()
         picked = rows.gather(-1, flat_labels[start : start + chunk_rows, None]).squeeze(-1)
         out.append(picked - torch.logsumexp(rows, dim=-1))
-    return torch.cat(out).view(labels.shape)
+    return torch.cat(out).view(labels.shape) if out else flat_logits.new_zeros(labels.shape, dtype=torch.float32)  # T = 0: one-token completions
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -277,9 +300,10 @@ def reward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) 
     for the last token that is not the pad id, which skips a final EOS when pad == eos, as in
     SmolLM2 and gpt2; read a reward model's scores with this function.)
     """
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=_position_ids(attention_mask)).last_hidden_state  # (B, L, H)
-    last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # (B,) index of the last 1
-    return model.score(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
+    with autocast(model):
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=_position_ids(attention_mask)).last_hidden_state  # (B, L, H)
+        last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # (B,) index of the last 1
+        return model.score(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
 
 
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -325,17 +349,18 @@ def completion_logprobs(
     S = prompt_ids.shape[1]
     full_mask = torch.cat([prompt_mask.repeat_interleave(repeats, dim=0), torch.ones_like(completion_ids)], dim=1)  # (B, S+T)
     positions = _position_ids(full_mask)  # (B, S+T)
-    if share_prompt and not (model.is_activation_checkpointing and model.training):
-        prompt_out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=_position_ids(prompt_mask), use_cache=True, logits_to_keep=1)
-        cache = prompt_out.past_key_values
-        _repeat_cache(cache, repeats)
-        out = model(input_ids=completion_ids, attention_mask=full_mask, position_ids=positions[:, S:], past_key_values=cache, use_cache=True)
-        first_logits = prompt_out.logits.repeat_interleave(repeats, dim=0)  # (B, 1, V) predicts y_1
-        rest_logits = out.logits[:, :-1]  # (B, T-1, V) predicts y_2..y_T; y_T's own logits are unused
-    else:
-        input_ids = torch.cat([prompt_ids.repeat_interleave(repeats, dim=0), completion_ids], dim=1)  # (B, S+T)
-        logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=completion_ids.shape[1] + 1).logits
-        first_logits, rest_logits = logits[:, :1], logits[:, 1:-1]
+    with autocast(model):
+        if share_prompt and not (model.is_activation_checkpointing and model.training):
+            prompt_out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=_position_ids(prompt_mask), use_cache=True, logits_to_keep=1)
+            cache = prompt_out.past_key_values
+            _repeat_cache(cache, repeats)
+            out = model(input_ids=completion_ids, attention_mask=full_mask, position_ids=positions[:, S:], past_key_values=cache, use_cache=True)
+            first_logits = prompt_out.logits.repeat_interleave(repeats, dim=0)  # (B, 1, V) predicts y_1
+            rest_logits = out.logits[:, :-1]  # (B, T-1, V) predicts y_2..y_T; y_T's own logits are unused
+        else:
+            input_ids = torch.cat([prompt_ids.repeat_interleave(repeats, dim=0), completion_ids], dim=1)  # (B, S+T)
+            logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=completion_ids.shape[1] + 1).logits
+            first_logits, rest_logits = logits[:, :1], logits[:, 1:-1]
     if temperature != 1.0:  # the distribution the tokens were sampled from
         first_logits, rest_logits = first_logits / temperature, rest_logits / temperature
     # Two gathers, not one on a concatenation: a (B, T, V) copy costs as much as a layer here.
@@ -380,6 +405,11 @@ def sample_completions(
     when every row has finished.
     """
     _check_left_padded(prompt_mask)
+    with autocast(model):
+        return _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, generator)
+
+
+def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, generator):
     repeats = torch.full((prompt_ids.shape[0],), num_samples, device=prompt_ids.device)
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=_position_ids(prompt_mask), use_cache=True, logits_to_keep=1)
     cache = out.past_key_values

@@ -26,7 +26,8 @@ Data. By default, pairs are the reference model's own samples on the arithmetic 
 the verifier: each prompt is sampled `--samples-per-prompt` times and a correct completion is
 paired with an incorrect one (tasks.preference_data; built once, cached as JSONL, an eighth of
 the prompts held out). `--dataset pairs.jsonl` with TRL's fields prompt, chosen, rejected trains on
-your own pairs (a tenth held out). Completions get EOS appended and are tokenised apart from the
+your own pairs (a tenth held out). Completions get EOS appended (sampled ones only where the model
+emitted it: a truncated sample stays truncated) and are tokenised apart from the
 prompt, so a pair's two rows share exactly the same prompt tokens.
 
 Where this file departs from the paper, and why:
@@ -44,11 +45,10 @@ Shapes: P pairs, B = 2P sequences (chosen and rejected interleaved), S prompt to
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -75,8 +75,8 @@ class Args:
     """seed for data, pair order and initialisation"""
     device: str = "auto"
     """auto (cuda if available), cpu, cuda, cuda:1, ..."""
-    dtype: str = "auto"
-    """auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16, float16"""
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
+    """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
     output_dir: str = "runs"
     """the run folder is created inside this directory"""
     eval_every: int = 0
@@ -158,8 +158,8 @@ def concatenated_logps(model, tokenizer, pairs: list[dict], max_completion_token
     completions (common.completion_logprobs), which is the same function as two separate forwards.
     """
     prompts = [p["prompt"] for p in pairs]
-    texts = [text for p in pairs for text in (p["chosen"], p["rejected"])]
-    logps, lengths = tasks.sequence_logps(model, tokenizer, prompts, texts, max_completion_tokens)  # (2P,) sums, never means
+    texts, finished = tasks.pair_completions(pairs)  # chosen_0, rejected_0, chosen_1, ...
+    logps, lengths = tasks.sequence_logps(model, tokenizer, prompts, texts, max_completion_tokens, finished)  # (2P,) sums, never means
     prompt_tokens = sum(len(tokenizer(tasks.format_prompt(tokenizer, p), add_special_tokens=False).input_ids) for p in prompts)
     tokens = int(2 * prompt_tokens + lengths.sum())
     logps = logps.view(len(pairs), 2)  # (P, 2)
@@ -212,12 +212,12 @@ def main(args: Args) -> dict:
     check_args(args)
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
-    dtype = common.resolve_dtype(args.dtype, device)
+    precision = common.resolve_precision(args.precision, device)
     tokenizer = common.load_tokenizer(args.model)
     train_pairs, heldout_pairs, _ = tasks.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
-                                                                 args.samples_per_prompt, args.max_new_tokens, args.temperature, device, dtype)
+                                                                 args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision)
     heldout_problems = tasks.heldout_problems(args.eval_size)
-    policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
+    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
     batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
     run_dir = common.make_run_dir(args.output_dir, "dpo", args.model, args.seed, args)
     log = common.MetricsLog(run_dir / "metrics.jsonl")
@@ -233,7 +233,7 @@ def main(args: Args) -> dict:
         train_ref = torch.zeros(len(train_pairs), 2, device=device)
         train_ref[used] = scored
     else:
-        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        ref_model = common.frozen_copy(policy)
 
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()

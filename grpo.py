@@ -37,7 +37,6 @@ Shapes: P prompts, G completions per prompt, B = P*G sequences, S prompt tokens,
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass
@@ -67,8 +66,8 @@ class Args:
     """seed for problems, sampling and initialisation"""
     device: str = "auto"
     """auto (cuda if available), cpu, cuda, cuda:1, ..."""
-    dtype: str = "auto"
-    """auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16, float16"""
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
+    """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
     output_dir: str = "runs"
     """the run folder is created inside this directory"""
     eval_every: int = 50
@@ -276,13 +275,13 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     check_args(args)
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
-    dtype = common.resolve_dtype(args.dtype, device)
+    precision = common.resolve_precision(args.precision, device)
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
     tokenizer = common.load_tokenizer(args.model)
-    policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
+    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
     ref_model = None
     if args.beta != 0.0:
-        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        ref_model = common.frozen_copy(policy)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)

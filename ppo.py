@@ -30,8 +30,9 @@ Where this file departs from InstructGPT, and why:
   of RLHF with PPO", Huang et al. 2024); `--critic-init policy` gives it the policy's backbone
   and a fresh head instead.
 - A completion that hits --max-new-tokens without EOS has --missing-eos-penalty subtracted from
-  its score (TRL's missing_eos_penalty); this model is verbose, and a reward model trained on
-  finished answers has never seen a truncated one.
+  its score (TRL's missing_eos_penalty): this model is verbose, and a truncated answer has no
+  final number to check. (The reward model does see truncated samples, without EOS, in its
+  preference data; the penalty is a separate, explicit push towards finishing.)
 - The KL controller is fixed by default; `--target-kl` turns on Ziegler et al.'s adaptive one.
 
 Run:
@@ -45,7 +46,6 @@ Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass
@@ -81,8 +81,8 @@ class Args:
     """seed for problems, sampling and initialisation"""
     device: str = "auto"
     """auto (cuda if available), cpu, cuda, cuda:1, ..."""
-    dtype: str = "auto"
-    """auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16, float16"""
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
+    """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
     output_dir: str = "runs"
     """the run folder is created inside this directory"""
     eval_every: int = 10
@@ -248,8 +248,9 @@ def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tenso
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    hidden = critic.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state  # (B, S+T, H)
-    return critic.score(hidden[:, S - 1 : S + T - 1]).squeeze(-1).float()  # (B, T)
+    with common.autocast(critic):
+        hidden = critic.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state  # (B, S+T, H)
+        return critic.score(hidden[:, S - 1 : S + T - 1]).squeeze(-1).float()  # (B, T)
 
 
 def memory_table(models: dict[str, torch.nn.Module], trainable: set[str]) -> list[dict]:
@@ -298,20 +299,20 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     check_args(args)
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
-    dtype = common.resolve_dtype(args.dtype, device)
+    precision = common.resolve_precision(args.precision, device)
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = common.load_tokenizer(args.model)
 
     # ---- the four models ----------------------------------------------------------------------
-    policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
-    ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
+    ref_model = common.frozen_copy(policy)
     reward_model = None
     if args.reward_model is not None:
-        reward_model = common.load_model(args.reward_model, len(tokenizer), device, dtype, args.seed, head="score").eval().requires_grad_(False)
+        reward_model = common.load_model(args.reward_model, len(tokenizer), device, precision, args.seed, head="score").eval().requires_grad_(False)
         if reward_model.get_input_embeddings().num_embeddings < len(tokenizer):
             raise InputError(f"--reward-model {args.reward_model} has a smaller vocabulary than --model {args.model}; train it on the same model")
     critic_source = args.reward_model if args.critic_init == "reward-model" else args.model
-    critic = common.load_model(critic_source, len(tokenizer), device, dtype, args.seed, head="score")
+    critic = common.load_model(critic_source, len(tokenizer), device, precision, args.seed, head="score")
     models = {"policy": policy, "reference": ref_model, "critic": critic}
     if reward_model is not None:
         models["reward model"] = reward_model

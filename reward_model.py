@@ -14,7 +14,7 @@ Objective (Ouyang et al. 2022, InstructGPT, arXiv:2203.02155, eq. 1), minimised:
        (Eisenstein et al. 2023, arXiv:2312.09244; TRL's center_rewards_coefficient); off by default.
 
 The score r(x, y) is the scalar head applied to the final hidden state at the *last real token* of
-prompt + completion (the EOS appended to every completion), found from the attention mask
+prompt + completion (its EOS if the model finished it, else its last token), found from the attention mask
 (common.reward_scores), so the score does not depend on how the batch was padded. InstructGPT
 compares all K(K-1)/2 pairs of K ranked completions in one batch; here each pair is one row pair.
 
@@ -41,7 +41,7 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -68,8 +68,8 @@ class Args:
     """seed for data, pair order and the score head's initialisation"""
     device: str = "auto"
     """auto (cuda if available), cpu, cuda, cuda:1, ..."""
-    dtype: str = "auto"
-    """auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16, float16"""
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
+    """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
     output_dir: str = "runs"
     """the run folder is created inside this directory"""
     eval_every: int = 0
@@ -146,12 +146,13 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 # ---------------------------------------------------------------------------------------------
 # Data and scoring
 # ---------------------------------------------------------------------------------------------
-def score_texts(model, tokenizer, prompts: list[str], completions: list[str], max_completion_tokens: int) -> torch.Tensor:
+def score_texts(model, tokenizer, prompts: list[str], completions: list[str], max_completion_tokens: int,
+                finished: Optional[list[bool]] = None) -> torch.Tensor:
     """r(x, y) for each (prompt, completion): the chat-formatted prompt, left-padded, then the completion
-    and EOS, right-padded, as one row. (B,) float."""
+    and EOS (where it finished), right-padded, as one row. (B,) float."""
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p) for p in prompts], device)  # (B, S)
-    completion_ids, completion_mask = tasks.tokenize_completions(tokenizer, completions, device, max_completion_tokens)  # (B, T)
+    completion_ids, completion_mask = tasks.tokenize_completions(tokenizer, completions, device, max_completion_tokens, finished)  # (B, T)
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     return common.reward_scores(model, input_ids, attention_mask)
@@ -160,8 +161,8 @@ def score_texts(model, tokenizer, prompts: list[str], completions: list[str], ma
 def pair_scores(model, tokenizer, pairs: list[dict], max_completion_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores of chosen and rejected, both in one batch of 2P rows [chosen_0, rejected_0, ...]: (P,), (P,)."""
     prompts = [p["prompt"] for p in pairs for _ in range(2)]
-    completions = [text for p in pairs for text in (p["chosen"], p["rejected"])]
-    scores = score_texts(model, tokenizer, prompts, completions, max_completion_tokens).view(len(pairs), 2)  # (P, 2)
+    completions, finished = tasks.pair_completions(pairs)
+    scores = score_texts(model, tokenizer, prompts, completions, max_completion_tokens, finished).view(len(pairs), 2)  # (P, 2)
     return scores[:, 0], scores[:, 1]
 
 
@@ -178,7 +179,8 @@ def evaluate(model, tokenizer, pairs: list[dict], samples: list[dict], max_compl
     result = {"eval/accuracy": (chosen > rejected).float().mean().item(), "eval/margin": (chosen - rejected).mean().item()}
     if samples:
         scores = torch.cat([
-            score_texts(model, tokenizer, [s["prompt"] for s in samples[i : i + batch_size]], [s["completion"] for s in samples[i : i + batch_size]], max_completion_tokens)
+            score_texts(model, tokenizer, [s["prompt"] for s in samples[i : i + batch_size]], [s["completion"] for s in samples[i : i + batch_size]],
+                        max_completion_tokens, [s.get("finished", True) for s in samples[i : i + batch_size]])
             for i in tqdm(range(0, len(samples), batch_size), desc="held-out samples", dynamic_ncols=True, leave=False)
         ])
         labels = torch.tensor([s["label"] for s in samples], dtype=torch.float)
@@ -215,15 +217,15 @@ def main(args: Args) -> dict:
     check_args(args)
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
-    dtype = common.resolve_dtype(args.dtype, device)
+    precision = common.resolve_precision(args.precision, device)
     tokenizer = common.load_tokenizer(args.model)
     train_pairs, heldout_pairs, heldout_samples = tasks.load_preference_pairs(
-        args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens, args.temperature, device, dtype
+        args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision
     )
     for pair in train_pairs + heldout_pairs:  # TRL's optional per-pair margin
         if "margin" in pair and not (isinstance(pair["margin"], (int, float)) and math.isfinite(pair["margin"])):
             raise InputError(f"{args.dataset}: margin {pair['margin']!r} of prompt {pair['prompt']!r} is not a finite number")
-    model = common.load_model(args.model, len(tokenizer), device, dtype, args.seed, head="score")
+    model = common.load_model(args.model, len(tokenizer), device, precision, args.seed, head="score")
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers' own forward needs it for batches
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()

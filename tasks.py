@@ -155,7 +155,8 @@ def load_problems(dataset: Optional[str], seed: int, eval_size: int, prompts_per
 # ---------------------------------------------------------------------------------------------
 def label_samples(model, tokenizer, problems: list[Problem], samples_per_prompt: int, max_new_tokens: int, temperature: float,
                   seed: int, label_fn: Callable[[str, str], float] = verify, prompts_per_batch: int = 32) -> list[dict]:
-    """G samples per problem, each labelled by the verifier: rows {prompt, answer, completion, label (1 or 0)}."""
+    """G samples per problem, each labelled by the verifier: rows {prompt, answer, completion, label (1 or 0),
+    finished (the model emitted EOS within max_new_tokens; a truncated sample must not get one later)}."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -165,9 +166,11 @@ def label_samples(model, tokenizer, problems: list[Problem], samples_per_prompt:
         ids, mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p.prompt) for p in batch], device)
         completion_ids = common.sample_completions(model, ids, mask, samples_per_prompt, max_new_tokens, eos, pad, temperature, 1.0, generator)
         texts = decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, eos))
+        finished = (completion_ids == eos).any(1).tolist()  # (B,) the first EOS ends a row; pad == eos rows also have one
         for i, text in enumerate(texts):
             p = batch[i // samples_per_prompt]
-            rows.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "label": int(label_fn(text, p.answer) > 0)})
+            rows.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "label": int(label_fn(text, p.answer) > 0),
+                         "finished": finished[i]})
         bar.update(len(batch))
     bar.close()
     return rows
@@ -185,14 +188,23 @@ def pair_samples(samples: list[dict]) -> list[dict]:
             by_prompt.setdefault(s["prompt"], []).append(s)
     pairs = []
     for prompt, group in by_prompt.items():
-        chosen = [s["completion"] for s in group if s["label"] == 1]
-        rejected = [s["completion"] for s in group if s["label"] == 0]
-        pairs += [{"prompt": prompt, "chosen": c, "rejected": r, "answer": group[0]["answer"]} for c, r in zip(chosen, rejected)]
+        chosen = [s for s in group if s["label"] == 1]
+        rejected = [s for s in group if s["label"] == 0]
+        pairs += [{"prompt": prompt, "chosen": c["completion"], "rejected": r["completion"], "answer": group[0]["answer"],
+                   "chosen_finished": c.get("finished", True), "rejected_finished": r.get("finished", True)} for c, r in zip(chosen, rejected)]
     return pairs
 
 
+def pair_completions(pairs: list[dict]) -> tuple[list[str], list[bool]]:
+    """Chosen and rejected interleaved [chosen_0, rejected_0, chosen_1, ...], and whether each ended with EOS
+    (a user's pairs are finished answers; sampled ones say so in chosen_finished / rejected_finished)."""
+    texts = [p[k] for p in pairs for k in ("chosen", "rejected")]
+    finished = [bool(p.get(f"{k}_finished", True)) for p in pairs for k in ("chosen", "rejected")]
+    return texts, finished
+
+
 def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int, max_new_tokens: int,
-                    temperature: float, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, list[dict]], Path]:
+                    temperature: float, device: torch.device, precision: str) -> tuple[dict[str, list[dict]], Path]:
     """Train pairs, held-out pairs and held-out samples from the reference model, built once and cached as JSONL.
 
     `num_prompts` distinct arithmetic problems (never one of the accuracy problems) are each sampled
@@ -201,7 +213,8 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
     and written whole or not at all; delete it to rebuild. Returns ({"train", "heldout",
     "heldout_samples"}, folder).
     """
-    key = f"{Path(model_name).name}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}-temp{temperature:g}"
+    # v2: samples record whether they finished (v1 gave every sample an EOS, truncated ones too)
+    key = f"v2-{Path(model_name).name}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}-temp{temperature:g}-{precision}"
     folder = common.CACHE_DIR / "preference-data" / key
     if not folder.exists():
         problems, seen = [], set()
@@ -211,7 +224,7 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
                 problems.append(p)
             if len(problems) == num_prompts:
                 break
-        model = common.load_model(model_name, len(tokenizer), device, dtype, seed).eval()
+        model = common.load_model(model_name, len(tokenizer), device, precision, seed).eval()
         samples = label_samples(model, tokenizer, problems, samples_per_prompt, max_new_tokens, temperature, seed)
         n_heldout = samples_per_prompt * max(1, num_prompts // 8)
         splits = {"heldout_samples": samples[:n_heldout], "train_samples": samples[n_heldout:],
@@ -234,7 +247,7 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
 
 
 def load_preference_pairs(dataset: Optional[str], model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int,
-                          max_new_tokens: int, temperature: float, device, dtype) -> tuple[list[dict], list[dict], list[dict]]:
+                          max_new_tokens: int, temperature: float, device, precision: str) -> tuple[list[dict], list[dict], list[dict]]:
     """(train pairs, held-out pairs, held-out labelled samples) for the offline scripts.
 
     Without a dataset: the reference model's own verifier-labelled samples (preference_data). With
@@ -242,7 +255,7 @@ def load_preference_pairs(dataset: Optional[str], model_name: str, tokenizer, se
     held out; it has no labelled samples.
     """
     if dataset is None:
-        data, folder = preference_data(model_name, tokenizer, seed, num_prompts, samples_per_prompt, max_new_tokens, temperature, device, dtype)
+        data, folder = preference_data(model_name, tokenizer, seed, num_prompts, samples_per_prompt, max_new_tokens, temperature, device, precision)
         print(f"preference pairs: {len(data['train'])} train, {len(data['heldout'])} held-out, from {folder}")
         return data["train"], data["heldout"], data["heldout_samples"]
     pairs = read_jsonl(dataset, ("prompt", "chosen", "rejected"))
@@ -266,22 +279,26 @@ def epoch_batches(num_items: int, batch_size: int, steps: int, seed: int) -> lis
     return batches
 
 
-def tokenize_completions(tokenizer, texts: list[str], device, max_tokens: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Completion ids + EOS, right-padded, and their mask, (B, T). Tokenised apart from the prompt.
+def tokenize_completions(tokenizer, texts: list[str], device, max_tokens: Optional[int] = None,
+                         finished: Optional[list[bool]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Completion ids, + EOS where the completion finished (default: all), right-padded, and their mask, (B, T).
 
-    Tokenising the completion on its own is what makes chosen and rejected share exactly the same
-    prompt tokens: tokenising prompt + completion as one string can merge characters across the
-    boundary. Completions longer than max_tokens are cut (then they end without EOS). The mask
-    comes from the lengths, not from searching for EOS, so it is right when pad == eos.
+    A sample the model cut off at max_new_tokens gets no EOS: appending one would teach DPO and
+    the reward model that answers end at arbitrary cut points. Completions are tokenised apart
+    from the prompt, which makes chosen and rejected share exactly the same prompt tokens
+    (tokenising prompt + completion as one string can merge characters across the boundary).
+    Completions longer than max_tokens are cut (then they end without EOS). The mask comes from
+    the lengths, not from searching for EOS, so it is right when pad == eos.
     """
-    rows = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
+    finished = [True] * len(texts) if finished is None else finished
+    rows = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] * done for t, done in zip(texts, finished)]
     if max_tokens is not None:
         rows = [r[:max_tokens] for r in rows]
-    T = max(len(r) for r in rows)
+    T = max(1, max(len(r) for r in rows))
     ids = torch.full((len(rows), T), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), T), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r, dtype=torch.long), 1
     return ids.to(device), mask.to(device)
 
 
@@ -316,14 +333,15 @@ def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 # Text in, log-probs out
 # ---------------------------------------------------------------------------------------------
-def sequence_logps(model, tokenizer, prompts: list[str], completions: list[str], max_completion_tokens: int):
+def sequence_logps(model, tokenizer, prompts: list[str], completions: list[str], max_completion_tokens: int,
+                   finished: Optional[list[bool]] = None):
     """log π(y|x) summed over each completion's tokens (EOS included) and the lengths |y|, (B,) and (B,), for
     len(completions)/len(prompts) completions per prompt, in order. Prompts get the chat template;
     completions are tokenised apart from them (tokenize_completions); each prompt is encoded once."""
     device = next(model.parameters()).device
     per_prompt = len(completions) // len(prompts)
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p) for p in prompts], device)
-    completion_ids, mask = tokenize_completions(tokenizer, completions, device, max_completion_tokens)
+    completion_ids, mask = tokenize_completions(tokenizer, completions, device, max_completion_tokens, finished)
     repeats = torch.full((len(prompts),), per_prompt, device=device)
     logprobs, _ = common.completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, repeats)
     return common.masked_sum(logprobs, mask, dim=1), mask.sum(1).float()

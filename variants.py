@@ -42,7 +42,6 @@ Shapes: P pairs or prompts, B sequences, k samples per prompt, T completion toke
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass
@@ -82,8 +81,8 @@ class Args:
     """seed for data, sampling and initialisation"""
     device: str = "auto"
     """auto (cuda if available), cpu, cuda, cuda:1, ..."""
-    dtype: str = "auto"
-    """auto (bfloat16 on cuda, float32 on cpu), float32, bfloat16, float16"""
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
+    """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
     output_dir: str = "runs"
     """the run folder is created inside this directory"""
     eval_every: int = 0
@@ -210,12 +209,12 @@ def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> tor
 def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, dict]:
     """The mean loss of one batch of pairs and its metrics, for ipo, simpo, orpo (paired) or kto (unpaired)."""
     prompts = [p["prompt"] for p in pairs]
-    texts = [t for p in pairs for t in (p["chosen"], p["rejected"])]  # chosen_0, rejected_0, chosen_1, ...
-    logps, lengths = sequence_logps(policy, tokenizer, prompts, texts, args.max_completion_tokens)  # (2P,)
+    texts, finished = tasks.pair_completions(pairs)  # chosen_0, rejected_0, chosen_1, ...
+    logps, lengths = sequence_logps(policy, tokenizer, prompts, texts, args.max_completion_tokens, finished)  # (2P,)
     chosen, rejected = logps[0::2], logps[1::2]
     if args.algo in ("ipo", "kto"):
         with torch.no_grad():
-            ref_logps, _ = sequence_logps(ref_model, tokenizer, prompts, texts, args.max_completion_tokens)
+            ref_logps, _ = sequence_logps(ref_model, tokenizer, prompts, texts, args.max_completion_tokens, finished)
     if args.algo == "ipo":
         losses, chosen_rewards, rejected_rewards = ipo_loss(chosen, rejected, ref_logps[0::2], ref_logps[1::2], beta)
     elif args.algo == "simpo":
@@ -223,10 +222,10 @@ def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: l
     elif args.algo == "orpo":
         losses, chosen_rewards, rejected_rewards = orpo_loss(chosen, rejected, lengths[0::2], lengths[1::2], beta)
     else:  # kto: the 2P samples unpaired; z0 from each prompt with the next pair's completions
-        shifted = texts[2:] + texts[:2]
+        shifted, shifted_finished = texts[2:] + texts[:2], finished[2:] + finished[:2]
         with torch.no_grad():  # z0 is a detached reference point
-            kl_logps, _ = sequence_logps(policy, tokenizer, prompts, shifted, args.max_completion_tokens)
-            ref_kl_logps, _ = sequence_logps(ref_model, tokenizer, prompts, shifted, args.max_completion_tokens)
+            kl_logps, _ = sequence_logps(policy, tokenizer, prompts, shifted, args.max_completion_tokens, shifted_finished)
+            ref_kl_logps, _ = sequence_logps(ref_model, tokenizer, prompts, shifted, args.max_completion_tokens, shifted_finished)
         desirable = torch.tensor([True, False] * len(pairs), device=logps.device)
         losses, rewards, z0 = kto_loss(logps, ref_logps, desirable, kl_logps, ref_kl_logps, beta,
                                        args.desirable_weight, args.undesirable_weight)
@@ -275,20 +274,20 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.algo]
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
-    dtype = common.resolve_dtype(args.dtype, device)
+    precision = common.resolve_precision(args.precision, device)
     tokenizer = common.load_tokenizer(args.model)
     offline = args.algo in OFFLINE
     if offline:
         train_pairs, _, _ = tasks.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
-                                                         args.samples_per_prompt, args.max_new_tokens, args.temperature, device, dtype)
+                                                         args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision)
         batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
         heldout = tasks.heldout_problems(args.eval_size)
     else:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
-    policy = common.load_model(args.model, len(tokenizer), device, dtype, args.seed)
+    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
     ref_model = None  # SimPO and ORPO are reference-free: no second model is loaded
     if args.algo in ("ipo", "kto", "rloo", "remax"):
-        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        ref_model = common.frozen_copy(policy)
     optimizer, scheduler = common.make_optimizer(policy, lr, warmup_steps=args.warmup_steps)
     run_dir = common.make_run_dir(args.output_dir, args.algo, args.model, args.seed, args)
     log = common.MetricsLog(run_dir / "metrics.jsonl")

@@ -25,7 +25,7 @@ def tokenizer():
 @pytest.fixture(params=["tiny", "tiny-gpt2"])
 def tiny_model(request, tokenizer):
     """Both tiny architectures: Llama (rotary positions) and GPT-2 (absolute positions)."""
-    return common.load_model(request.param, len(tokenizer), torch.device("cpu"), torch.float32, seed=0)
+    return common.load_model(request.param, len(tokenizer), torch.device("cpu"), "fp32", seed=0)
 
 
 @pytest.fixture

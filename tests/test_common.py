@@ -100,7 +100,7 @@ def test_shared_prompt_and_concatenated_forward_give_the_same_gradient(tokenizer
     completions = torch.randint(10, 60, (4, 5))
     grads = []
     for share in (True, False):
-        model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32, seed=0)
+        model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
         logprobs, _ = common.completion_logprobs(model, ids, mask, completions, torch.tensor([1, 3]), share_prompt=share)
         logprobs.sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
@@ -141,7 +141,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 
 # ---- checkpoints and loaded models ---------------------------------------------------------------------------
 def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, tokenizer, monkeypatch):
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32)
+    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32")
     target = tmp_path / "model"
     common.save_checkpoint(model, tokenizer, target)
     good = (target / "model.safetensors").read_bytes()
@@ -158,8 +158,18 @@ def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, tokenizer, mo
 
 
 def test_dropout_is_off_in_loaded_models(tokenizer):
-    model = common.load_model("tiny-gpt2", len(tokenizer), torch.device("cpu"), torch.float32)
+    model = common.load_model("tiny-gpt2", len(tokenizer), torch.device("cpu"), "fp32")
     model.train()
     ids = torch.randint(5, 50, (2, 9))
     assert torch.equal(model(ids).logits, model(ids).logits)
     assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+
+
+def test_one_token_completions_have_log_probs(tiny_model, tokenizer, prompts):
+    # T = 1 (every sample a bare EOS, or --max-new-tokens 1) leaves no logits after the first token.
+    ids, mask = prompts
+    completion = torch.full((2, 1), tokenizer.eos_token_id)
+    for share_prompt in (True, False):
+        logprobs, entropy = common.completion_logprobs(tiny_model, ids, mask, completion, torch.tensor([1, 1]), with_entropy=True, share_prompt=share_prompt)
+        assert logprobs.shape == (2, 1) and entropy.shape == (2, 1) and (logprobs < 0).all()
+    assert common.gather_logprobs(torch.zeros(2, 0, 5), torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0)

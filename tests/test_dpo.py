@@ -147,7 +147,7 @@ def test_run_folder_is_complete_and_the_model_reloads(tmp_path):
 def test_default_data_is_the_models_own_samples_built_once(tmp_path, preference_cache, digits_are_correct, monkeypatch):
     tokenizer = common.make_tiny_tokenizer()
     args = tiny_args(tmp_path, dataset=None, num_prompts=16, samples_per_prompt=4, temperature=1.0)
-    data, folder = tasks.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), torch.float32)
+    data, folder = tasks.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), "fp32")
     assert folder.parent == preference_cache / "preference-data"
     monkeypatch.setattr(tasks, "label_samples", None)  # a second build would fail: the cache is used
     result = main(args)

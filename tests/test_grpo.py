@@ -135,7 +135,7 @@ def test_overlong_penalty_dapo_eq13():
 
 def test_eos_is_inside_the_loss_mask_and_gets_gradient(tokenizer, prompts):
     ids, mask = prompts
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32)
+    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32")
     eos = tokenizer.eos_token_id
     completions = torch.tensor([[40, eos, tokenizer.pad_token_id], [41, 42, eos]])
     completion_mask = common.completion_mask(completions, eos)

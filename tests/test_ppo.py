@@ -121,7 +121,7 @@ def test_explained_variance():
 
 def test_value_of_the_first_token_is_read_before_it(tokenizer):
     """V(s_1) comes from the last prompt token: changing y_1 cannot change it, changing y_2 cannot change V(s_1), V(s_2)."""
-    critic = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32, seed=0, head="score").eval()
+    critic = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score").eval()
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, "What is 1 + 1?")], "cpu")
     with torch.no_grad():
         a, b, c = (token_values(critic, prompt_ids, prompt_mask, torch.tensor([ids]))[0].tolist() for ids in ([20, 21, 22], [30, 21, 22], [20, 31, 22]))

@@ -52,7 +52,7 @@ def test_auc_by_hand():
 # ---- where the score is read ----------------------------------------------------------------------------------------
 @pytest.fixture(params=["tiny", "tiny-gpt2"])
 def tiny_reward_model(request, tokenizer):
-    return common.load_model(request.param, len(tokenizer), torch.device("cpu"), torch.float32, seed=0, head="score").eval()
+    return common.load_model(request.param, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score").eval()
 
 
 def test_score_does_not_depend_on_padding_side_or_amount(tiny_reward_model):

@@ -88,28 +88,28 @@ def test_read_jsonl_reads_valid_rows(tmp_path):
 def test_pair_samples_pairs_each_correct_with_an_incorrect_once():
     samples = [
         {"prompt": "p", "answer": "7", "completion": "7", "label": 1},
-        {"prompt": "p", "answer": "7", "completion": "8", "label": 0},
+        {"prompt": "p", "answer": "7", "completion": "8 and more", "label": 0, "finished": False},
         {"prompt": "p", "answer": "7", "completion": "6", "label": 0},
         {"prompt": "p", "answer": "7", "completion": "= 7", "label": 1},
         {"prompt": "p", "answer": "7", "completion": "   ", "label": 0},  # empty: skipped
         {"prompt": "q", "answer": "1", "completion": "1", "label": 1},  # all correct: no pair
     ]
     assert tasks.pair_samples(samples) == [
-        {"prompt": "p", "chosen": "7", "rejected": "8", "answer": "7"},
-        {"prompt": "p", "chosen": "= 7", "rejected": "6", "answer": "7"},
+        {"prompt": "p", "chosen": "7", "rejected": "8 and more", "answer": "7", "chosen_finished": True, "rejected_finished": False},
+        {"prompt": "p", "chosen": "= 7", "rejected": "6", "answer": "7", "chosen_finished": True, "rejected_finished": True},
     ]
 
 
 def test_preference_data_is_built_once_and_holds_out_whole_prompts(tokenizer, preference_cache, digits_are_correct, monkeypatch):
-    data, folder = tasks.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), torch.float32)
+    data, folder = tasks.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
     assert len(data["heldout_samples"]) == 4 * 4  # an eighth of the 32 prompts, 4 samples each
     assert {p["prompt"] for p in data["train"]}.isdisjoint({p["prompt"] for p in data["heldout"]})
     assert {p["prompt"] for p in data["train"]}.isdisjoint({p.prompt for p in tasks.heldout_problems()})
     assert all(any(ch.isdigit() for ch in p["chosen"]) and not any(ch.isdigit() for ch in p["rejected"]) for p in data["train"])
     monkeypatch.setattr(tasks, "label_samples", None)  # the second call must not sample again
-    again, same_folder = tasks.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), torch.float32)
+    again, same_folder = tasks.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
     assert again == data and same_folder == folder
-    assert folder.name == "tiny-seed0-prompts32-samples4-tokens8-temp1"
+    assert folder.name == "v2-tiny-seed0-prompts32-samples4-tokens8-temp1-fp32"  # v2: samples record `finished`
     assert tasks.read_jsonl(str(folder / "train.jsonl"), ("prompt", "chosen", "rejected")) == data["train"]
 
 
@@ -130,3 +130,22 @@ def test_epoch_batches_visit_every_item_once_per_epoch():
     flat = [i for b in batches for i in b]
     assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
     assert tasks.epoch_batches(10, 4, 5, seed=0) == batches and tasks.epoch_batches(10, 4, 5, seed=1) != batches
+
+
+def test_truncated_samples_keep_no_eos_in_the_preference_data(tokenizer, preference_cache, digits_are_correct):
+    # 8 new tokens from a random model: most samples are cut off, a few end with EOS.
+    data, _ = tasks.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
+    samples = data["heldout_samples"]
+    assert {s["finished"] for s in samples} == {True, False}, "the fixture should sample both kinds"
+    texts = [s["completion"] for s in samples]
+    ids, mask = tasks.tokenize_completions(tokenizer, texts, "cpu", finished=[s["finished"] for s in samples])
+    last = ids.gather(1, (mask.sum(1, keepdim=True) - 1)).squeeze(1)  # the last real token of each row
+    assert ((last == tokenizer.eos_token_id) == torch.tensor([s["finished"] for s in samples])).all()
+    pairs = data["train"] + data["heldout"]
+    texts, finished = tasks.pair_completions(pairs)
+    assert finished == [p[k] for p in pairs for k in ("chosen_finished", "rejected_finished")] and False in finished
+
+
+def test_pair_completions_of_a_users_pairs_are_finished():
+    texts, finished = tasks.pair_completions([{"prompt": "p", "chosen": "a", "rejected": "b"}])
+    assert texts == ["a", "b"] and finished == [True, True]

@@ -90,7 +90,7 @@ def test_sequence_logps_are_sums_and_lengths_count_eos(tokenizer, tiny_model):
 
 
 def test_ipo_uses_summed_log_probs_and_simpo_orpo_the_length_normalised_ones(tokenizer):
-    policy = common.load_model("tiny", len(tokenizer), torch.device("cpu"), torch.float32, seed=0)
+    policy = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
     ref = copy.deepcopy(policy)
     with torch.no_grad():
         for p in policy.parameters():
