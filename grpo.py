@@ -77,7 +77,7 @@ class Args:
 
     # --- algorithm ---
     steps: int = 100
-    """optimizer steps on fresh batches (each batch is reused num_iterations times)"""
+    """training batches, each freshly sampled (a batch gives num_iterations optimizer steps; warm-up counts batches)"""
     prompts_per_step: int = 4
     """prompts per batch (P)"""
     group_size: int = 8
@@ -90,8 +90,8 @@ class Args:
     """upper clip range: ρ is clipped at 1 + eps_high (DAPO clip-higher: 0.28)"""
     beta: float = 0.04
     """KL penalty coefficient; 0 = no reference model is loaded at all"""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """estimator of KL(π_θ || π_ref) per token (Schulman 2020); k3 in DeepSeekMath"""
+    kl_estimator: Literal["k2", "k3"] = "k3"
+    """per-token KL estimator in the loss (Schulman 2020): k3 (DeepSeekMath; its gradient follows KL(π_ref || π_θ)) or k2 (follows KL(π_θ || π_ref)); k1's expected gradient is 0"""
     loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
     """loss aggregation: GRPO (per-sequence mean), DAPO (per-token mean), Dr. GRPO (sum / (B × max_new_tokens))"""
     scale_by_std: bool = True
@@ -109,13 +109,13 @@ class Args:
     temperature: float = 1.0
     """sampling temperature; the same temperature divides the logits when log-probs are recomputed"""
     top_p: float = 1.0
-    """nucleus sampling (1.0 = off); top-k is never used"""
+    """nucleus sampling (1.0 = off; top-k is never used). Below 1 the update is off-policy: tokens come from the truncated distribution, ratios and KL use the full softmax"""
 
     # --- optimisation ---
     lr: float = 1e-5
     """AdamW learning rate"""
     warmup_steps: int = 10
-    """linear learning-rate warm-up steps"""
+    """linear learning-rate warm-up, in batches"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
@@ -136,13 +136,15 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool 
 
     Groups are consecutive runs of `group_size`. std is the population std (divide by G).
     With scale_by_std=False (Dr. GRPO) only the mean is subtracted. A group whose rewards are
-    all equal gets zero advantages either way.
+    all equal gets exactly zero advantages either way, detected as max == min: the float32 std
+    of eight copies of 0.7 is 6e-8, not 0, and (r - mean) / (std + eps) would give ±6e-4.
     """
     grouped = rewards.view(-1, group_size)  # (P, G)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_by_std:
         centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
-    return centered.reshape(-1)
+    all_equal = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (P, 1)
+    return torch.where(all_equal, 0.0, centered).reshape(-1)
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
@@ -150,6 +152,14 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = 
 
     With log r = log π_ref - log π_θ:  k1 = -log r (unbiased, can be < 0),  k2 = (log r)² / 2,
     k3 = r - log r - 1 (unbiased, >= 0; DeepSeekMath eq. 4). (B, T), (B, T) -> (B, T)
+
+    As a *value* (PPO puts k1 in the reward) each estimates KL(π_θ || π_ref). As a *loss term*,
+    differentiated through log π_θ at tokens sampled from π_θ, their expected gradients differ:
+      E_π[∇k1] = E_π[∇ log π_θ] = 0                          k1 in the loss penalises nothing
+      E_π[∇k2] = ∇ KL(π_θ || π_ref)                          the reverse KL, as the objective says
+      E_π[∇k3] = E_π[(1 - r) ∇ log π_θ] = ∇ KL(π_ref || π_θ)   the *forward* KL (DeepSeekMath's choice)
+    (tests/test_grpo.py checks all three by exact enumeration over a small vocabulary). So grpo.py
+    refuses k1 in the loss.
     """
     log_ratio = ref_logprobs - logprobs
     if kind == "k1":
@@ -182,7 +192,8 @@ def grpo_loss(
       token-mean               Σ_it l_it / Σ_i |o_i|              (DAPO eq. 12)
       seq-mean-token-sum-norm  Σ_it l_it / (B · max_completion_length)   (Dr. GRPO; a constant, never the
                                padded width of this batch, so adding padding changes nothing)
-    Returns (loss, metrics) with metrics as floats: kl, clip_ratio, clip_ratio/low, clip_ratio/high.
+    Returns (loss, metrics) with metrics as floats, token means over this batch's mask: kl (only
+    when β != 0), clip_ratio, clip_ratio/low, clip_ratio/high.
     """
     ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
     adv = advantages[:, None]  # (B, 1)
@@ -193,6 +204,8 @@ def grpo_loss(
     if beta != 0.0:
         if ref_logprobs is None:
             raise ValueError("beta != 0 needs ref_logprobs")
+        if kl_kind == "k1":
+            raise ValueError("k1 in the loss has zero expected gradient; use k3 or k2 (see kl_estimate)")
         kl = kl_estimate(logprobs, ref_logprobs, kl_kind)
         per_token = per_token + beta * kl
 
@@ -211,11 +224,12 @@ def grpo_loss(
         clipped_low = (ratio < 1.0 - eps_low) & (adv < 0)  # the clip binds only where it lowers the objective
         clipped_high = (ratio > 1.0 + eps_high) & (adv > 0)
         metrics = {
-            "kl": masked_mean(kl, mask).item() if kl is not None else 0.0,
             "clip_ratio": masked_mean((clipped_low | clipped_high).float(), mask).item(),
             "clip_ratio/low": masked_mean(clipped_low.float(), mask).item(),
             "clip_ratio/high": masked_mean(clipped_high.float(), mask).item(),
         }
+        if kl is not None:
+            metrics["kl"] = masked_mean(kl, mask).item()
     return loss, metrics
 
 
@@ -259,6 +273,8 @@ def check_args(args: Args) -> None:
         raise InputError("--top-p must be in (0, 1]")
     if not (0 <= args.eps_low < 1 and args.eps_high >= 0):
         raise InputError("--eps-low must be in [0, 1) and --eps-high >= 0")
+    if args.beta != 0 and args.kl_estimator == "k1":
+        raise InputError("--kl-estimator k1 in the loss has zero expected gradient (it penalises nothing): use k3 or k2")
     if args.overlong_buffer >= args.max_new_tokens:
         raise InputError("--overlong-buffer must be smaller than --max-new-tokens")
 
@@ -288,7 +304,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     run_dir = common.make_run_dir(args.output_dir, "grpo", args.model, args.seed, args)
     log = common.MetricsLog(run_dir / "metrics.jsonl")
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    G, micro = args.group_size, args.batch_size or args.prompts_per_step * args.group_size
+    G = args.group_size
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     print(f"run folder: {run_dir}")
 
@@ -318,23 +334,24 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
         scores = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
+        if not torch.isfinite(scores).all():
+            raise InputError(f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: the reward function returned a non-finite score")
         lengths = mask.sum(1)  # (B,)
         rewards = scores + overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty)
 
         # ---- 3. group-relative advantages -------------------------------------------------------
         advantages = group_advantages(rewards, G, args.scale_by_std)  # (B,)
-        group_std = rewards.view(-1, G).std(dim=1, unbiased=False)  # (P,)
-        keep_groups = torch.ones_like(group_std, dtype=torch.bool)
-        if args.dynamic_sampling:
-            keep_groups = group_std > 0
+        grouped = rewards.view(-1, G)  # (P, G)
+        all_equal = grouped.amax(1) == grouped.amin(1)  # (P,) these groups have zero advantage
+        keep_groups = ~all_equal if args.dynamic_sampling else torch.ones_like(all_equal)
         keep = keep_groups.repeat_interleave(G)  # (B,)
         stats = {
             "reward": rewards.mean().item(),
-            "reward_std": group_std.mean().item(),
-            "frac_reward_zero_std": (group_std == 0).float().mean().item(),
+            "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
+            "frac_reward_zero_std": all_equal.float().mean().item(),
             "score": scores.mean().item(),  # the reward before any overlong penalty
             "completion_length": lengths.float().mean().item(),
-            "completion_truncated": (mask[:, -1] == 1).float().mean().item() if mask.shape[1] == args.max_new_tokens else 0.0,
+            "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # no EOS: cut at max_new_tokens
         }
         t1 = time.time()
         if not keep.any():
@@ -347,7 +364,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         width = int(mask.sum(1).max())  # drop columns that are padding in every row
         completion_ids, mask = completion_ids[:, :width], mask[:, :width]
         B = completion_ids.shape[0]
-        micro = min(micro, B)
+        micro = min(args.batch_size or B, B)  # dynamic sampling may have shrunk this batch
         slices = [slice(i, min(i + micro, B)) for i in range(0, B, micro)]
         group_of_row = torch.arange(B, device=device) // G  # (B,) which kept prompt each row belongs to
 
@@ -366,7 +383,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
 
         # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
         policy.train()
-        step_metrics, entropies = [], []
+        sums, entropy_sum = {}, 0.0  # metric -> Σ over micro-batches and iterations of value × weight
         for iteration in range(args.num_iterations):
             optimizer.zero_grad(set_to_none=True)
             for s in slices:
@@ -381,9 +398,14 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 common.check_finite(loss, step, last_good, run_dir)
                 weight = micro_batch_weight(args.loss_agg, mask[s], mask)
                 (loss * weight).backward()
-                step_metrics.append({**m, "loss": loss.item(), "weight": weight})
-                if entropy is not None:
-                    entropies.append(masked_mean(entropy, mask[s]).item() * weight)
+                # kl, clip_ratio and entropy are token means over the whole batch, whatever the micro-batch:
+                # each micro-batch counts by its share of the batch's tokens, the loss by its weight.
+                token_share = (mask[s].sum() / mask.sum()).item()
+                if entropy is not None:  # iteration 0 only: the sampling policy's entropy
+                    entropy_sum += masked_mean(entropy, mask[s]).item() * token_share
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + v * token_share
+                sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             optimizer.step()
         lr = scheduler.get_last_lr()[0]  # the rate this step used
@@ -391,12 +413,11 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         time_train = time.time() - t1
 
         # ---- 6. log -------------------------------------------------------------------------------
-        # each iteration's micro-batch weights sum to 1, so this is the mean over the μ iterations
-        averaged = {k: sum(m[k] * m["weight"] for m in step_metrics) / args.num_iterations for k in step_metrics[0] if k != "weight"}
+        # each iteration's token shares (and loss weights) sum to 1: dividing by μ averages the iterations
         step_time = time.time() - t0
-        stats.update(averaged)
+        stats.update({k: v / args.num_iterations for k, v in sums.items()})
         stats.update({
-            "entropy": sum(entropies),
+            "entropy": entropy_sum,
             "grad_norm": grad_norm.item(),
             "lr": lr,
             "time/generate": time_generate,
@@ -409,7 +430,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         })
         log.write(step, stats)
         bar.update(1)
-        bar.set_postfix(reward=f"{stats['reward']:.3f}", kl=f"{stats['kl']:.4f}", len=f"{stats['completion_length']:.1f}")
+        bar.set_postfix(reward=f"{stats['reward']:.3f}", len=f"{stats['completion_length']:.1f}", **({"kl": f"{stats['kl']:.4f}"} if "kl" in stats else {}))
 
         # ---- 7. evaluate and checkpoint -----------------------------------------------------------
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:

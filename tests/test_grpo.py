@@ -41,6 +41,15 @@ def test_all_equal_group_gives_zero_advantage_with_std():
     assert group_advantages(torch.tensor([0.7, 0.7, 0.7]), group_size=3).tolist() == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("groups", [1, 3])
+def test_all_equal_group_of_8_with_an_inexact_reward_gives_exactly_zero(groups):
+    # 0.7 is not a float32: the std of eight copies comes out 6e-8 for one group, so (r - mean) / (std + 1e-4)
+    # would be ±6e-4 and dynamic sampling would keep the group. Equality of max and min is exact.
+    rewards = torch.full((8 * groups,), 0.7)
+    for scale_by_std in (True, False):
+        assert group_advantages(rewards, group_size=8, scale_by_std=scale_by_std).tolist() == [0.0] * 8 * groups
+
+
 # ---- KL estimators -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "kind, expected",
@@ -54,6 +63,30 @@ def test_kl_estimators_by_hand(kind, expected):
     kl = kl_estimate(torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.25)]]), kind)
     assert kl.item() == pytest.approx(expected, abs=1e-6)
     assert kl_estimate(torch.tensor([[-1.3]]), torch.tensor([[-1.3]]), kind).item() == 0.0  # policy == reference
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+def test_expected_gradient_of_each_kl_estimator_by_enumeration(kind):
+    # In the loss the estimator is differentiated through log π_θ at tokens y ~ π_θ, so its expected
+    # gradient is Σ_y π(y) ∇k(y) (no score-function term). Exactly, over a 5-token vocabulary:
+    # k1 -> 0, k2 -> ∇ KL(π || π_ref), k3 -> ∇ KL(π_ref || π) (the forward KL).
+    torch.manual_seed(0)
+    theta = torch.randn(5, requires_grad=True)
+    ref_logp = torch.log_softmax(torch.randn(5), -1)
+    logp = torch.log_softmax(theta, -1)
+    per_token = kl_estimate(logp[None], ref_logp[None], kind)[0]  # (5,) the estimator at each possible token
+    expected = sum(logp[y].exp().detach() * torch.autograd.grad(per_token[y], theta, retain_graph=True)[0] for y in range(5))
+    p, p_ref = logp.exp(), ref_logp.exp()
+    target = {"k1": torch.zeros(()), "k2": (p * (logp - ref_logp)).sum(), "k3": (p_ref * (ref_logp - logp)).sum()}[kind]
+    true_grad = torch.autograd.grad(target, theta)[0] if target.requires_grad else torch.zeros(5)
+    assert torch.allclose(expected, true_grad, atol=1e-6), (expected, true_grad)
+    if kind != "k1":
+        assert true_grad.abs().max() > 1e-2  # not trivially zero
+
+
+def test_grpo_loss_refuses_k1():
+    with pytest.raises(ValueError, match="k1"):
+        grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), kl_kind="k1")
 
 
 # ---- grpo_loss -----------------------------------------------------------------------------------------------
@@ -102,7 +135,7 @@ def test_beta_adds_k3_kl_to_each_token_and_zero_beta_needs_no_reference():
     loss, metrics = grpo_loss(logprobs, logprobs, ref, torch.zeros(1), torch.ones(1, 1), beta=0.04)
     assert loss.item() == pytest.approx(0.04 * 0.193147, abs=1e-7) and metrics["kl"] == pytest.approx(0.193147, abs=1e-6)
     loss, metrics = grpo_loss(logprobs, logprobs, None, torch.zeros(1), torch.ones(1, 1), beta=0.0)
-    assert loss.item() == 0.0 and metrics["kl"] == 0.0
+    assert loss.item() == 0.0 and "kl" not in metrics  # not measured: not logged as 0
 
 
 def test_dr_grpo_needs_max_completion_length():
@@ -148,11 +181,44 @@ def test_eos_is_inside_the_loss_mask_and_gets_gradient(tokenizer, prompts):
 
 
 # ---- the whole loop at tiny size ------------------------------------------------------------------------------
-def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path):
-    result = main(tiny_args(tmp_path, steps=3, beta=0.1), reward_fn=digit_fraction)
-    for row in metrics_of(result):
-        assert row["clip_ratio"] == 0.0 and row["kl"] >= 0.0
-    assert metrics_of(result)[0]["kl"] == 0.0  # step 1: the policy is the reference
+def spy_on_grpo_loss(monkeypatch) -> list[dict]:
+    """Record what the loop hands grpo_loss on every call: log π_θ, log π_θold, log π_ref (detached copies)."""
+    import grpo
+
+    calls, real = [], grpo.grpo_loss
+
+    def spy(logprobs, old_logprobs, ref_logprobs, *args, **kwargs):
+        calls.append({"logprobs": logprobs.detach().clone(), "old": old_logprobs.detach().clone(),
+                      "ref": None if ref_logprobs is None else ref_logprobs.clone(), "mask": args[1].clone()})
+        return real(logprobs, old_logprobs, ref_logprobs, *args, **kwargs)
+
+    monkeypatch.setattr(grpo, "grpo_loss", spy)
+    return calls
+
+
+def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path, monkeypatch):
+    # μ = 2 makes the loop compute log π_θold in a separate forward; at T = 0.7 it must still equal the
+    # first iteration's log π_θ exactly (same weights, same temperature), so ratio = 1 and nothing clips.
+    calls = spy_on_grpo_loss(monkeypatch)
+    result = main(tiny_args(tmp_path, steps=3, beta=0.1, num_iterations=2, temperature=0.7, lr=1e-2), reward_fn=digit_fraction)
+    first_iterations, second_iterations = calls[0::2], calls[1::2]  # one micro-batch per iteration
+    for call in first_iterations:
+        assert torch.allclose(call["logprobs"], call["old"], atol=1e-5)
+    assert all(not torch.allclose(c["logprobs"], c["old"], atol=1e-3) for c in second_iterations)  # the first update moved it
+    assert torch.allclose(calls[0]["logprobs"], calls[0]["ref"], atol=1e-5)  # step 1: the policy is the reference
+    assert all(row["kl"] >= 0.0 for row in metrics_of(result))
+
+
+def test_log_probs_are_recomputed_at_the_sampling_temperature(tmp_path, monkeypatch):
+    temperatures, real = [], common.completion_logprobs
+
+    def spy(model, prompt_ids, prompt_mask, completion_ids, repeats, temperature=1.0, *args, **kwargs):
+        temperatures.append(temperature)
+        return real(model, prompt_ids, prompt_mask, completion_ids, repeats, temperature, *args, **kwargs)
+
+    monkeypatch.setattr(common, "completion_logprobs", spy)
+    main(tiny_args(tmp_path, steps=2, beta=0.1, num_iterations=2, temperature=0.6, save_model=False), reward_fn=digit_fraction)
+    assert len(temperatures) == 2 * (1 + 1 + 2) and set(temperatures) == {0.6}  # old, ref, 2 updates per step
 
 
 @pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
@@ -171,11 +237,59 @@ def test_one_micro_batch_of_8_equals_8_of_1_and_checkpointing(tmp_path, monkeypa
     assert torch.allclose(grads[0], grads[1], atol=1e-6) and torch.allclose(grads[0], grads[2], atol=1e-6)
 
 
-def test_num_iterations_reuses_the_batch_with_stored_old_logprobs(tmp_path):
+def test_num_iterations_reuses_the_batch_with_stored_old_logprobs(tmp_path, monkeypatch):
+    calls = spy_on_grpo_loss(monkeypatch)
+    steps = []
+    real_step = torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))
     result = main(tiny_args(tmp_path, steps=2, num_iterations=3, lr=1e-2), reward_fn=digit_fraction)
+    assert len(calls) == 2 * 3 and len(steps) == 2 * 3  # μ = 3 optimizer steps on each batch
+    for batch in (calls[0:3], calls[3:6]):
+        assert all(torch.equal(c["old"], batch[0]["old"]) for c in batch)  # π_θold frozen once per batch
+        assert torch.equal(batch[0]["mask"], batch[2]["mask"])  # the same completions, reused
+        assert not torch.allclose(batch[2]["logprobs"], batch[0]["logprobs"], atol=1e-3)  # while π_θ moves
     rows = metrics_of(result)
     assert any(row["clip_ratio"] > 0 for row in rows)  # later iterations move away from old
     assert all(row["entropy"] > 0 for row in rows)
+
+
+def test_logged_metrics_do_not_depend_on_the_micro_batch(tmp_path):
+    # kl, clip_ratio and entropy are token means over the whole batch; weighting each micro-batch by its
+    # share of rows (right for the loss under sequence-level aggregation) would make them differ here.
+    rows = [metrics_of(main(tiny_args(tmp_path, steps=2, beta=0.1, num_iterations=2, lr=1e-2, save_model=False, batch_size=b),
+                            reward_fn=digit_fraction))[-1] for b in (None, 1)]
+    assert rows[0]["kl"] > 0 and rows[0]["clip_ratio"] > 0
+    for name in ("kl", "clip_ratio", "entropy", "loss"):
+        assert rows[1][name] == pytest.approx(rows[0][name], rel=1e-4, abs=1e-5), name  # float noise of step 1's update
+
+
+def test_completion_truncated_counts_rows_without_eos(tmp_path, monkeypatch):
+    # [5, 6, EOS] ended on the last allowed token: finished, not truncated. [5, 6, 7] was cut. Truth: 0.5.
+    def fixed_completions(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos, pad, *args, **kwargs):
+        return torch.tensor([[5, 6, eos], [5, 6, 7]] * (prompt_ids.shape[0] * num_samples // 2))
+
+    monkeypatch.setattr(common, "sample_completions", fixed_completions)
+    result = main(tiny_args(tmp_path, steps=1, max_new_tokens=3, save_model=False), reward_fn=digit_fraction)
+    assert metrics_of(result)[0]["completion_truncated"] == 0.5
+
+
+def test_overlong_penalty_is_added_to_the_reward_in_the_loop(tmp_path):
+    # Reward 1 for everything; the random tiny model runs to max_new_tokens = 8 in most rows, where DAPO's
+    # penalty with a buffer of 4 is -1 (eq. 13): reward = score + penalty < score.
+    rows = metrics_of(main(tiny_args(tmp_path, steps=2, overlong_buffer=4, save_model=False), reward_fn=lambda c, a: 1.0))
+    for row in rows:
+        assert row["score"] == 1.0 and 0.0 <= row["reward"] < 0.9
+
+
+def test_non_finite_reward_is_reported_as_the_rewards_fault(tmp_path):
+    with pytest.raises(common.InputError, match=r"reward became nan at step 1: the reward function returned a non-finite score"):
+        main(tiny_args(tmp_path, steps=2), reward_fn=lambda completion, answer: float("nan"))
+
+
+def test_dynamic_sampling_drops_groups_of_an_inexact_constant_reward(tmp_path):
+    # one group of 8: the case where float32's std kernel returns 6e-8 instead of 0
+    result = main(tiny_args(tmp_path, steps=1, dynamic_sampling=True, prompts_per_step=1, group_size=8), reward_fn=lambda completion, answer: 0.7)
+    assert metrics_of(result)[0]["skipped"] == 1
 
 
 def test_dynamic_sampling_skips_batches_whose_groups_are_all_equal(tmp_path):
@@ -220,6 +334,7 @@ def test_run_folder_is_complete(tmp_path):
         (dict(dataset="/nonexistent.jsonl"), "no such file"),
         (dict(temperature=0.0), "--temperature must be > 0"),
         (dict(overlong_buffer=8), "--overlong-buffer must be smaller"),
+        (dict(kl_estimator="k1"), "--kl-estimator k1 in the loss has zero expected gradient"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
