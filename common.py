@@ -72,7 +72,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     fp32: float32 weights and compute. bf16-mixed: float32 master weights (AdamW updates them in
     float32), forward and backward matmuls in bfloat16 under torch.autocast, as TRL's bf16=True.
     bf16-true: bfloat16 weights; half the memory, but an update smaller than half a weight's bf16
-    rounding step (|Δw| < |w|·2^-9, e.g. lr 1e-5 on any |w| > 5e-3) is rounded away and lost.
+    rounding step (|Δw| below about |w|·2^-8: at lr 1e-5, any |w| ≳ 3e-3) is rounded away and lost.
     Log-softmax, log-probs, losses, advantages and KL are float32 under every precision.
     """
     if precision == "auto":

@@ -173,3 +173,47 @@ def test_one_token_completions_have_log_probs(tiny_model, tokenizer, prompts):
         logprobs, entropy = common.completion_logprobs(tiny_model, ids, mask, completion, torch.tensor([1, 1]), with_entropy=True, share_prompt=share_prompt)
         assert logprobs.shape == (2, 1) and entropy.shape == (2, 1) and (logprobs < 0).all()
     assert common.gather_logprobs(torch.zeros(2, 0, 5), torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0)
+
+
+def test_entropy_by_hand():
+    # logits [0, ln 3]: p = [1/4, 3/4], H = 1/4 ln 4 + 3/4 ln(4/3) = 0.346574 + 0.215762 = 0.562335
+    assert common._entropy(torch.tensor([[[0.0, math.log(3.0)]]])).item() == pytest.approx(0.562335, abs=1e-6)
+
+
+# ---- precision ------------------------------------------------------------------------------------------------
+def test_auto_precision_is_bf16_mixed_on_cuda_and_fp32_on_cpu():
+    assert common.resolve_precision("auto", torch.device("cuda")) == "bf16-mixed"
+    assert common.resolve_precision("auto", torch.device("cpu")) == "fp32"
+    with pytest.raises(common.InputError, match="--precision must be auto, fp32, bf16-mixed or bf16-true"):
+        common.resolve_precision("float16", torch.device("cpu"))
+
+
+def fraction_of_weights_changed(precision: str, tokenizer, prompts) -> float:
+    """Three AdamW steps at lr 1e-6 on the tiny model: the share of weight elements that moved."""
+    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer, _ = common.make_optimizer(model, lr=1e-6)
+    completions = torch.randint(5, 90, (4, 6), generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        logprobs, _ = common.completion_logprobs(model, *prompts, completions, torch.tensor([2, 2]))
+        optimizer.zero_grad()
+        (-logprobs.mean()).backward()
+        optimizer.step()
+    return sum((p.detach() != b).sum().item() for p, b in zip(model.parameters(), before)) / sum(b.numel() for b in before)
+
+
+def test_bf16_mixed_keeps_every_small_update_and_bf16_true_loses_most(tokenizer, prompts):
+    # An AdamW update of ~lr = 1e-6 is below half the bf16 rounding step (|w|·2^-8) of any |w| ≳ 2.4e-4: bf16-true loses it.
+    assert fraction_of_weights_changed("bf16-mixed", tokenizer, prompts) >= 0.99
+    assert fraction_of_weights_changed("bf16-true", tokenizer, prompts) < 0.2
+
+
+def test_bf16_mixed_computes_in_bf16_and_returns_float32_log_probs(tokenizer, prompts):
+    completions = torch.randint(5, 90, (4, 6), generator=torch.Generator().manual_seed(1))
+    fp32, mixed = (common.load_model("tiny", len(tokenizer), torch.device("cpu"), p, seed=0) for p in ("fp32", "bf16-mixed"))
+    assert all(p.dtype == torch.float32 for p in mixed.parameters())  # master weights
+    exact, _ = common.completion_logprobs(fp32, *prompts, completions, torch.tensor([2, 2]))
+    autocast, _ = common.completion_logprobs(mixed, *prompts, completions, torch.tensor([2, 2]))
+    assert autocast.dtype == torch.float32
+    difference = (autocast - exact).abs().max().item()
+    assert 0 < difference < 0.02  # bf16 matmuls (8-bit mantissa) on log-probs of magnitude ~5; 0 would mean no autocast
