@@ -61,9 +61,34 @@ def set_seed(seed: int) -> None:
 
 
 def resolve_device(device: str) -> torch.device:
+    """auto (cuda if available), cpu, cuda or cuda:N; anything else, or CUDA without a GPU, is one clear error."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device != "cpu" and not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise InputError(f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
+    if device != "cpu" and not torch.cuda.is_available():
+        raise InputError(f"--device {device}: CUDA is not available on this machine; use --device cpu (or auto)")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device(device)
+
+
+def check_run_args(args) -> None:
+    """The checks every script shares, made before anything loads: optimisation numbers and the output folder."""
+    if args.seed < 0:
+        raise InputError(f"--seed must be >= 0, not {args.seed}")
+    if args.lr is not None and not args.lr > 0:  # `not >` also refuses NaN
+        raise InputError(f"--lr must be > 0, not {args.lr}")
+    if getattr(args, "max_grad_norm", 1.0) is not None and not getattr(args, "max_grad_norm", 1.0) > 0:
+        raise InputError(f"--max-grad-norm must be > 0 (a negative one flips the gradient), not {args.max_grad_norm}")
+    out = Path(args.output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"--output-dir {args.output_dir} is not a writable directory ({e.strerror or type(e).__name__})") from None
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -185,13 +210,29 @@ def _hub_reachable() -> bool:
         return False
 
 
+def _looks_like_a_path(name: str) -> bool:
+    # A hub id is "name" or "org/name"; "runs/rm-x/model", "./m", "/abs" or "~/m" can only be paths.
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or (os.sep in name and os.path.isdir(name.split(os.sep)[0]))
+
+
 def _from_pretrained(auto_class, name: str, **kwargs):
     """Load from a local directory, else the Hugging Face cache, else the Hub; any failure is one line."""
+    if not os.path.isdir(name) and _looks_like_a_path(name):
+        raise InputError(f"cannot load {name!r}: no such directory")
     try:
         if os.path.isdir(name):
-            if not os.path.isfile(os.path.join(name, "config.json")):
+            files = set(os.listdir(name))
+            if "config.json" not in files:
                 raise InputError(f"cannot load {name!r}: the directory holds no transformers checkpoint (no config.json)")
-            return auto_class.from_pretrained(name, **kwargs)
+            if auto_class is transformers.AutoTokenizer and not files & {"tokenizer.json", "tokenizer_config.json", "vocab.json"}:
+                raise InputError(f"cannot load {name!r}: the directory has a config.json but no tokenizer files (tokenizer.json)")
+            if auto_class is not transformers.AutoTokenizer and not any(f.endswith((".safetensors", ".bin", ".safetensors.index.json")) for f in files):
+                raise InputError(f"cannot load {name!r}: the directory has a config.json but no weights (model.safetensors)")
+            try:
+                return auto_class.from_pretrained(name, **kwargs)
+            except Exception as e:  # a truncated or corrupt file raises safetensors' own error type, among others
+                first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise InputError(f"cannot load {name!r}: {type(e).__name__}: {first_line} (is a file truncated?)") from None
         try:
             return auto_class.from_pretrained(name, local_files_only=True, **kwargs)
         except (OSError, ValueError):

@@ -191,6 +191,7 @@ def pair_metrics(losses, chosen_rewards, rejected_rewards, chosen_logps, rejecte
 
 
 def check_args(args: Args) -> None:
+    common.check_run_args(args)
     for name in ("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size", "max_completion_tokens"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")

@@ -259,6 +259,7 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, pe
 # Data
 # ---------------------------------------------------------------------------------------------
 def check_args(args: Args) -> None:
+    common.check_run_args(args)
     if args.group_size < 2:
         raise InputError(f"--group-size must be at least 2 (the group is the baseline), not {args.group_size}")
     batch = args.prompts_per_step * args.group_size

@@ -27,18 +27,21 @@ Conventions a reader could get wrong (each pinned by a test):
 Where this file departs from InstructGPT, and why:
 - No pretraining-mix term (PPO-ptx): there is no pretraining corpus offline.
 - The critic is initialised from the reward model (InstructGPT §3.5; "N implementation details
-  of RLHF with PPO", Huang et al. 2024); `--critic-init policy` gives it the policy's backbone
-  and a fresh head instead.
+  of RLHF with PPO", Huang et al. 2024) when --reward-model is given, else from the policy's
+  backbone with a fresh head; `--critic-init policy` picks the policy even with a reward model.
 - A completion that hits --max-new-tokens without EOS has --missing-eos-penalty subtracted from
   its score (TRL's missing_eos_penalty): this model is verbose, and a truncated answer has no
   final number to check. (The reward model does see truncated samples, without EOS, in its
   preference data; the penalty is a separate, explicit push towards finishing.)
 - The KL controller is fixed by default; `--target-kl` turns on Ziegler et al.'s adaptive one.
+- With --top-p < 1 the tokens are sampled from the renormalised nucleus, but the ratio and the KL
+  use log-probs of the full softmax (as TRL does): the update is off-policy by the probability mass
+  outside the nucleus, log π_nucleus(y_t) - log π(y_t) = -log(mass kept) per token.
 
 Run:
     python reward_model.py                                   # stage 2 first: prints its run folder
     python ppo.py --reward-model runs/rm-smollm2-0-<time>/model
-    python ppo.py --reward verifier --critic-init policy     # the arithmetic verifier as the reward
+    python ppo.py --reward verifier                          # the arithmetic verifier as the reward; critic from the policy
     python ppo.py --help
 
 Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens, H hidden size.
@@ -73,8 +76,9 @@ class Args:
     """checkpoint made by reward_model.py (runs/rm-.../model); it scores completions and, by default, initialises the critic"""
     reward: Literal["model", "verifier"] = "model"
     """model: the learned reward model (the RLHF recipe); verifier: the arithmetic verifier's 0/1"""
-    critic_init: Literal["reward-model", "policy"] = "reward-model"
-    """initialise the critic from the reward model (InstructGPT) or from the policy's backbone with a new head"""
+    critic_init: Optional[Literal["reward-model", "policy"]] = None
+    """initialise the critic from the reward model (InstructGPT) or from the policy's backbone with a new head;
+    None: the reward model when --reward-model is given, else the policy"""
     dataset: Optional[str] = None
     """JSONL file with fields prompt, answer (numeric); default: the built-in arithmetic task"""
     seed: int = 0
@@ -131,7 +135,7 @@ class Args:
     temperature: float = 1.0
     """sampling temperature; the same temperature divides the logits when log-probs are recomputed"""
     top_p: float = 1.0
-    """nucleus sampling (1.0 = off)"""
+    """nucleus sampling, in (0, 1] (1.0 = off); below 1 the update is off-policy: the ratio and KL use the full softmax, not the nucleus (as TRL)"""
 
     # --- optimisation ---
     lr: float = 1e-5
@@ -269,6 +273,7 @@ def memory_table(models: dict[str, torch.nn.Module], trainable: set[str]) -> lis
 
 
 def check_args(args: Args) -> None:
+    common.check_run_args(args)
     for name in ("steps", "batch_size", "minibatch_size", "ppo_epochs", "max_new_tokens", "eval_size", "kl_horizon"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")
@@ -276,11 +281,13 @@ def check_args(args: Args) -> None:
         raise InputError(f"--minibatch-size {args.minibatch_size} must divide --batch-size {args.batch_size}")
     if args.reward == "model" and args.reward_model is None:
         raise InputError("--reward model needs --reward-model PATH: train one with `python reward_model.py` (it prints its run folder; "
-                         "the checkpoint is <run folder>/model), or score with --reward verifier --critic-init policy")
+                         "the checkpoint is <run folder>/model), or score with --reward verifier")
     if args.critic_init == "reward-model" and args.reward_model is None:
-        raise InputError("--critic-init reward-model needs --reward-model PATH; without one use --critic-init policy")
+        raise InputError("--critic-init reward-model needs --reward-model PATH; without one leave --critic-init out (the critic starts from the policy)")
     if args.temperature <= 0:
         raise InputError("--temperature must be > 0 for sampling (evaluation is always greedy)")
+    if not 0 < args.top_p <= 1:
+        raise InputError("--top-p must be in (0, 1]")
     if args.target_kl is not None and args.target_kl <= 0:
         raise InputError("--target-kl must be > 0")
     if not 0 <= args.lam <= 1 or not 0 <= args.gamma <= 1:
@@ -311,7 +318,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         reward_model = common.load_model(args.reward_model, len(tokenizer), device, precision, args.seed, head="score").eval().requires_grad_(False)
         if reward_model.get_input_embeddings().num_embeddings < len(tokenizer):
             raise InputError(f"--reward-model {args.reward_model} has a smaller vocabulary than --model {args.model}; train it on the same model")
-    critic_source = args.reward_model if args.critic_init == "reward-model" else args.model
+    critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
+    critic_source = args.reward_model if critic_init == "reward-model" else args.model
     critic = common.load_model(critic_source, len(tokenizer), device, precision, args.seed, head="score")
     models = {"policy": policy, "reference": ref_model, "critic": critic}
     if reward_model is not None:
@@ -385,6 +393,10 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         t1 = time.time()
         with torch.no_grad():
             scores, verified = score_completions(prompt_ids, prompt_mask, completion_ids, mask, [p.answer for p in problems])  # (B,)
+            if not torch.isfinite(scores).all():  # caught here, it is not blamed on the loss and --lr
+                source = "reward model" if args.reward == "model" else "reward function"
+                raise InputError(f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: "
+                                 f"the {source} returned a non-finite score")
             finished = (completion_ids == eos).any(1)
             penalised = scores - args.missing_eos_penalty * (~finished).float()
             old_logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, ones, args.temperature)  # (B, T)
@@ -427,7 +439,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm)
                 policy_optimizer.step()
                 critic_optimizer.step()
-                step_metrics.append({**m, "pg_loss": pg_loss.item(), "vf_loss": vf_loss.item(), "value_clip_ratio": vf_clip,
+                step_metrics.append({**m, "pg_loss": pg_loss.item(), "policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "value_clip_ratio": vf_clip,
                                      "entropy": entropy_mean.item()})
         memory_update = common.peak_memory_gb(device)
         time_update = time.time() - t2

@@ -198,6 +198,7 @@ def evaluate(model, tokenizer, pairs: list[dict], samples: list[dict], max_compl
 
 
 def check_args(args: Args) -> None:
+    common.check_run_args(args)
     for name in ("steps", "batch_size", "num_prompts", "max_new_tokens", "max_completion_tokens"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")

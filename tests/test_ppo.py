@@ -1,5 +1,6 @@
 """ppo.py: rewards, GAE and both losses on hand-computed numbers, the loop's invariants, learning, the CLI."""
 
+import inspect
 import math
 import os
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 import common
+import ppo
 import tasks
 import reward_model
 from conftest import HAS_EMBEDDED_MODEL, digit_fraction, PAIRS, assert_one_line_error, metrics_of, run_script
@@ -26,6 +28,12 @@ def tiny_args(tmp_path, rm_path, **overrides) -> Args:
     defaults = dict(model="tiny", reward_model=rm_path, steps=2, batch_size=4, minibatch_size=2, max_new_tokens=8,
                     eval_size=8, eval_every=0, output_dir=str(tmp_path / "runs"), lr=1e-3, critic_lr=1e-3)
     return Args(**{**defaults, **overrides})
+
+
+def fixed_completions(monkeypatch, rows: list[list[int]]) -> None:
+    """Every call to the sampler returns these completions, repeated down the batch: the loop on known tokens."""
+    table = torch.tensor(rows)
+    monkeypatch.setattr(common, "sample_completions", lambda model, prompt_ids, *a, **k: table.repeat(len(prompt_ids), 1)[: len(prompt_ids)])
 
 
 # ---- per-token rewards --------------------------------------------------------------------------------------------
@@ -92,9 +100,14 @@ def test_policy_loss_both_clip_branches():
 def test_value_loss_clip_branch():
     # ε_v = 0.2, V_old = 0, R = 1. V = 0.5: clipped V = 0.2, (0.2 - 1)² = 0.64 > (0.5 - 1)² = 0.25, so 0.64 is used
     # V = 0.1: inside the range, both terms (0.1 - 1)² = 0.81. loss = ½ (0.64 + 0.81) / 2 = 0.3625
-    loss, clip_ratio = ppo_value_loss(torch.tensor([[0.5, 0.1]]), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), clip_range=0.2)
+    values = torch.tensor([[0.5, 0.1]], requires_grad=True)
+    loss, clip_ratio = ppo_value_loss(values, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), clip_range=0.2)
     assert loss.item() == pytest.approx(0.3625)
     assert clip_ratio == pytest.approx(0.5)
+    # the clipped term is a constant in V once V - V_old is past ε_v, so the first token pulls the critic nowhere:
+    # d/dV ½ · mean = ½ · ½ · 2 (V - R) = (0.1 - 1) / 2 = -0.45 for the second token, 0 for the first
+    loss.backward()
+    torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.45]]))
 
 
 def test_masked_whitening_of_advantages_ignores_padding():
@@ -117,6 +130,9 @@ def test_explained_variance():
     returns, mask = torch.tensor([[1.0, 2.0, 3.0, 9.0]]), torch.tensor([[1, 1, 1, 0]])
     assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
     assert explained_variance(torch.full((1, 4), 2.0), returns, mask) == pytest.approx(0.0)
+    # V = [0, 2, 2] (the 100 is padding): R - V = [1, 0, 1], mean 2/3, Var = (1/9 + 4/9 + 1/9) / 3 = 2/9;
+    # Var(R) = 2/3, so 1 - (2/9) / (2/3) = 2/3
+    assert explained_variance(torch.tensor([[0.0, 2.0, 2.0, 100.0]]), returns, mask) == pytest.approx(2 / 3)
 
 
 def test_value_of_the_first_token_is_read_before_it(tokenizer):
@@ -157,13 +173,91 @@ def test_ppo_raises_a_rule_based_score_on_the_tiny_model_with_bounded_kl(tmp_pat
     assert max(r["kl"] for r in rows) < 20.0
 
 
+def test_log_probs_are_recomputed_at_the_sampling_temperature(tmp_path, monkeypatch):
+    # at T = 1 the ratio and the KL would be taken against a distribution the tokens were not drawn from
+    real, temperatures = common.completion_logprobs, []
+    signature = inspect.signature(real)
+
+    def spy(*a, **k):
+        bound = signature.bind(*a, **k)
+        bound.apply_defaults()
+        temperatures.append(bound.arguments["temperature"])
+        return real(*a, **k)
+
+    monkeypatch.setattr(common, "completion_logprobs", spy)
+    main(tiny_args(tmp_path, None, reward="verifier", steps=1, temperature=0.7))
+    assert temperatures == [0.7] * 6  # old and reference log-probs, then 2 epochs × 2 minibatches
+
+
+def test_missing_eos_penalty_hits_only_completions_without_eos(tmp_path, monkeypatch, tokenizer):
+    eos, seven = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("7")
+    # --max-new-tokens 3: EOS early, EOS on the last allowed token (finished, not truncated), then two without EOS
+    fixed_completions(monkeypatch, [[seven, eos, 0], [seven, seven, eos], [seven] * 3, [seven] * 3])
+    args = tiny_args(tmp_path, None, reward="verifier", steps=1, max_new_tokens=3, missing_eos_penalty=0.5)
+    row = metrics_of(main(args, reward_fn=lambda completion, answer: 0.0))[0]
+    # scores 0; two of four rows lose 0.5: mean -0.25
+    assert row["score"] == 0.0 and row["score_penalised"] == pytest.approx(-0.25)
+    assert row["completion_finished"] == pytest.approx(0.5)
+
+
+def test_whiten_rewards_scales_the_token_rewards_keeping_their_mean(tmp_path, monkeypatch, tokenizer):
+    eos, seven = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("7")
+    fixed_completions(monkeypatch, [[eos, 0, 0], [eos, 0, 0], [seven, seven, eos], [seven, seven, eos]])
+    real_gae, rewards_seen = ppo.compute_gae, []
+    monkeypatch.setattr(ppo, "compute_gae", lambda rewards, *a: rewards_seen.append(rewards) or real_gae(rewards, *a))
+    main(tiny_args(tmp_path, None, reward="verifier", steps=1, whiten_rewards=True), reward_fn=lambda completion, answer: 1.0)
+    # step 1: policy = reference, so KL = 0 and the rewards are the score 1 on each last token: 1, 1, [0, 0, 1], [0, 0, 1].
+    # 8 tokens, four 1s and four 0s: mean 0.5, population std 0.5; whitened with the mean put back:
+    # 1 → 0.5 + (1 - 0.5) / 0.5 = 1.5, 0 → 0.5 + (0 - 0.5) / 0.5 = -0.5; padding stays 0
+    expected = torch.tensor([[1.5, 0.0, 0.0], [1.5, 0.0, 0.0], [-0.5, -0.5, 1.5], [-0.5, -0.5, 1.5]])
+    torch.testing.assert_close(rewards_seen[0], expected, atol=1e-6, rtol=0)
+
+
+def test_entropy_bonus_raises_entropy_and_lowers_the_loss_by_coef_times_entropy(tmp_path, monkeypatch):
+    # the clipped surrogate is zeroed, so the bonus alone moves the policy: entropy must rise from one epoch to the next
+    real_loss, real_logprobs, entropies = ppo.ppo_policy_loss, common.completion_logprobs, []
+    monkeypatch.setattr(ppo, "ppo_policy_loss", lambda *a, **k: (lambda loss, m: (loss * 0, m))(*real_loss(*a, **k)))
+
+    def spy(model, prompt_ids, prompt_mask, completion_ids, *a, **k):
+        logprobs, entropy = real_logprobs(model, prompt_ids, prompt_mask, completion_ids, *a, **k)
+        if entropy is not None:
+            entropies.append(common.masked_mean(entropy, common.completion_mask(completion_ids, 2)).item())  # 2: tiny EOS
+        return logprobs, entropy
+
+    monkeypatch.setattr(common, "completion_logprobs", spy)
+    args = tiny_args(tmp_path, None, reward="verifier", steps=1, minibatch_size=4, ppo_epochs=3, entropy_coef=0.5)
+    row = metrics_of(main(args))[0]
+    assert len(entropies) == 3 and entropies[0] < entropies[1] < entropies[2]  # the same 4 rows in each epoch
+    assert row["pg_loss"] == 0.0 and row["policy_loss"] == pytest.approx(-0.5 * row["entropy"], abs=1e-5)
+
+
+def test_adaptive_kl_controller_in_the_loop_follows_the_kl(tmp_path):
+    # k3 ≥ 0. Step 1: policy = reference, KL 0 < target, so β shrinks; after updates at lr 1e-3 the KL is above the tiny
+    # target, so β grows. Each step: e = clip(KL/target - 1, ±0.2), β ← β (1 + e · 4/40) from the logged KL.
+    args = tiny_args(tmp_path, None, reward="verifier", steps=3, kl_estimator="k3", kl_coef=0.1, target_kl=1e-4, kl_horizon=40)
+    rows = metrics_of(main(args))
+    for before, after in zip(rows, rows[1:]):
+        error = min(max(before["kl"] / 1e-4 - 1, -0.2), 0.2)
+        assert after["kl_coef"] == pytest.approx(before["kl_coef"] * (1 + error * 4 / 40), rel=1e-4)
+    assert rows[0]["kl"] == 0.0 and rows[1]["kl"] > 1e-4
+    assert rows[1]["kl_coef"] == pytest.approx(0.098) and rows[2]["kl_coef"] == pytest.approx(0.098 * 1.02)
+
+
+def test_a_non_finite_reward_stops_the_run_naming_the_reward(tmp_path):
+    # not the loss's "Try a lower --lr": no learning rate fixes a reward function that returns nan
+    with pytest.raises(common.InputError, match="reward became nan at step 1: the reward function returned a non-finite score"):
+        main(tiny_args(tmp_path, None, reward="verifier", steps=1), reward_fn=lambda completion, answer: float("nan"))
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
         (dict(reward_model=None), "--reward model needs --reward-model PATH: train one with `python reward_model.py`"),
-        (dict(reward="verifier", reward_model=None), "--critic-init reward-model needs --reward-model PATH"),
+        (dict(reward="verifier", reward_model=None, critic_init="reward-model"), "--critic-init reward-model needs --reward-model PATH"),
         (dict(minibatch_size=3), "--minibatch-size 3 must divide --batch-size 4"),
         (dict(target_kl=0.0), "--target-kl must be > 0"),
+        (dict(top_p=0.0), "--top-p must be in (0, 1]"),
+        (dict(top_p=1.5), "--top-p must be in (0, 1]"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, tiny_reward_model_path, overrides, message):
@@ -172,9 +266,15 @@ def test_bad_arguments_are_one_clear_error(tmp_path, tiny_reward_model_path, ove
     assert not os.path.exists(tmp_path / "runs")
 
 
-def test_verifier_reward_with_a_critic_from_the_policy(tmp_path):
-    result = main(tiny_args(tmp_path, None, reward="verifier", critic_init="policy"))
-    assert [r["model"] for r in result["memory_table"]] == ["policy", "reference", "critic"]
+@pytest.mark.parametrize("with_reward_model", [True, False])
+def test_critic_starts_from_the_reward_model_when_given_else_from_the_policy(tmp_path, tiny_reward_model_path, monkeypatch, with_reward_model):
+    real, score_heads = common.load_model, []
+    monkeypatch.setattr(common, "load_model", lambda name, *a, **k: (score_heads.append(name) if k.get("head") == "score" else None) or real(name, *a, **k))
+    overrides = {} if with_reward_model else dict(reward="verifier", reward_model=None)  # no --critic-init either way
+    result = main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, **overrides))
+    assert score_heads[-1] == (tiny_reward_model_path if with_reward_model else "tiny")  # the critic is loaded last
+    if not with_reward_model:
+        assert [r["model"] for r in result["memory_table"]] == ["policy", "reference", "critic"]
 
 
 def test_cli_tiny_run_and_bad_input(tmp_path, tiny_reward_model_path):
@@ -185,7 +285,7 @@ def test_cli_tiny_run_and_bad_input(tmp_path, tiny_reward_model_path):
     assert_one_line_error(run_script("ppo.py", "--model", "tiny"), "--reward model needs --reward-model PATH")
     help_text = run_script("ppo.py", "--help").stdout
     for flag in ("--reward-model", "--reward", "--critic-init", "--ppo-epochs", "--kl-coef", "--target-kl", "--missing-eos-penalty",
-                 "--whiten-rewards", "--gamma", "--lam", "--value-clip", "--vf-coef", "--entropy-coef"):
+                 "--whiten-rewards", "--gamma", "--lam", "--value-clip", "--vf-coef", "--entropy-coef", "--top-p"):
         assert flag in help_text, flag
 
 
