@@ -306,12 +306,20 @@ def tokenize_completions(tokenizer, texts: list[str], device, max_tokens: Option
 # Data files
 # ---------------------------------------------------------------------------------------------
 def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
-    """Rows of a JSONL file, each checked to hold `fields` as strings; errors name file and line."""
+    """Rows of a JSONL file, each checked to hold `fields` as strings; errors name file and line.
+
+    UTF-8, with or without a byte-order mark; a numeric "answer" (42, not "42") is read as its text.
+    """
     if not os.path.isfile(path):
         raise InputError(f"--dataset {path}: no such file")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
+    with open(path, encoding="utf-8-sig") as f:
+        try:
+            lines = f.readlines()
+        except UnicodeDecodeError as e:
+            line_no = open(path, "rb").read()[: e.start].count(b"\n") + 1
+            raise InputError(f"{path}:{line_no}: not UTF-8 text (byte {e.object[e.start]:#04x}); save the file as UTF-8") from None
+        for line_no, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
@@ -320,6 +328,8 @@ def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
                 raise InputError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
             if not isinstance(row, dict):
                 raise InputError(f"{path}:{line_no}: expected a JSON object with fields {', '.join(fields)}")
+            if isinstance(row.get("answer"), (int, float)) and not isinstance(row["answer"], bool):
+                row["answer"] = str(row["answer"])
             for field in fields:
                 if not isinstance(row.get(field), str) or not row[field].strip():
                     raise InputError(f"{path}:{line_no}: field {field!r} missing or not a non-empty string (need {', '.join(fields)})")

@@ -30,6 +30,12 @@ Conventions a reader could get wrong (each pinned by a test):
   sequence (the KL enters the reward, as in both papers), and the update is one REINFORCE step on
   the summed log-prob, without importance ratio or clipping (the batch is used once). ReMax's
   greedy baseline is the verifier's score of the greedy completion, without a KL term.
+- RLOO and ReMax sample from the full softmax at --temperature (no top-p, no top-k) and score with
+  the same full-softmax log-probs, so the update is on-policy. There is no --top-p on purpose:
+  sampling with top-p < 1 but scoring with full-softmax log-probs would make every update
+  off-policy by the truncated mass, with no importance ratio here to correct it.
+- A non-finite score from the reward function stops the run with a message that names the reward,
+  before it becomes a NaN loss (whose message would blame the learning rate).
 
 Run:
     python variants.py --algo simpo             # embedded model, the preference data of dpo.py
@@ -245,6 +251,7 @@ def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: l
 
 
 def check_args(args: Args) -> None:
+    common.check_run_args(args)
     for name in ("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size", "max_completion_tokens"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")
@@ -258,6 +265,15 @@ def check_args(args: Args) -> None:
         raise InputError("--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
     if args.temperature <= 0:
         raise InputError("--temperature must be > 0 (evaluation is always greedy)")
+
+
+def check_rewards(scores: torch.Tensor, texts: list[str], step: int) -> None:
+    """Stop on a NaN or infinite score, naming the reward function: left alone it would become a NaN loss."""
+    bad = (~torch.isfinite(scores)).nonzero()
+    if len(bad):
+        i = bad[0].item()
+        raise InputError(f"reward became {scores[i].item()} at step {step}: the reward function returned a non-finite score "
+                         f"for the completion {texts[i]!r}; stopped before the update")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,11 +338,13 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             answers = [p.answer for p in problems for _ in range(k)]
             texts = tasks.decode_completions(tokenizer, completion_ids, mask)
             scores = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
+            check_rewards(scores, texts, step)
             repeats = torch.full((len(problems),), k, device=device)
             if args.algo == "remax":
                 greedy_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad, temperature=0)
                 greedy_texts = tasks.decode_completions(tokenizer, greedy_ids, common.completion_mask(greedy_ids, eos))
                 greedy_scores = torch.tensor([reward_fn(t, p.answer) for t, p in zip(greedy_texts, problems)], device=device)  # (P,)
+                check_rewards(greedy_scores, greedy_texts, step)
 
             # ---- online 2. reward = score - β·KL of the sequence, then the critic-free baseline ----------
             with torch.no_grad():

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 import common
+import reward_model
 import tasks
 from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, metrics_of, run_script, write
 from reward_model import Args, auc, bradley_terry_loss, main, score_texts
@@ -74,6 +75,33 @@ def test_score_is_read_at_the_last_real_token(tiny_reward_model):
     hidden = tiny_reward_model.base_model(input_ids=ids).last_hidden_state[0, -1]
     expected = tiny_reward_model.score(hidden).item()
     assert common.reward_scores(tiny_reward_model, ids, torch.ones_like(ids)).item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_score_is_read_at_the_appended_eos_when_pad_is_eos_and_the_prompt_holds_an_eos(tiny_reward_model):
+    """As with SmolLM2 and gpt2: pad == eos, and the chat template puts an EOS (<|im_end|>) inside the prompt.
+    The last real token is the EOS appended to the completion; only the attention mask tells it from padding."""
+    tokenizer = common.make_tiny_tokenizer()  # not the shared fixture: its pad token changes here
+    tokenizer.pad_token = tokenizer.eos_token
+    eos = tokenizer.eos_token_id
+    prompts = [tasks.format_prompt(tokenizer, q) for q in ("What is 3 + 4?", "What is 12 + 45?")]
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, prompts, "cpu")  # left-padded with EOS ids
+    completion_ids, completion_mask = tasks.tokenize_completions(tokenizer, ["7", "12 + 45 = 57"], "cpu")  # right-padded with EOS ids
+    ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
+    assert mask[0, 0] == 0 and mask[0, -1] == 0 and (ids[mask == 0] == eos).all()  # row 0 is padded on both sides
+
+    def head_on_last(tokens):  # the score of these tokens alone, unpadded: the head on the last hidden state
+        return tiny_reward_model.score(tiny_reward_model.base_model(input_ids=tokens[None]).last_hidden_state[0, -1]).item()
+
+    with torch.no_grad():
+        scores = common.reward_scores(tiny_reward_model, ids, mask)
+        for row, m, score in zip(ids, mask, scores.tolist()):
+            real = row[m.bool()]
+            assert real[-1] == eos and (real[:-1] == eos).any()  # ends in the appended EOS, and the prompt holds another
+            assert score == pytest.approx(head_on_last(real), abs=1e-5)
+            first_eos = int((real == eos).nonzero()[0]) + 1
+            last_not_pad = int((real != eos).nonzero()[-1]) + 1  # transformers' pooling when pad == eos
+            for wrong in (first_eos, last_not_pad):
+                assert abs(score - head_on_last(real[:wrong])) > 1e-4  # the two wrong places would give another score
 
 
 def test_pair_rows_share_the_prompt_tokens_and_end_in_eos(tokenizer, tiny_reward_model, monkeypatch):
@@ -160,11 +188,27 @@ def test_bad_dataset_is_one_clear_error(tmp_path, text, message):
     assert not os.path.exists(tmp_path / "runs")
 
 
-def test_margin_field_is_used(tmp_path):
-    rows = "".join(json.dumps({"prompt": f"What is {i} + 1?", "chosen": str(i + 1), "rejected": "no", "margin": 1.0}) + "\n" for i in range(20))
+def test_margin_field_is_used(tmp_path, monkeypatch):
+    # margins 0, 1, 2, 3, 0, ... differ from pair to pair, so a margin given to the wrong pair shows too
+    rows = "".join(json.dumps({"prompt": f"What is {i} + 1?", "chosen": str(i + 1), "rejected": "no", "margin": float(i % 4)}) + "\n" for i in range(20))
+    trained = []  # (pairs, chosen scores, rejected scores) of each training batch; evaluation runs without grad
+
+    def spy(model, tokenizer, pairs, max_completion_tokens):
+        chosen, rejected = real(model, tokenizer, pairs, max_completion_tokens)
+        if torch.is_grad_enabled():
+            trained.append((pairs, chosen.detach(), rejected.detach()))
+        return chosen, rejected
+
+    real = reward_model.pair_scores
+    monkeypatch.setattr(reward_model, "pair_scores", spy)
     first = metrics_of(main(tiny_args(tmp_path, dataset=write(tmp_path, "m.jsonl", rows), steps=1)))[0]
-    # untrained scores are near 0, so the loss is near -log σ(-1) = log(1 + e) = 1.313262, not log 2
-    assert first["loss"] == pytest.approx(1.313262, abs=0.05)
+    ((pairs, chosen, rejected),) = trained
+    margin = torch.tensor([p["margin"] for p in pairs])
+    assert margin.unique().numel() > 1
+    # the logged loss is mean over the batch of -log σ(r_c - r_r - m) of each pair's own m
+    assert first["loss"] == pytest.approx(-torch.nn.functional.logsigmoid(chosen - rejected - margin).mean().item(), abs=2e-6)
+    # untrained scores are near 0, so the margin moves the loss far from log 2 = 0.693147
+    assert abs(first["loss"] - math.log(2)) > 0.3
 
 
 def test_cli_tiny_run_and_bad_input(tmp_path):

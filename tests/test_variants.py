@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import common
+import tasks
+import variants
 from conftest import PAIRS, assert_one_line_error, digit_fraction, metrics_of, run_script
 from variants import (Args, ipo_loss, kto_loss, main, offline_loss, orpo_loss, remax_advantages, rloo_advantages,
                       sequence_logps, simpo_loss)
@@ -85,8 +87,16 @@ ROWS = [
 def test_sequence_logps_are_sums_and_lengths_count_eos(tokenizer, tiny_model):
     logps, lengths = sequence_logps(tiny_model, tokenizer, ["What is 3 + 4?"], ["7", "3 + 4 = 8"], 256)
     assert lengths.tolist() == [2.0, 10.0]  # characters + EOS
+    # By hand, one unpadded row at a time: the model on prompt + completion + EOS, and the sum of
+    # log softmax(logits at t-1)[token t] over the completion tokens and the EOS, never the prompt's.
+    prompt = tokenizer(tasks.format_prompt(tokenizer, "What is 3 + 4?"), add_special_tokens=False).input_ids
+    for text, summed in zip(["7", "3 + 4 = 8"], logps.tolist()):
+        ids = torch.tensor([prompt + tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]])
+        with torch.no_grad():
+            token_logps = torch.log_softmax(tiny_model(input_ids=ids).logits[0, :-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        assert summed == pytest.approx(token_logps[len(prompt) - 1 :].sum().item(), abs=1e-4), text
     one, _ = sequence_logps(tiny_model, tokenizer, ["What is 3 + 4?"], ["7"], 256)
-    assert logps[0].item() == pytest.approx(one.item(), abs=1e-5)
+    assert logps[0].item() == pytest.approx(one.item(), abs=1e-5)  # the padding of a longer neighbour changes nothing
 
 
 def test_ipo_uses_summed_log_probs_and_simpo_orpo_the_length_normalised_ones(tokenizer):
@@ -110,9 +120,81 @@ def test_ipo_uses_summed_log_probs_and_simpo_orpo_the_length_normalised_ones(tok
             assert loss.item() == pytest.approx(expected.mean().item(), rel=1e-5), algo
 
 
+def test_kto_reference_point_pairs_each_prompt_with_the_next_pairs_completions(tokenizer):
+    # ref is the perturbed model here, so that the KL estimates come out positive and z0 is not clamped
+    # to 0 whichever pairs it is taken from: only then can the test tell mismatched pairs from matched ones.
+    policy = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
+    ref = copy.deepcopy(policy)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    texts = [t for r in ROWS for t in (r["chosen"], r["rejected"])]
+    prompts = [r["prompt"] for r in ROWS]
+    shifted = texts[2:] + texts[:2]  # prompt 0 with pair 1's chosen and rejected, prompt 1 with pair 0's
+    with torch.no_grad():
+        logps, _ = sequence_logps(policy, tokenizer, prompts, texts, 256)
+        ref_logps, _ = sequence_logps(ref, tokenizer, prompts, texts, 256)
+        kl_logps, _ = sequence_logps(policy, tokenizer, prompts, shifted, 256)
+        ref_kl_logps, _ = sequence_logps(ref, tokenizer, prompts, shifted, 256)
+        expected, _, z0 = kto_loss(logps, ref_logps, torch.tensor([True, False, True, False]), kl_logps, ref_kl_logps, 0.1)
+        matched_z0 = (logps - ref_logps).mean().item()
+        assert z0.item() > 0 and matched_z0 > 0 and abs(z0.item() - matched_z0) > 0.05  # the two are told apart
+        loss, metrics = offline_loss(Args(algo="kto"), 0.1, policy, ref, tokenizer, ROWS)
+    assert metrics["kl"] == pytest.approx(z0.item(), rel=1e-5)
+    assert loss.item() == pytest.approx(expected.mean().item(), rel=1e-5)
+
+
 def test_simpo_and_orpo_load_no_reference_model(tmp_path):
     for algo in ("simpo", "orpo", "ipo"):
-        assert main(tiny_args(tmp_path, algo, steps=1))["models_in_memory"] == (1 if algo != "ipo" else 2)
+        result = main(tiny_args(tmp_path, algo, steps=1))
+        assert result["models_in_memory"] == (1 if algo != "ipo" else 2)
+        assert "kl" not in metrics_of(result)[0], algo  # none of the three measures a KL, so none is logged (not a 0.0)
+
+
+# ---- the online loop ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ["rloo", "remax"])
+def test_online_baseline_cancels_a_constant_reward_in_the_loop(tmp_path, algo):
+    # Step 1: the policy is the reference, so KL = 0 and every reward is 1 - β·0 = 1. RLOO's baseline (the
+    # mean of the other k-1 samples) and ReMax's (the greedy completion's score) are 1 too: A = 1 - 1 = 0,
+    # so the loss -A·log π(y|x) is 0. Without a baseline A would be 1.
+    (row,) = metrics_of(main(tiny_args(tmp_path, algo, steps=1), reward_fn=lambda completion, answer: 1.0))
+    assert row["kl"] == 0.0 and row["reward"] == 1.0 and row["rlhf_reward"] == 1.0
+    assert row["advantage_abs"] == 0.0 and row["loss"] == 0.0
+
+
+@pytest.mark.parametrize("algo", ["rloo", "remax"])
+def test_online_kl_is_subtracted_from_the_reward_the_baseline_sees(tmp_path, algo, monkeypatch):
+    seen = []  # the mean reward each step hands to rloo_advantages / remax_advantages
+    for name in ("rloo_advantages", "remax_advantages"):
+        real = getattr(variants, name)
+        monkeypatch.setattr(variants, name, lambda rewards, *rest, real=real: seen.append(rewards.mean().item()) or real(rewards, *rest))
+    # β = 1 so that the KL term shows in the logged decimals; step 2 comes after one update, so its KL is not 0
+    rows = metrics_of(main(tiny_args(tmp_path, algo, beta=1.0, lr=1e-2, temperature=1.0), reward_fn=digit_fraction))
+    assert abs(rows[1]["kl"]) > 1e-3
+    # a penalty: mean(score - 1·KL) = mean score - mean KL; a bonus would give mean score + mean KL
+    assert rows[1]["rlhf_reward"] == pytest.approx(rows[1]["reward"] - rows[1]["kl"], abs=1e-5)
+    assert seen[1] == pytest.approx(rows[1]["reward"] - rows[1]["kl"], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "algo, first_bad_call, step",
+    [
+        ("rloo", 0, 1),
+        ("remax", 0, 1),
+        ("remax", 4, 1),  # calls 0-3 score the 4 samples, 4-7 the greedy completions: only the baseline is NaN
+        ("rloo", 16, 2),  # 4 prompts × 4 samples are scored per step: the 17th call is step 2's first
+    ],
+)
+def test_a_non_finite_reward_is_reported_as_the_reward_functions_fault(tmp_path, algo, first_bad_call, step):
+    calls = iter(range(10**6))
+
+    def reward_fn(completion, answer):
+        return float("nan") if next(calls) >= first_bad_call else 0.0
+
+    with pytest.raises(common.InputError, match=rf"reward became nan at step {step}: the reward function returned a non-finite score") as error:
+        main(tiny_args(tmp_path, algo), reward_fn=reward_fn)
+    assert "--lr" not in str(error.value)  # the loss's message would blame the learning rate
 
 
 # ---- learning ---------------------------------------------------------------------------------------------------------
@@ -163,3 +245,4 @@ def test_cli_needs_an_algo_and_reports_bad_input_in_one_line(tmp_path):
     help_text = run_script("variants.py", "--help").stdout
     for flag in ("--algo", "--beta", "--simpo-gamma", "--desirable-weight", "--undesirable-weight", "--group-size"):
         assert flag in help_text, flag
+    assert "--top-p" not in help_text  # the online loop scores with full-softmax log-probs, so it must sample from them
