@@ -42,13 +42,22 @@ class InputError(Exception):
     """Bad input from the user: reported as one line, before any work is lost."""
 
 
+_RUN_DIR: Optional[Path] = None  # the current run's folder, for the one line printed on Ctrl-C
+
+
 def run_cli(main: Callable, args) -> dict:
-    """Run `main(args)`; an InputError becomes one clear line on stderr and exit status 2."""
+    """Run `main(args)`; an InputError becomes one clear line on stderr and exit status 2, and Ctrl-C
+    abandons the current step and names the folder to --resume from (exit status 130)."""
     try:
         return main(args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
+    except KeyboardInterrupt:
+        saved = _RUN_DIR is not None and (_RUN_DIR / "model" / "trainer_state.pt").exists()
+        where = f"continue with --resume {_RUN_DIR}" if saved else "no checkpoint was saved yet; nothing to resume"
+        print(f"interrupted: the current step was abandoned; {where}", file=sys.stderr)
+        raise SystemExit(130)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,22 +268,25 @@ def load_tokenizer(name: str) -> transformers.PreTrainedTokenizerBase:
 
 
 def load_model(name: str, vocab_size: int, device: torch.device, precision: str = "fp32", seed: int = 0, head: str = "lm"):
-    """Load a causal LM (head="lm") or a reward model (head="score": the same backbone with a scalar
-    head, new if the checkpoint has none), with dropout off (dropout makes old and new log-probs
+    """Load a causal LM (head="lm"), or a reward model (head="score": the same backbone with a scalar
+    head, new if the checkpoint has none; head="trained-score" refuses a checkpoint without a trained
+    one, since a random head would score noise), with dropout off (dropout makes old and new log-probs
     disagree at ratio 1, and a reward model score the same text differently). Weights are float32
     unless precision is bf16-true; a bf16-mixed model is marked so that `autocast(model)` applies."""
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
     if name in ("tiny", "tiny-gpt2"):
         torch.manual_seed(seed)
-        model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama", head)
+        model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama", "lm" if head == "lm" else "score")
     else:
         path = str(smollm2_checkpoint()) if name == "smollm2" else name
         if head == "lm":
             model = _from_pretrained(transformers.AutoModelForCausalLM, path, dtype=dtype)
         else:
             torch.manual_seed(seed)  # the new head's initialisation
-            model = _from_pretrained(transformers.AutoModelForSequenceClassification, path, dtype=dtype, num_labels=1)
-    disable_dropout(model)
+            model, info = _from_pretrained(transformers.AutoModelForSequenceClassification, path, dtype=dtype, num_labels=1, output_loading_info=True)
+            if head == "trained-score" and any(key.startswith("score.") for key in info["missing_keys"]):
+                raise InputError(f"{name} has no trained score head (is it a language model, not a reward_model.py checkpoint?); "
+                                 "train one with `python reward_model.py`")
     model.bf16_mixed = precision == "bf16-mixed"
     return model.to(device=device, dtype=dtype)
 
@@ -425,6 +437,14 @@ def _entropy(logits: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # Sampling
 # ---------------------------------------------------------------------------------------------
+def check_fits(model, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse a prompt + completion longer than the model's positions (Llama would run past them silently, GPT-2 crash)."""
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if limit is not None and prompt_tokens + max_new_tokens > limit:
+        raise InputError(f"a prompt of {prompt_tokens} tokens plus --max-new-tokens {max_new_tokens} exceeds the model's "
+                         f"{limit} positions; lower --max-new-tokens to at most {limit - prompt_tokens}")
+
+
 @torch.no_grad()
 def sample_completions(
     model,
@@ -446,6 +466,7 @@ def sample_completions(
     when every row has finished.
     """
     _check_left_padded(prompt_mask)
+    check_fits(model, prompt_ids.shape[1], max_new_tokens)
     with autocast(model):
         return _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, generator)
 
@@ -493,6 +514,13 @@ def _sample_token(logits: torch.Tensor, temperature: float, top_p: float, genera
 # Runs: folder, metrics, memory, checkpoints
 # ---------------------------------------------------------------------------------------------
 def make_run_dir(output_dir: str, algo: str, model: str, seed: int, args) -> Path:
+    """A new folder runs/<algo>-<model>-<seed>-<time>/ with args.json; with args.resume, that run's folder."""
+    global _RUN_DIR
+    if getattr(args, "resume", None):
+        _RUN_DIR = Path(args.resume)
+        for stale in (_RUN_DIR / "model.tmp", _RUN_DIR / "model.old"):  # left by a save that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+        return _RUN_DIR
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path(output_dir) / f"{algo}-{Path(model).name}-{seed}-{stamp}"
     run_dir, n = base, 1
@@ -500,15 +528,48 @@ def make_run_dir(output_dir: str, algo: str, model: str, seed: int, args) -> Pat
         run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
     run_dir.mkdir(parents=True)
     (run_dir / "args.json").write_text(json.dumps(asdict(args), indent=2) + "\n")
+    _RUN_DIR = run_dir
     return run_dir
 
 
-class MetricsLog:
-    """Appends one JSON line per step to metrics.jsonl and keeps the last values for the progress bar."""
+def load_trainer_state(resume: str, steps: int) -> dict:
+    """The state saved with a run's last checkpoint (see save_checkpoint), checked before any model loads."""
+    path = Path(resume) / "model" / "trainer_state.pt"
+    if not path.is_file():
+        raise InputError(f"--resume {resume}: no checkpoint there (expected {path}); it is written at each --save-every step")
+    state = torch.load(path, weights_only=True)
+    if state["step"] >= steps:
+        raise InputError(f"--resume {resume}: the run is already at step {state['step']}; pass a larger --steps to extend it")
+    return state
 
-    def __init__(self, path: Path):
+
+def rng_state(generator: Optional[torch.Generator] = None) -> dict:
+    """Every random state a step draws from: python, numpy, torch (and CUDA), the sampling generator."""
+    return {"python": random.getstate(), "numpy": [torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in np.random.get_state()],
+            "torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "generator": generator.get_state() if generator is not None else None}
+
+
+def set_rng_state(state: dict, generator: Optional[torch.Generator] = None) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if generator is not None:
+        generator.set_state(state["generator"])
+
+
+class MetricsLog:
+    """Appends one JSON line per step to metrics.jsonl. Resuming from step k drops the lines after k
+    (steps the interrupted run logged but never checkpointed), so no step is logged twice."""
+
+    def __init__(self, path: Path, resume_step: int = 0):
         self.path = path
         self.start = time.time()
+        if resume_step and path.exists():
+            rows = [line for line in path.read_text().splitlines(True) if json.loads(line)["step"] <= resume_step]
+            path.write_text("".join(rows))
 
     def write(self, step: int, metrics: dict) -> None:
         row = {"step": step, "time/elapsed": round(time.time() - self.start, 2)}
@@ -517,8 +578,8 @@ class MetricsLog:
             f.write(json.dumps(row) + "\n")
 
 
-def progress(steps: int, desc: str):
-    return tqdm(total=steps, desc=desc, dynamic_ncols=True, file=sys.stderr)
+def progress(steps: int, desc: str, initial: int = 0):
+    return tqdm(total=steps, desc=desc, initial=initial, dynamic_ncols=True, file=sys.stderr)
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -528,20 +589,30 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def check_finite(loss: torch.Tensor, step: int, last_good: Optional[int], run_dir: Path) -> None:
-    """Stop before a NaN or infinite loss reaches the weights, naming the last good checkpoint."""
-    if not torch.isfinite(loss):
+def check_finite(value: torch.Tensor, step: int, last_good: Optional[int], run_dir: Path, what: str = "loss") -> None:
+    """Stop before a NaN or infinite loss (or gradient norm: a finite loss can still have one) reaches
+    the weights, naming the last good checkpoint. Call it before optimizer.step()."""
+    if not torch.isfinite(value):
         where = f"the last good checkpoint (step {last_good}) is in {run_dir / 'model'}" if last_good else "no checkpoint was saved"
-        raise InputError(f"loss became {loss.item()} at step {step}; stopped without saving it; {where}. Try a lower --lr")
+        raise InputError(f"{what} became {value.item()} at step {step}; stopped without saving it; {where}. Try a lower --lr")
 
 
-def save_checkpoint(model, tokenizer, path: Path) -> None:
-    """Write to a temporary folder, then swap it in: an interrupted save never replaces a good one."""
+def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, others: Optional[dict] = None) -> None:
+    """`model` as a save_pretrained folder (any `others`, e.g. a critic, in subfolders) and, for --resume,
+    trainer_state.pt (optimizers, schedulers, RNG states, step, data position, evaluations). Written to
+    a temporary folder, then swapped in: an interrupted save never replaces a good one, and non-finite
+    weights are never written."""
+    models = {"": model, **(others or {})}
+    if not all(torch.isfinite(p).all() for m in models.values() for p in m.parameters()):
+        raise InputError(f"refusing to save non-finite weights to {path}; the previous checkpoint there is kept")
     tmp = path.with_name(path.name + ".tmp")
     old = path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    for name, m in models.items():
+        m.save_pretrained(tmp / name)
     tokenizer.save_pretrained(tmp)
+    if state is not None:
+        torch.save(state, tmp / "trainer_state.pt")
     if path.exists():
         path.rename(old)
     tmp.rename(path)

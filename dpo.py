@@ -83,6 +83,10 @@ class Args:
     """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out arithmetic problems for greedy accuracy"""
+    save_every: Optional[int] = None
+    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps; default: at each evaluation"""
+    resume: Optional[str] = None
+    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
 
     # --- algorithm ---
     steps: int = 60
@@ -214,27 +218,34 @@ def main(args: Args) -> dict:
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
+    resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     tokenizer = common.load_tokenizer(args.model)
     train_pairs, heldout_pairs, _ = tasks.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
                                                                  args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision)
     heldout_problems = tasks.heldout_problems(args.eval_size)
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
-    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
+    common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
+    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run only appends batches
     run_dir = common.make_run_dir(args.output_dir, "dpo", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl")
+    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0)
+    save_every = args.save_every or args.eval_every
     print(f"run folder: {run_dir}")
 
-    # ---- 1. the reference: log π_ref once for every pair used, or a frozen copy -----------------
-    # Before any update the policy *is* the reference, so precomputing needs no second model.
-    heldout_ref = score_pairs(policy, tokenizer, heldout_pairs, args.batch_size, args.max_completion_tokens, "reference log-probs (held-out)")
+    # ---- 1. the reference: log π_ref once for every pair, or a frozen copy -----------------------
+    # Before any update the policy *is* the reference, so precomputing needs no second model. A resumed
+    # run reads them from its checkpoint: its policy is no longer the reference.
     ref_model, train_ref = None, None
-    if args.precompute_ref_logprobs:
-        used = sorted({i for batch in batches for i in batch})
-        scored = score_pairs(policy, tokenizer, [train_pairs[i] for i in used], args.batch_size, args.max_completion_tokens, "reference log-probs (train)")
-        train_ref = torch.zeros(len(train_pairs), 2, device=device)
-        train_ref[used] = scored
+    if resumed:
+        heldout_ref, train_ref = resumed["heldout_ref"].to(device), resumed["train_ref"]
+        train_ref = train_ref.to(device) if train_ref is not None else None
     else:
-        ref_model = common.frozen_copy(policy)
+        heldout_ref = score_pairs(policy, tokenizer, heldout_pairs, args.batch_size, args.max_completion_tokens, "reference log-probs (held-out)")
+        if args.precompute_ref_logprobs:
+            train_ref = score_pairs(policy, tokenizer, train_pairs, args.batch_size, args.max_completion_tokens, "reference log-probs (train)")
+    if not args.precompute_ref_logprobs:
+        ref_model = common.frozen_copy(policy)  # the starting model, also when resuming
+    if resumed:
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision)
 
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
@@ -252,11 +263,22 @@ def main(args: Args) -> dict:
                    f"held-out pairs: loss {result['pairs']['eval/loss']:.4f}, reward accuracy {result['pairs']['eval/rewards/accuracies']:.3f}")
         return result
 
-    before = evaluate(0)
-    evals = [{"step": 0, "accuracy": before["accuracy"], **before["pairs"]}]
-    last_good = None
-    bar = common.progress(args.steps, "dpo")
-    for step, batch in enumerate(batches, 1):
+    def checkpoint(step: int) -> None:
+        """Everything an exact --resume needs; the data position is the step (batches[step:] come next)."""
+        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": common.rng_state(),
+                 "evals": evals, "before": before, "heldout_ref": heldout_ref, "train_ref": train_ref}
+        common.save_checkpoint(policy, tokenizer, run_dir / "model", state)
+
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+        common.set_rng_state(resumed["rng"])
+        before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
+    else:
+        before = evaluate(0)
+        evals, last_good, start = [{"step": 0, "accuracy": before["accuracy"], **before["pairs"]}], None, 1
+    bar = common.progress(args.steps, "dpo", initial=start - 1)
+    for step, batch in enumerate(batches[start - 1 :], start):
         t0 = time.time()
         pairs = [train_pairs[i] for i in batch]
 
@@ -278,6 +300,7 @@ def main(args: Args) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+        common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
         optimizer.step()
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
@@ -300,15 +323,13 @@ def main(args: Args) -> dict:
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             result = evaluate(step)
             evals.append({"step": step, "accuracy": result["accuracy"], **result["pairs"]})
-            if args.save_model:
-                common.save_checkpoint(policy, tokenizer, run_dir / "model")
-                last_good = step
+        if args.save_model and save_every and step % save_every == 0 and step < args.steps:
+            checkpoint(step)
+            last_good = step
     bar.close()
 
     after = evaluate(args.steps)
     evals.append({"step": args.steps, "accuracy": after["accuracy"], **after["pairs"]})
-    if args.save_model:
-        common.save_checkpoint(policy, tokenizer, run_dir / "model")
     result = {
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
@@ -324,6 +345,8 @@ def main(args: Args) -> dict:
         "run_dir": str(run_dir),
     }
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
+        checkpoint(args.steps)
     print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; run folder {run_dir}")
     return result
 

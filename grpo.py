@@ -74,6 +74,10 @@ class Args:
     """evaluate held-out accuracy and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out problems (greedy decoding, verifier reward)"""
+    save_every: Optional[int] = None
+    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps; default: at each evaluation"""
+    resume: Optional[str] = None
+    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
 
     # --- algorithm ---
     steps: int = 100
@@ -293,20 +297,25 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
+    resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
     tokenizer = common.load_tokenizer(args.model)
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
+    common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     ref_model = None
     if args.beta != 0.0:
-        ref_model = common.frozen_copy(policy)
+        ref_model = common.frozen_copy(policy)  # the starting model, also when resuming
+    if resumed:
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
     run_dir = common.make_run_dir(args.output_dir, "grpo", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl")
+    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     G = args.group_size
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    save_every = args.save_every or args.eval_every
     print(f"run folder: {run_dir}")
 
     def evaluate(step: int) -> dict:
@@ -315,11 +324,24 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
         return result
 
-    before = evaluate(0)
-    evals = [{"step": 0, "accuracy": before["accuracy"]}]
-    last_good = None
-    bar = common.progress(args.steps, "grpo")
-    for step in range(1, args.steps + 1):
+    def checkpoint(step: int) -> None:
+        """Everything an exact --resume needs; the data position is the step (step × P problems drawn)."""
+        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                 "rng": common.rng_state(generator), "evals": evals, "before": before}
+        common.save_checkpoint(policy, tokenizer, run_dir / "model", state)
+
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+        common.set_rng_state(resumed["rng"], generator)
+        for _ in range(resumed["step"] * args.prompts_per_step):
+            next(train_stream)
+        before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
+    else:
+        before = evaluate(0)
+        evals, last_good, start = [{"step": 0, "accuracy": before["accuracy"]}], None, 1
+    bar = common.progress(args.steps, "grpo", initial=start - 1)
+    for step in range(start, args.steps + 1):
         # ---- 1. sample G completions per prompt from the current policy -------------------------
         t0 = time.time()
         problems = [next(train_stream) for _ in range(args.prompts_per_step)]
@@ -408,6 +430,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                     sums[k] = sums.get(k, 0.0) + v * token_share
                 sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+            common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
             optimizer.step()
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
@@ -436,15 +459,13 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         # ---- 7. evaluate and checkpoint -----------------------------------------------------------
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             evals.append({"step": step, "accuracy": evaluate(step)["accuracy"]})
-            if args.save_model:
-                common.save_checkpoint(policy, tokenizer, run_dir / "model")
-                last_good = step
+        if args.save_model and save_every and step % save_every == 0 and step < args.steps:
+            checkpoint(step)
+            last_good = step
     bar.close()
 
     after = evaluate(args.steps)
     evals.append({"step": args.steps, "accuracy": after["accuracy"]})
-    if args.save_model:
-        common.save_checkpoint(policy, tokenizer, run_dir / "model")
     result = {
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
@@ -457,6 +478,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         "run_dir": str(run_dir),
     }
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
+        checkpoint(args.steps)
     print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; run folder {run_dir}")
     return result
 

@@ -312,12 +312,16 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
 
     # ---- the four models ----------------------------------------------------------------------
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
+    common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     ref_model = common.frozen_copy(policy)
     reward_model = None
     if args.reward_model is not None:
-        reward_model = common.load_model(args.reward_model, len(tokenizer), device, precision, args.seed, head="score").eval().requires_grad_(False)
-        if reward_model.get_input_embeddings().num_embeddings < len(tokenizer):
-            raise InputError(f"--reward-model {args.reward_model} has a smaller vocabulary than --model {args.model}; train it on the same model")
+        reward_model = common.load_model(args.reward_model, len(tokenizer), device, precision, args.seed, head="trained-score").eval().requires_grad_(False)
+        # The reward model reads the policy's token ids, so it must share the tokenizer (re-tokenising text
+        # would work, but would score a different sequence than the one the policy is updated on).
+        if common.load_tokenizer(args.reward_model).get_vocab() != tokenizer.get_vocab():
+            raise InputError(f"--reward-model {args.reward_model} was trained with a different tokenizer than --model {args.model}; "
+                             "train the reward model from the same base model")
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
     critic_source = args.reward_model if critic_init == "reward-model" else args.model
     critic = common.load_model(critic_source, len(tokenizer), device, precision, args.seed, head="score")
@@ -435,8 +439,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 policy_optimizer.zero_grad(set_to_none=True)
                 critic_optimizer.zero_grad(set_to_none=True)
                 (policy_loss + args.vf_coef * vf_loss).backward()  # the two models share no parameters
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
-                torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm)
+                common.check_finite(torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm), step, last_good, run_dir, "policy gradient norm")
+                common.check_finite(torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm), step, last_good, run_dir, "critic gradient norm")
                 policy_optimizer.step()
                 critic_optimizer.step()
                 step_metrics.append({**m, "pg_loss": pg_loss.item(), "policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "value_clip_ratio": vf_clip,
@@ -492,8 +496,6 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
 
     after = evaluate(args.steps)
     evals.append({"step": args.steps, "accuracy": after["accuracy"], "score": after["score"]})
-    if args.save_model:
-        common.save_checkpoint(policy, tokenizer, run_dir / "model")
     result = {
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
@@ -509,6 +511,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         "run_dir": str(run_dir),
     }
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
+        common.save_checkpoint(policy, tokenizer, run_dir / "model")
     print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; reward {before['score']:.3f} -> {after['score']:.3f}; run folder {run_dir}")
     return result
 

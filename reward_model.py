@@ -265,6 +265,7 @@ def main(args: Args) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
         optimizer.step()
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
@@ -298,8 +299,6 @@ def main(args: Args) -> dict:
 
     after = report(args.steps)
     evals.append({"step": args.steps, **after})
-    if args.save_model:
-        common.save_checkpoint(model, tokenizer, run_dir / "model")
     result = {
         "pair_accuracy_before": before["eval/accuracy"],
         "pair_accuracy_after": after["eval/accuracy"],
@@ -313,6 +312,8 @@ def main(args: Args) -> dict:
         "run_dir": str(run_dir),
     }
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
+        common.save_checkpoint(model, tokenizer, run_dir / "model")
     print(f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}; run folder {run_dir}")
     return result
 

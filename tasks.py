@@ -110,6 +110,11 @@ def tokenize_prompts(tokenizer, prompts: list[str], device) -> tuple[torch.Tenso
     return enc.input_ids.to(device), enc.attention_mask.to(device)
 
 
+def longest_prompt(tokenizer, problems: list[Problem]) -> int:
+    """Tokens in the longest formatted prompt of `problems`."""
+    return max(len(tokenizer(format_prompt(tokenizer, p.prompt), add_special_tokens=False).input_ids) for p in problems)
+
+
 def decode_completions(tokenizer, completion_ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
     return [tokenizer.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(completion_ids, mask)]
 

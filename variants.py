@@ -301,6 +301,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     else:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
+    common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     ref_model = None  # SimPO and ORPO are reference-free: no second model is loaded
     if args.algo in ("ipo", "kto", "rloo", "remax"):
         ref_model = common.frozen_copy(policy)
@@ -369,6 +370,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+        common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
         optimizer.step()
         stats.update({"grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0], "time/step": time.time() - t0,
                       "memory/peak_gb": common.peak_memory_gb(device)})
@@ -386,8 +388,6 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
 
     after = evaluate(args.steps)
     evals.append({"step": args.steps, "accuracy": after["accuracy"]})
-    if args.save_model:
-        common.save_checkpoint(policy, tokenizer, run_dir / "model")
     result = {
         "algo": args.algo,
         "accuracy_before": before["accuracy"],
@@ -402,6 +402,8 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         "run_dir": str(run_dir),
     }
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
+        common.save_checkpoint(policy, tokenizer, run_dir / "model")
     print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; run folder {run_dir}")
     return result
 

@@ -82,3 +82,23 @@ def digits_are_correct(monkeypatch, preference_cache):
     solves a sum, so the verifier alone would give it no pairs."""
     real = tasks.label_samples
     monkeypatch.setattr(tasks, "label_samples", lambda *a, **k: real(*a, **k, label_fn=lambda text, answer: float(any(ch.isdigit() for ch in text))))
+
+
+TIMING = ("time/", "tokens_per_second", "memory/")
+
+
+def assert_resume_is_exact(tmp_path, main, make_args, steps: int = 4, **main_kwargs) -> None:
+    """N steps straight, and N/2 steps then --resume to N: the same metrics (all non-timing values),
+    each step logged once, and bit-identical final weights (CPU)."""
+    from safetensors.torch import load_file
+
+    straight = main(make_args(tmp_path / "straight", steps=steps), **main_kwargs)
+    half = main(make_args(tmp_path / "split", steps=steps // 2), **main_kwargs)
+    resumed = main(make_args(tmp_path / "split", steps=steps, resume=half["run_dir"]), **main_kwargs)
+    assert resumed["run_dir"] == half["run_dir"]
+    rows = [[{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in metrics_of(r)] for r in (straight, resumed)]
+    assert [row["step"] for row in rows[1]] == list(range(1, steps + 1))
+    assert rows[0] == rows[1]
+    weights = [load_file(os.path.join(r["run_dir"], "model", "model.safetensors")) for r in (straight, resumed)]
+    assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert straight["accuracy_after"] == resumed["accuracy_after"] and straight["evals"] == resumed["evals"]

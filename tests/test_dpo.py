@@ -10,7 +10,7 @@ import transformers
 
 import common
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
 from dpo import Args, concatenated_logps, dpo_loss, main
 
 
@@ -157,6 +157,11 @@ def test_default_data_is_the_models_own_samples_built_once(tmp_path, preference_
 def test_no_pairs_is_one_clear_error(tmp_path, preference_cache):
     with pytest.raises(common.InputError, match="no train preference pairs: the tiny samples .* are all correct or all wrong"):
         main(tiny_args(tmp_path, dataset=None, num_prompts=8, samples_per_prompt=2))
+
+
+@pytest.mark.parametrize("precompute", [True, False])
+def test_resume_continues_exactly(tmp_path, precompute):
+    assert_resume_is_exact(tmp_path, main, lambda out, **kw: tiny_args(out, eval_every=2, precompute_ref_logprobs=precompute, **kw))
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):

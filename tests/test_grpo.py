@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import common
-from conftest import HAS_EMBEDDED_MODEL, digit_fraction, assert_one_line_error, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script, write
 from grpo import Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty
 
 
@@ -323,6 +323,19 @@ def test_run_folder_is_complete(tmp_path):
              "time/generate", "time/train", "tokens_per_second", "memory/peak_gb"}
     assert all(names <= set(row) for row in metrics_of(result))
     assert os.path.exists(os.path.join(run_dir, "model", "model.safetensors"))
+
+
+# ---- resume -------------------------------------------------------------------------------------------------------
+def test_resume_continues_exactly(tmp_path):
+    assert_resume_is_exact(tmp_path, main, lambda out, **kw: tiny_args(out, beta=0.1, eval_every=2, **kw), reward_fn=digit_fraction)
+
+
+def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path):
+    with pytest.raises(common.InputError, match="no checkpoint there"):
+        main(tiny_args(tmp_path, resume=str(tmp_path)))
+    done = main(tiny_args(tmp_path, steps=2), reward_fn=digit_fraction)
+    with pytest.raises(common.InputError, match="already at step 2; pass a larger --steps"):
+        main(tiny_args(tmp_path, steps=2, resume=done["run_dir"]))
 
 
 # ---- bad input ----------------------------------------------------------------------------------------------------

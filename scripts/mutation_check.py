@@ -1,0 +1,435 @@
+"""Mutation check: does the test suite catch the bugs it claims to guard against?
+
+Each mutation below is one plausible bug a reader could make in the loss, advantage or loop code
+(a flipped sign, a dropped clip branch, the sample std for the population std, the temperature
+left out when log-probs are recomputed, ...). The conventions the algorithm files list as "pinned
+by a test" are exactly these bugs. For each mutation the script copies the repository (its .py
+files, tests/ and pytest.ini; no runs/ or caches) into a temporary folder, makes the one textual
+replacement there, and runs the narrowest pytest target that should catch it:
+
+    KILLED    the target failed: the tests caught the bug
+    SURVIVED  the target passed: the tests do not see this bug (a gap, listed at the end)
+    STALE     the original snippet is not in the file exactly once: the code has moved on and the
+              mutation must be updated (never silently skipped)
+    ERROR     the run neither passed nor failed (time-out, or pytest could not run)
+
+The working tree is never touched: the script takes one snapshot of it and works on copies. Before
+any mutation, the targets are run on the unmutated snapshot (one pytest per test file); if a test
+fails there, the check reports it and stops (exit status 1), since a kill would mean nothing.
+Otherwise the exit status is 0 whatever the kill rate: this is a report.
+
+Run (from the repository root; standard library and pytest only):
+    python scripts/mutation_check.py                  # all mutations, one at a time (~10-15 min on 2 cores)
+    python scripts/mutation_check.py --list           # the mutations and whether each snippet is found
+    python scripts/mutation_check.py --only ppo.py    # those whose "file: description" contains the text
+    python scripts/mutation_check.py --only GAE --only KTO --jobs 2
+
+Tests marked `embedded` (the real SmolLM2) are never run here: they check that a step runs, not a formula.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Mutation(NamedTuple):
+    file: str  # path relative to the repository root
+    original: str  # must occur exactly once in the file
+    mutated: str
+    description: str
+    target: str  # "tests/test_x.py" or "tests/test_x.py -k EXPR": the narrowest tests that should fail
+
+
+GRPO, PPO, DPO, RM = "tests/test_grpo.py", "tests/test_ppo.py", "tests/test_dpo.py", "tests/test_reward_model.py"
+COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/test_variants.py"
+
+MUTATIONS = [
+    # ---- grpo.py: advantages, KL, the clipped loss, aggregation, the loop ---------------------------------
+    Mutation("grpo.py", "grouped.std(dim=1, unbiased=False, keepdim=True)", "grouped.std(dim=1, keepdim=True)",
+             "sample std (G-1) instead of population std in Â", f"{GRPO} -k group_advantages"),
+    Mutation("grpo.py", "centered = grouped - grouped.mean(dim=1, keepdim=True)", "centered = grouped.mean(dim=1, keepdim=True) - grouped",
+             "advantage sign flipped (mean - r)", f"{GRPO} -k group_advantages"),
+    Mutation("grpo.py", "all_equal = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)",
+             "all_equal = grouped.std(dim=1, keepdim=True) == 0",
+             "all-equal group detected by std == 0 (float32 std of equal rewards is not 0)", f"{GRPO} -k all_equal"),
+    Mutation("grpo.py", "return torch.exp(log_ratio) - log_ratio - 1.0", "return torch.exp(-log_ratio) + log_ratio - 1.0",
+             "k3 with the ratio inverted (π/π_ref instead of π_ref/π)", f"{GRPO} -k kl_estimator"),
+    Mutation("grpo.py", "per_token = torch.max(pg_loss1, pg_loss2)", "per_token = torch.min(pg_loss1, pg_loss2)",
+             "clipped surrogate: min instead of max of the negated terms (optimistic bound)", f"{GRPO} -k 'clip_branches or ragged_mask'"),
+    Mutation("grpo.py", "torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)", "torch.clamp(ratio, max=1.0 + eps_high)",
+             "lower clip branch dropped (ρ never clipped at 1 - ε_low)", f"{GRPO} -k clip_branches"),
+    Mutation("grpo.py", "per_token = per_token + beta * kl", "per_token = per_token",
+             "KL term dropped from the loss", f"{GRPO} -k beta_adds"),
+    Mutation("grpo.py", "loss = masked_sum(per_token, mask) / (mask.shape[0] * max_completion_length)",
+             "loss = masked_sum(per_token, mask) / (mask.shape[0] * mask.shape[1])",
+             "Dr. GRPO normaliser uses the padded width, not max_completion_length", f"{GRPO} -k ragged_mask"),
+    Mutation("grpo.py", "return micro_mask.sum().item() / batch_mask.sum().item()", "return micro_mask.shape[0] / batch_mask.shape[0]",
+             "token-mean micro-batch weighted by its share of rows, not of tokens", f"{GRPO} -k weighted_micro_batches"),
+    Mutation("grpo.py", "(loss * weight).backward()", "loss.backward()",
+             "micro-batch loss not weighted before accumulation", f"{GRPO} -k '8_equals_8_of_1 and sum-norm'"),
+    Mutation("grpo.py", "old_logprobs[s] if old_logprobs is not None else logprobs.detach(),",
+             "old_logprobs[s] if old_logprobs is not None else logprobs,",
+             "μ = 1: old log-probs not detached (ratio ≡ 1, no policy gradient)", f"{GRPO} -k dense_reward"),
+    Mutation("grpo.py", "rewards = scores + overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty)",
+             "rewards = scores", "overlong penalty never added to the reward in the loop", f"{GRPO} -k overlong"),
+    Mutation("grpo.py", "completion_ids[rows], repeats, args.temperature, with_entropy", "completion_ids[rows], repeats, 1.0, with_entropy",
+             "log-probs recomputed at temperature 1, not the sampling temperature", f"{GRPO} -k sampling_temperature"),
+    # ---- ppo.py: per-token rewards, GAE, both losses, the KL controller, the loop -------------------------
+    Mutation("ppo.py", "rewards = -kl_coef * kl * mask", "rewards = kl_coef * kl * mask",
+             "KL enters the reward as a bonus, not a penalty", f"{PPO} -k kl_penalized"),
+    Mutation("ppo.py", "last = (mask.sum(1) - 1).clamp(min=0).long()", "last = torch.full_like(mask[:, 0], mask.shape[1] - 1).long()",
+             "score put on the last column (padding), not the last real token", f"{PPO} -k kl_penalized"),
+    Mutation("ppo.py", "advantage = delta + gamma * lam * next_advantage", "advantage = delta + lam * next_advantage",
+             "GAE: γ left out of the γλ decay", f"{PPO} -k gae"),
+    Mutation("ppo.py", "next_value = values[:, t] * m", "next_value = values[:, t]",
+             "GAE: V after the last token read from padding instead of 0", f"{PPO} -k gae"),
+    Mutation("ppo.py", "pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)", "pg_loss2 = -advantages * ratio",
+             "policy loss: clip dropped (plain ratio surrogate)", f"{PPO} -k policy_loss_both_clip"),
+    Mutation("ppo.py", "loss = 0.5 * masked_mean(torch.max(vf_loss1, vf_loss2), mask)", "loss = 0.5 * masked_mean(torch.min(vf_loss1, vf_loss2), mask)",
+             "clipped value loss: min instead of max", f"{PPO} -k value_loss"),
+    Mutation("ppo.py", "clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)",
+             "clipped = torch.clamp(values, -clip_range, clip_range)",
+             "value clipped around 0 instead of around V_old", f"{PPO} -k value_loss"),
+    Mutation("ppo.py", "kl_coef = adaptive_kl_coef(kl_coef, kl_per_completion,", "kl_coef = adaptive_kl_coef(kl_coef, -kl_per_completion,",
+             "adaptive KL controller fed -KL", f"{PPO} -k adaptive_kl"),
+    Mutation("ppo.py", "penalised = scores - args.missing_eos_penalty * (~finished).float()",
+             "penalised = scores + args.missing_eos_penalty * (~finished).float()",
+             "missing-EOS penalty added instead of subtracted", f"{PPO} -k missing_eos"),
+    Mutation("ppo.py", "finished = (completion_ids == eos).any(1)", "finished = mask.sum(1) < args.max_new_tokens",
+             "a completion ending in EOS on the last allowed token counted as truncated", f"{PPO} -k missing_eos"),
+    Mutation("ppo.py", "completion_ids[rows], ones[rows], args.temperature,", "completion_ids[rows], ones[rows], 1.0,",
+             "log-probs recomputed at temperature 1 in the PPO epochs", f"{PPO} -k sampling_temperature"),
+    Mutation("ppo.py", "critic.score(hidden[:, S - 1 : S + T - 1])", "critic.score(hidden[:, S : S + T])",
+             "V(s_t) read after y_t instead of before it (off by one)", f"{PPO} -k value_of_the_first_token"),
+    Mutation("ppo.py", "rewards = masked_whiten(rewards, mask, shift_mean=False) * mask", "rewards = masked_whiten(rewards, mask) * mask",
+             "--whiten-rewards also removes the rewards' mean", f"{PPO} -k whiten_rewards"),
+    Mutation("ppo.py", "policy_loss = pg_loss - args.entropy_coef * entropy_mean", "policy_loss = pg_loss + args.entropy_coef * entropy_mean",
+             "entropy bonus with the wrong sign (a penalty)", f"{PPO} -k entropy_bonus"),
+    # ---- dpo.py ------------------------------------------------------------------------------------------
+    Mutation("dpo.py", "logits = chosen_logratios - rejected_logratios", "logits = rejected_logratios - chosen_logratios",
+             "chosen and rejected swapped in h", f"{DPO} -k 'dpo_loss or beta_scales or pushes_chosen'"),
+    Mutation("dpo.py", "-(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)",
+             "-(1 - label_smoothing) * beta * F.logsigmoid(logits) - label_smoothing * beta * F.logsigmoid(-logits)",
+             "β outside the sigmoid", f"{DPO} -k 'dpo_loss or beta_scales'"),
+    Mutation("dpo.py", "- label_smoothing * F.logsigmoid(-beta * logits)", "+ label_smoothing * F.logsigmoid(-beta * logits)",
+             "label-smoothing (cDPO) term with the wrong sign", f"{DPO} -k label_smoothing"),
+    Mutation("dpo.py", "return logps[:, 0], logps[:, 1], tokens", "return logps[:, 1], logps[:, 0], tokens",
+             "concatenated forward returns rejected as chosen", f"{DPO} -k concatenated_forward"),
+    # ---- reward_model.py ---------------------------------------------------------------------------------
+    Mutation("reward_model.py", "diff = chosen_scores - rejected_scores", "diff = rejected_scores - chosen_scores",
+             "Bradley-Terry with chosen and rejected swapped", f"{RM} -k bradley_terry"),
+    Mutation("reward_model.py", "diff = diff - margin", "diff = diff + margin",
+             "margin added instead of subtracted", f"{RM} -k margin"),
+    # ---- common.py: log-probs, masks, whitening, positions -------------------------------------------------
+    Mutation("common.py", "return (positions <= first_eos[:, None]).long()", "return (positions < first_eos[:, None]).long()",
+             "completion_mask excludes the EOS token", f"{COMMON} -k completion_mask"),
+    Mutation("common.py", "return (attention_mask.cumsum(-1) - 1).clamp(min=0)",
+             "return torch.arange(attention_mask.shape[-1], device=attention_mask.device).expand_as(attention_mask)",
+             "position ids from arange instead of the attention mask", f"{COMMON} -k padding_amount"),
+    Mutation("common.py", "if temperature != 1.0:  # the distribution the tokens were sampled from",
+             "if False:  # the distribution the tokens were sampled from",
+             "completion_logprobs ignores the temperature", f"{COMMON} -k one_token_at_a_time"),
+    Mutation("common.py", "out.append(picked - torch.logsumexp(rows, dim=-1))", "out.append(picked)",
+             "gather_logprobs returns logits, not log-probs", f"{COMMON} -k gather_logprobs"),
+    Mutation("common.py", "return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)",
+             "return masked_sum(x, mask, dim) / (mask.numel() if dim is None else mask.shape[dim])",
+             "masked_mean divides by the padded size", f"{COMMON} -k masked_mean"),
+    Mutation("common.py", "var = masked_mean((x - mean) ** 2, mask)", "var = masked_sum((x - mean) ** 2, mask) / (mask.sum() - 1)",
+             "masked_whiten with the sample variance (N-1)", f"{COMMON} -k masked_whiten"),
+    Mutation("common.py", "last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)", "last = attention_mask.sum(1) - 1",
+             "reward read at index (number of real tokens - 1): wrong with left padding", f"{RM} -k 'score_does_not_depend or appended_eos'"),
+    # ---- tasks.py: the verifier, the data --------------------------------------------------------------------
+    Mutation("tasks.py", 'return float(matches[-1].replace(",", ""))', 'return float(matches[0].replace(",", ""))',
+             "verifier reads the first number, not the last", f"{TASKS} -k verifier"),
+    Mutation("tasks.py", "+ [tokenizer.eos_token_id] * done for t, done in zip(texts, finished)]",
+             "+ [tokenizer.eos_token_id] for t, done in zip(texts, finished)]",
+             "truncated samples get an EOS appended", f"{TASKS} -k truncated"),
+    Mutation("tasks.py", '"chosen": c["completion"], "rejected": r["completion"]', '"chosen": r["completion"], "rejected": c["completion"]',
+             "preference pairs with chosen and rejected swapped", f"{TASKS} -k pair_samples"),
+    Mutation("tasks.py", "return common.masked_sum(logprobs, mask, dim=1), mask.sum(1).float()",
+             "return common.masked_mean(logprobs, mask, dim=1), mask.sum(1).float()",
+             "sequence log-prob is the mean of token log-probs, not the sum", f"{DPO} -k concatenated_forward"),
+    # ---- variants.py: IPO, KTO, SimPO, ORPO, RLOO, ReMax ----------------------------------------------------------
+    Mutation("variants.py", "losses = (h - 1.0 / (2.0 * tau)) ** 2", "losses = (h - 1.0 / tau) ** 2",
+             "IPO target 1/τ instead of 1/(2τ)", f"{VARIANTS} -k ipo_loss"),
+    Mutation("variants.py", "shifted, shifted_finished = texts[2:] + texts[:2], finished[2:] + finished[:2]",
+             "shifted, shifted_finished = texts, finished",
+             "KTO z0 from matched pairs, not mismatched ones", f"{VARIANTS} -k kto_reference_point_pairs"),
+    Mutation("variants.py", "undesirable_weight * (1 - torch.sigmoid(beta * (z0 - r)))", "undesirable_weight * (1 - torch.sigmoid(beta * (r - z0)))",
+             "KTO undesirable term with the desirable sign", f"{VARIANTS} -k kto_loss"),
+    Mutation("variants.py", "losses = -F.logsigmoid(chosen_rewards - rejected_rewards - gamma)",
+             "losses = -F.logsigmoid(chosen_rewards - rejected_rewards + gamma)",
+             "SimPO margin γ added instead of subtracted", f"{VARIANTS} -k simpo_loss"),
+    Mutation("variants.py", "log_odds = (chosen_mean - torch.log(-torch.expm1(chosen_mean))) - (rejected_mean - torch.log(-torch.expm1(rejected_mean)))",
+             "log_odds = (policy_chosen_logps - torch.log(-torch.expm1(policy_chosen_logps))) - (policy_rejected_logps - torch.log(-torch.expm1(policy_rejected_logps)))",
+             "ORPO odds from summed log-probs, not the mean", f"{VARIANTS} -k orpo_loss"),
+    Mutation("variants.py", "baseline = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)", "baseline = grouped.mean(1, keepdim=True)",
+             "RLOO baseline is the plain group mean, not leave-one-out", f"{VARIANTS} -k rloo_leave"),
+    Mutation("variants.py", "advantages = remax_advantages(rewards, greedy_scores)", "advantages = rewards",
+             "ReMax greedy baseline dropped in the loop", f"{VARIANTS} -k baseline_cancels"),
+    Mutation("variants.py", "rewards = scores - beta * kl", "rewards = scores + beta * kl",
+             "RLOO/ReMax KL added to the reward as a bonus", f"{VARIANTS} -k kl_is_subtracted"),
+    Mutation("variants.py", "loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()",
+             "loss = (advantages * masked_sum(logprobs, mask, dim=1)).mean()",
+             "REINFORCE loss with the wrong sign (descends the reward)", f"{VARIANTS} -k rloo_raises"),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Copying the repository, applying a mutation, running pytest
+# ---------------------------------------------------------------------------------------------
+def repo_files() -> list[Path]:
+    """Tracked and untracked (not ignored) .py files, everything under tests/, and pytest.ini; never runs/ or caches."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout
+        names = [n for n in out.split("\0") if n]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: the same selection by walking
+        names = [str(p.relative_to(REPO)) for p in REPO.rglob("*") if p.is_file()]
+    keep = []
+    for name in sorted(set(names)):
+        parts = Path(name).parts
+        if parts[0] in ("runs", ".git") or "__pycache__" in parts or any(p.startswith(".") for p in parts):
+            continue
+        if (name.endswith(".py") or name == "pytest.ini" or parts[0] == "tests") and (REPO / name).is_file():
+            keep.append(Path(name))
+    return keep
+
+
+def snapshot(dest: Path) -> int:
+    """Copy the repository once: every mutation starts from this snapshot, so edits made to the working
+    tree while the check runs cannot mix into it."""
+    names = repo_files()
+    for name in names:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, dest / name)
+    return len(names)
+
+
+def stale_reason(root: Path, m: Mutation):
+    """None if the original snippet occurs exactly once in the file under `root`, else why not."""
+    path = root / m.file
+    if not path.is_file():
+        return f"{m.file} does not exist"
+    count = path.read_text(encoding="utf-8").count(m.original)
+    if count != 1:
+        return f"snippet found {count} times in {m.file}" if count else f"snippet not found in {m.file}"
+    return None
+
+
+RUNNING: set = set()  # the pytest processes started and not yet finished, ended on Ctrl-C
+STOPPING = threading.Event()  # set on Ctrl-C: no new pytest starts
+START_LOCK = threading.Lock()  # a pytest starts entirely before, or entirely after, a Ctrl-C ends them all
+
+
+def run_pytest(root: Path, target: str, timeout: float):
+    """(return code or None on time-out, seconds, output) of `pytest -x -q <target>` run inside `root`."""
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not embedded",
+           f"--basetemp={root / '.pytest_tmp'}", *shlex.split(target)]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    start = time.time()
+    with START_LOCK:
+        if STOPPING.is_set():
+            return None, 0.0, "interrupted"
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)  # its own process group, so a time-out also ends the scripts it starts
+        RUNNING.add(proc)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, time.time() - start, output
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        output, _ = proc.communicate()
+        return None, time.time() - start, output
+    except BaseException:  # Ctrl-C: the run is in its own session, so it must be ended here
+        stop(proc)
+        raise
+    finally:
+        RUNNING.discard(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End one pytest run we started, with the processes it started (its process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def first_failure(output: str) -> str:
+    """The first test named in pytest's short summary (FAILED or ERROR), without the file."""
+    match = re.search(r"^(?:FAILED|ERROR) \S+::(\S+)", output, re.MULTILINE)
+    return match.group(1) if match else ""
+
+
+def split_target(target: str):
+    """'tests/test_x.py -k EXPR' -> ('tests/test_x.py', 'EXPR'); 'tests/test_x.py' -> ('tests/test_x.py', None)."""
+    words = shlex.split(target)
+    if len(words) == 1:
+        return words[0], None
+    if len(words) == 3 and words[1] == "-k":
+        return words[0], words[2]
+    raise ValueError(f"a target is a test file, optionally followed by -k EXPR: {target!r}")
+
+
+def baseline_targets(targets: list[str]) -> dict[str, str]:
+    """One pytest target per test file that selects every test the given targets select."""
+    expressions: dict[str, list] = {}
+    for target in targets:
+        test_file, expression = split_target(target)
+        expressions.setdefault(test_file, []).append(expression)
+    combined = {}
+    for test_file, exprs in sorted(expressions.items()):
+        if None in exprs:  # one target runs the whole file
+            combined[test_file] = test_file
+        else:
+            combined[test_file] = f"{test_file} -k {shlex.quote(' or '.join(f'({e})' for e in sorted(set(exprs))))}"
+    return combined
+
+
+def check_mutation(base: Path, work: Path, index: int, m: Mutation, timeout: float) -> dict:
+    """Copy the snapshot, apply the one replacement, run the target: KILLED, SURVIVED or ERROR."""
+    root = work / f"m{index:02d}"
+    shutil.copytree(base, root, ignore=shutil.ignore_patterns("__pycache__", ".pytest_tmp"))
+    try:
+        path = root / m.file
+        path.write_text(path.read_text(encoding="utf-8").replace(m.original, m.mutated, 1), encoding="utf-8")
+        rc, seconds, output = run_pytest(root, m.target, timeout)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if rc == 1:
+        return {"status": "KILLED", "seconds": seconds, "detail": first_failure(output)}
+    if rc == 0:
+        return {"status": "SURVIVED", "seconds": seconds, "detail": ""}
+    why = f"time-out after {timeout:.0f}s" if rc is None else f"pytest exit status {rc}"
+    return {"status": "ERROR", "seconds": seconds, "detail": why, "output": output}
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------
+def line(index: int, total: int, status: str, m: Mutation, seconds, detail: str = "") -> str:
+    secs = f"{seconds:6.1f}s" if seconds is not None else "      -"
+    tail = f"  [{detail}]" if detail else ""
+    return f"[{index:2d}/{total}] {status:<8} {m.file:<16} {m.description:<78} {secs}{tail}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", default=[], metavar="SUBSTRING",
+                        help="run only mutations whose 'file: description' contains SUBSTRING (case-insensitive; repeatable)")
+    parser.add_argument("--jobs", type=int, default=1, help="mutations run at once (default 1)")
+    parser.add_argument("--list", action="store_true", help="print the mutations and whether each snippet is found, run nothing")
+    args = parser.parse_args()
+
+    numbered = list(enumerate(MUTATIONS, 1))
+    if args.only:
+        wanted = [s.lower() for s in args.only]
+        numbered = [(i, m) for i, m in numbered if any(w in f"{m.file}: {m.description}".lower() for w in wanted)]
+        if not numbered:
+            print(f"no mutation matches {args.only}")
+            return 0
+    total = len(MUTATIONS)
+
+    for m in MUTATIONS:
+        split_target(m.target)  # a malformed target fails here, before any work
+
+    if args.list:
+        for i, m in numbered:
+            reason = stale_reason(REPO, m)
+            print(line(i, total, "STALE" if reason else "ok", m, None, reason or ""))
+            print(f"{'':8}target: {m.target}")
+        stale = sum(stale_reason(REPO, m) is not None for _, m in numbered)
+        print(f"{len(numbered)} mutations listed, {stale} stale")
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="mutation-check-") as tmp:
+        work = Path(tmp)
+        base = work / "base"
+        copied = snapshot(base)
+        print(f"snapshot of {REPO} in {base}: {copied} files")
+
+        results = {}
+        for i, m in numbered:
+            reason = stale_reason(base, m)
+            if reason:
+                results[i] = {"status": "STALE", "seconds": None, "detail": reason}
+        runnable = [(i, m) for i, m in numbered if i not in results]
+
+        # Every target must pass on the unmutated snapshot, else a kill would mean nothing. The targets
+        # of one test file are run together (one pytest start-up per file, not per target).
+        baseline = {}  # test file -> seconds
+        by_file = baseline_targets([m.target for _, m in runnable])
+        print(f"baseline: the targets of {len(by_file)} test files on the unmutated copy")
+        for test_file, target in by_file.items():
+            rc, seconds, output = run_pytest(base, target, timeout=1200)
+            baseline[test_file] = seconds
+            print(f"  {'pass' if rc == 0 else 'FAIL':<4} {seconds:6.1f}s  pytest {target}", flush=True)
+            if rc != 0:
+                why = "time-out" if rc is None else ("no test matched" if rc == 5 else f"exit status {rc}")
+                print(f"\nthe targets fail without any mutation ({why}); fix the tests or the targets first:\n")
+                print("\n".join(output.splitlines()[-30:]))
+                return 1
+
+        print(f"\n{len(runnable)} mutations to run ({len(results)} stale), {args.jobs} at a time")
+        lock = threading.Lock()
+        for i, m in numbered:
+            if i in results:
+                print(line(i, total, "STALE", m, None, results[i]["detail"]), flush=True)
+
+        def one(item):
+            i, m = item
+            timeout = max(180.0, 2 * baseline[split_target(m.target)[0]])  # its whole file's baseline, twice: a slow machine is not a hang
+            result = check_mutation(base, work, i, m, timeout)
+            if STOPPING.is_set():  # ended by Ctrl-C: neither killed nor survived
+                return
+            with lock:
+                results[i] = result
+                print(line(i, total, result["status"], m, result["seconds"], result["detail"]), flush=True)
+                if result["status"] == "ERROR":
+                    print("\n".join("        " + s for s in result["output"].splitlines()[-15:]), flush=True)
+
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs))
+        try:
+            list(pool.map(one, runnable))
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            with START_LOCK:
+                STOPPING.set()
+                for proc in list(RUNNING):
+                    stop(proc)
+            print("\ninterrupted: the summary covers the mutations finished so far", flush=True)
+        finally:
+            pool.shutdown()
+
+    counts = {s: sum(r["status"] == s for r in results.values()) for s in ("KILLED", "SURVIVED", "STALE", "ERROR")}
+    applied = len(results) - counts["STALE"]
+    percent = 100.0 * counts["KILLED"] / applied if applied else 0.0
+    print(f"\nkilled {counts['KILLED']} of {applied} mutations ({percent:.0f}%)"
+          f"; {counts['SURVIVED']} survived, {counts['ERROR']} errors, {counts['STALE']} stale (not counted)")
+    for status in ("SURVIVED", "ERROR", "STALE"):
+        rows = [(i, MUTATIONS[i - 1]) for i in sorted(results) if results[i]["status"] == status]
+        if rows:
+            print(f"{status.lower()}:")
+            for i, m in rows:
+                print(f"  [{i}] {m.file}: {m.description}  (pytest {m.target})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
