@@ -36,6 +36,7 @@ import transformers
 from tqdm.auto import tqdm
 
 transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards": only this project's bars
 
 
 class InputError(Exception):

@@ -91,6 +91,10 @@ class Args:
     """the run folder is created inside this directory"""
     eval_every: int = 10
     """evaluate (verifier accuracy and reward-model score) and save a checkpoint every this many steps (0 = only before and after)"""
+    save_every: Optional[int] = None
+    """write a full checkpoint (policy, critic, optimizers, RNG states, step, KL coefficient) every this many steps; default: at each evaluation"""
+    resume: Optional[str] = None
+    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
     eval_size: int = 200
     """number of held-out problems (greedy decoding)"""
 
@@ -307,6 +311,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
+    resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = common.load_tokenizer(args.model)
 
@@ -325,6 +330,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
     critic_source = args.reward_model if critic_init == "reward-model" else args.model
     critic = common.load_model(critic_source, len(tokenizer), device, precision, args.seed, head="score")
+    if resumed:  # the reference stays the starting model
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision)
+        critic = common.load_model(f"{args.resume}/model/critic", len(tokenizer), device, precision, head="score")
     models = {"policy": policy, "reference": ref_model, "critic": critic}
     if reward_model is not None:
         models["reward model"] = reward_model
@@ -333,7 +341,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     critic_optimizer, _ = common.make_optimizer(critic, args.critic_lr)
 
     run_dir = common.make_run_dir(args.output_dir, "ppo", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl")
+    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0)
+    save_every = args.save_every or args.eval_every
     generator = torch.Generator(device=device).manual_seed(args.seed)
     minibatch_order = torch.Generator().manual_seed(args.seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -375,11 +384,26 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} (verifier), mean reward {result['score']:.3f} ({args.reward})")
         return result
 
-    before = evaluate(0)
-    evals = [{"step": 0, "accuracy": before["accuracy"], "score": before["score"]}]
-    last_good = None
-    bar = common.progress(args.steps, "ppo")
-    for step in range(1, args.steps + 1):
+    def checkpoint(step: int) -> None:
+        """Everything an exact --resume needs; the data position is the step (step × batch-size problems drawn)."""
+        state = {"step": step, "policy_optimizer": policy_optimizer.state_dict(), "critic_optimizer": critic_optimizer.state_dict(),
+                 "rng": common.rng_state(generator), "minibatch_order": minibatch_order.get_state(), "kl_coef": kl_coef,
+                 "evals": evals, "before": before}
+        common.save_checkpoint(policy, tokenizer, run_dir / "model", state, others={"critic": critic})
+
+    if resumed:
+        policy_optimizer.load_state_dict(resumed["policy_optimizer"])
+        critic_optimizer.load_state_dict(resumed["critic_optimizer"])
+        common.set_rng_state(resumed["rng"], generator)
+        minibatch_order.set_state(resumed["minibatch_order"])
+        for _ in range(resumed["step"] * args.batch_size):
+            next(train_stream)
+        kl_coef, before, evals, last_good, start = resumed["kl_coef"], resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
+    else:
+        before = evaluate(0)
+        evals, last_good, start = [{"step": 0, "accuracy": before["accuracy"], "score": before["score"]}], None, 1
+    bar = common.progress(args.steps, "ppo", initial=start - 1)
+    for step in range(start, args.steps + 1):
         # ---- 1. sample one completion per prompt from the policy --------------------------------
         t0 = time.time()
         problems = [next(train_stream) for _ in range(args.batch_size)]
@@ -489,9 +513,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             result = evaluate(step)
             evals.append({"step": step, "accuracy": result["accuracy"], "score": result["score"]})
-            if args.save_model:
-                common.save_checkpoint(policy, tokenizer, run_dir / "model")
-                last_good = step
+        if args.save_model and save_every and step % save_every == 0 and step < args.steps:
+            checkpoint(step)
+            last_good = step
     bar.close()
 
     after = evaluate(args.steps)
@@ -512,7 +536,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     }
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
-        common.save_checkpoint(policy, tokenizer, run_dir / "model")
+        checkpoint(args.steps)
     print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; reward {before['score']:.3f} -> {after['score']:.3f}; run folder {run_dir}")
     return result
 

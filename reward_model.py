@@ -74,6 +74,10 @@ class Args:
     """the run folder is created inside this directory"""
     eval_every: int = 0
     """evaluate on held-out pairs and save a checkpoint every this many steps (0 = only before and after)"""
+    save_every: Optional[int] = None
+    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps; default: at each evaluation"""
+    resume: Optional[str] = None
+    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
 
     # --- algorithm ---
     steps: int = 60
@@ -219,6 +223,7 @@ def main(args: Args) -> dict:
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
+    resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     tokenizer = common.load_tokenizer(args.model)
     train_pairs, heldout_pairs, heldout_samples = tasks.load_preference_pairs(
         args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision
@@ -226,15 +231,16 @@ def main(args: Args) -> dict:
     for pair in train_pairs + heldout_pairs:  # TRL's optional per-pair margin
         if "margin" in pair and not (isinstance(pair["margin"], (int, float)) and math.isfinite(pair["margin"])):
             raise InputError(f"{args.dataset}: margin {pair['margin']!r} of prompt {pair['prompt']!r} is not a finite number")
-    model = common.load_model(args.model, len(tokenizer), device, precision, args.seed, head="score")
+    model = common.load_model(f"{args.resume}/model" if resumed else args.model, len(tokenizer), device, precision, args.seed, head="score")
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers' own forward needs it for batches
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(model, args.lr, args.weight_decay, args.warmup_steps)
-    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
+    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run only appends batches
     has_margin = any("margin" in p for p in train_pairs)
     run_dir = common.make_run_dir(args.output_dir, "rm", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl")
+    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0)
+    save_every = args.save_every or args.eval_every
     print(f"run folder: {run_dir}")
 
     def report(step: int) -> dict:
@@ -246,11 +252,22 @@ def main(args: Args) -> dict:
         tqdm.write(line)
         return result
 
-    before = report(0)
-    evals = [{"step": 0, **before}]
-    last_good = None
-    bar = common.progress(args.steps, "reward model")
-    for step, batch in enumerate(batches, 1):
+    def checkpoint(step: int) -> None:
+        """Everything an exact --resume needs; the data position is the step (batches[step:] come next)."""
+        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": common.rng_state(),
+                 "evals": evals, "before": before}
+        common.save_checkpoint(model, tokenizer, run_dir / "model", state)
+
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+        common.set_rng_state(resumed["rng"])
+        before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
+    else:
+        before = report(0)
+        evals, last_good, start = [{"step": 0, **before}], None, 1
+    bar = common.progress(args.steps, "reward model", initial=start - 1)
+    for step, batch in enumerate(batches[start - 1 :], start):
         t0 = time.time()
         pairs = [train_pairs[i] for i in batch]
 
@@ -292,9 +309,9 @@ def main(args: Args) -> dict:
         # ---- 4. evaluate and checkpoint ----------------------------------------------------------
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             evals.append({"step": step, **report(step)})
-            if args.save_model:
-                common.save_checkpoint(model, tokenizer, run_dir / "model")
-                last_good = step
+        if args.save_model and save_every and step % save_every == 0 and step < args.steps:
+            checkpoint(step)
+            last_good = step
     bar.close()
 
     after = report(args.steps)
@@ -313,7 +330,7 @@ def main(args: Args) -> dict:
     }
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
-        common.save_checkpoint(model, tokenizer, run_dir / "model")
+        checkpoint(args.steps)
     print(f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}; run folder {run_dir}")
     return result
 

@@ -93,6 +93,10 @@ class Args:
     """the run folder is created inside this directory"""
     eval_every: int = 0
     """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
+    save_every: Optional[int] = None
+    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps; default: at each evaluation"""
+    resume: Optional[str] = None
+    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
     eval_size: int = 200
     """number of held-out arithmetic problems for greedy accuracy"""
 
@@ -291,12 +295,13 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
+    resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     tokenizer = common.load_tokenizer(args.model)
     offline = args.algo in OFFLINE
     if offline:
         train_pairs, _, _ = tasks.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
                                                          args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision)
-        batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
+        batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run only appends batches
         heldout = tasks.heldout_problems(args.eval_size)
     else:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
@@ -304,12 +309,15 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     ref_model = None  # SimPO and ORPO are reference-free: no second model is loaded
     if args.algo in ("ipo", "kto", "rloo", "remax"):
-        ref_model = common.frozen_copy(policy)
+        ref_model = common.frozen_copy(policy)  # the starting model, also when resuming
+    if resumed:
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision)
     optimizer, scheduler = common.make_optimizer(policy, lr, warmup_steps=args.warmup_steps)
     run_dir = common.make_run_dir(args.output_dir, args.algo, args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl")
+    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    save_every = args.save_every or args.eval_every
     print(f"run folder: {run_dir}")
 
     def evaluate(step: int) -> dict:
@@ -318,11 +326,24 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
         return result
 
-    before = evaluate(0)
-    evals = [{"step": 0, "accuracy": before["accuracy"]}]
-    last_good = None
-    bar = common.progress(args.steps, args.algo)
-    for step in range(1, args.steps + 1):
+    def checkpoint(step: int) -> None:
+        """Everything an exact --resume needs; the data position is the step (batches or step × P problems)."""
+        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                 "rng": common.rng_state(generator), "evals": evals, "before": before}
+        common.save_checkpoint(policy, tokenizer, run_dir / "model", state)
+
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+        common.set_rng_state(resumed["rng"], generator)
+        for _ in range(0 if offline else resumed["step"] * args.batch_size):
+            next(train_stream)
+        before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
+    else:
+        before = evaluate(0)
+        evals, last_good, start = [{"step": 0, "accuracy": before["accuracy"]}], None, 1
+    bar = common.progress(args.steps, args.algo, initial=start - 1)
+    for step in range(start, args.steps + 1):
         t0 = time.time()
         if offline:
             # ---- offline: one batch of preference pairs, one loss ------------------------------------
@@ -381,9 +402,9 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
 
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             evals.append({"step": step, "accuracy": evaluate(step)["accuracy"]})
-            if args.save_model:
-                common.save_checkpoint(policy, tokenizer, run_dir / "model")
-                last_good = step
+        if args.save_model and save_every and step % save_every == 0 and step < args.steps:
+            checkpoint(step)
+            last_good = step
     bar.close()
 
     after = evaluate(args.steps)
@@ -403,7 +424,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     }
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
-        common.save_checkpoint(policy, tokenizer, run_dir / "model")
+        checkpoint(args.steps)
     print(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; run folder {run_dir}")
     return result
 

@@ -101,4 +101,4 @@ def assert_resume_is_exact(tmp_path, main, make_args, steps: int = 4, **main_kwa
     assert rows[0] == rows[1]
     weights = [load_file(os.path.join(r["run_dir"], "model", "model.safetensors")) for r in (straight, resumed)]
     assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-    assert straight["accuracy_after"] == resumed["accuracy_after"] and straight["evals"] == resumed["evals"]
+    assert straight["evals"] == resumed["evals"]

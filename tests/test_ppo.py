@@ -11,7 +11,7 @@ import common
 import ppo
 import tasks
 import reward_model
-from conftest import HAS_EMBEDDED_MODEL, digit_fraction, PAIRS, assert_one_line_error, metrics_of, run_script
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script
 from ppo import (Args, adaptive_kl_coef, compute_gae, explained_variance, kl_penalized_rewards, main, ppo_policy_loss,
                  ppo_value_loss, token_values)
 
@@ -149,6 +149,25 @@ def test_value_of_the_first_token_is_read_before_it(tokenizer):
 def test_first_minibatch_of_the_first_epoch_has_ratio_one(tmp_path, tiny_reward_model_path):
     row = metrics_of(main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, ppo_epochs=1, minibatch_size=4)))[0]
     assert row["approx_kl"] == pytest.approx(0.0, abs=1e-10) and row["clip_ratio"] == 0.0
+
+
+def test_resume_continues_exactly(tmp_path, tiny_reward_model_path):
+    # the adaptive KL coefficient, the critic and both optimizers must all come back
+    assert_resume_is_exact(tmp_path, main, lambda out, **kw: tiny_args(out, tiny_reward_model_path, eval_every=2, target_kl=0.01, **kw))
+
+
+def test_reward_model_without_a_trained_head_or_with_another_tokenizer_is_refused(tmp_path, tiny_reward_model_path):
+    lm = tmp_path / "lm"
+    common.save_checkpoint(common.load_model("tiny", len(common.make_tiny_tokenizer()),
+                                             torch.device("cpu"), "fp32"), common.make_tiny_tokenizer(), lm)
+    with pytest.raises(common.InputError, match="has no trained score head"):
+        main(tiny_args(tmp_path, str(lm)))
+    other = tmp_path / "other"
+    tokenizer = common.make_tiny_tokenizer()
+    tokenizer.add_tokens(["<extra>"])
+    common.save_checkpoint(common.load_model(tiny_reward_model_path, len(tokenizer), torch.device("cpu"), "fp32", head="score"), tokenizer, other)
+    with pytest.raises(common.InputError, match="different tokenizer"):
+        main(tiny_args(tmp_path, str(other)))
 
 
 def test_run_folder_metrics_and_memory_table(tmp_path, tiny_reward_model_path, capsys):

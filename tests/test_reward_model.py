@@ -12,7 +12,7 @@ import transformers
 import common
 import reward_model
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
 from reward_model import Args, auc, bradley_terry_loss, main, score_texts
 
 
@@ -186,6 +186,11 @@ def test_bad_dataset_is_one_clear_error(tmp_path, text, message):
     with pytest.raises(common.InputError, match=message):
         main(tiny_args(tmp_path, dataset=write(tmp_path, "data.jsonl", text)))
     assert not os.path.exists(tmp_path / "runs")
+
+
+def test_resume_continues_exactly(tmp_path):
+    assert_resume_is_exact(tmp_path, main, lambda out, **kw: Args(**{**dict(model="tiny", dataset=PAIRS, batch_size=4, eval_every=2,
+                                                                            output_dir=str(out), lr=1e-3, warmup_steps=1), **kw}))
 
 
 def test_margin_field_is_used(tmp_path, monkeypatch):

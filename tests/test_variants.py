@@ -10,7 +10,7 @@ import torch
 import common
 import tasks
 import variants
-from conftest import PAIRS, assert_one_line_error, digit_fraction, metrics_of, run_script
+from conftest import PAIRS, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script
 from variants import (Args, ipo_loss, kto_loss, main, offline_loss, orpo_loss, remax_advantages, rloo_advantages,
                       sequence_logps, simpo_loss)
 
@@ -161,6 +161,13 @@ def test_online_baseline_cancels_a_constant_reward_in_the_loop(tmp_path, algo):
     (row,) = metrics_of(main(tiny_args(tmp_path, algo, steps=1), reward_fn=lambda completion, answer: 1.0))
     assert row["kl"] == 0.0 and row["reward"] == 1.0 and row["rlhf_reward"] == 1.0
     assert row["advantage_abs"] == 0.0 and row["loss"] == 0.0
+
+
+@pytest.mark.parametrize("algo", ["kto", "rloo", "remax"])
+def test_resume_continues_exactly(tmp_path, algo):
+    assert_resume_is_exact(tmp_path, main, lambda out, **kw: Args(**{**dict(algo=algo, model="tiny", dataset=PAIRS if algo == "kto" else None,
+                           batch_size=4, group_size=2, max_new_tokens=8, eval_size=8, eval_every=2, output_dir=str(out), lr=1e-3,
+                           warmup_steps=1), **kw}), reward_fn=digit_fraction)
 
 
 @pytest.mark.parametrize("algo", ["rloo", "remax"])

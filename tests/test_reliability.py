@@ -1,0 +1,124 @@
+"""Bad input, interrupts and poisoned checkpoints, as a user meets them: one line, exit status 2, nothing lost."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import common
+import grpo
+from conftest import PAIRS, assert_one_line_error, digit_fraction, run_script, write
+
+TINY = ["--model", "tiny", "--steps", "1"]  # every case fails before the first step
+
+
+@pytest.fixture(scope="module")
+def broken_checkpoints(tmp_path_factory):
+    """A tiny checkpoint with its weights file cut in half, one with only config.json, one causal LM."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    tokenizer = common.make_tiny_tokenizer()
+    lm = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
+    common.save_checkpoint(lm, tokenizer, root / "lm")
+    common.save_checkpoint(lm, tokenizer, root / "truncated")
+    weights = root / "truncated" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    (root / "config-only").mkdir()
+    (root / "config-only" / "config.json").write_text((root / "lm" / "config.json").read_text())
+    return root
+
+
+CASES = [
+    ("grpo.py", ["--device", "cuda"], "CUDA is not available on this machine"),
+    ("grpo.py", ["--device", "junk"], "--device must be auto, cpu, cuda or cuda:N"),
+    ("grpo.py", ["--lr", "-1"], "--lr must be > 0"),
+    ("dpo.py", ["--dataset", PAIRS, "--seed", "-1"], "--seed must be >= 0"),
+    ("reward_model.py", ["--dataset", PAIRS, "--max-grad-norm", "-1"], "--max-grad-norm must be > 0"),
+    ("ppo.py", ["--reward", "verifier", "--top-p", "0"], "--top-p must be in (0, 1]"),
+    ("ppo.py", ["--reward", "verifier", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    ("grpo.py", ["--output-dir", "{file}"], "is not a writable directory"),
+    ("grpo.py", ["--dataset", "{latin1}"], "not UTF-8 text"),
+    ("grpo.py", ["--max-new-tokens", "5000"], "exceeds the model's 512 positions"),
+    ("variants.py", ["--algo", "rloo", "--max-new-tokens", "5000"], "exceeds the model's 512 positions"),
+    ("grpo.py", ["--model", "{checkpoints}/truncated"], "is a file truncated?"),
+    ("grpo.py", ["--model", "{checkpoints}/config-only"], "has a config.json but no"),
+    ("ppo.py", ["--reward-model", "{checkpoints}/lm"], "has no trained score head"),
+    ("ppo.py", ["--reward-model", "runs/no-such-run/model"], "no such directory"),
+    ("grpo.py", ["--resume", "{tmp}"], "no checkpoint there"),
+]
+
+
+@pytest.mark.parametrize("script, argv, message", CASES, ids=[f"{s}{' '.join(a)}" for s, a, _ in CASES])
+def test_bad_input_is_one_line_exit_2_and_no_traceback(tmp_path, broken_checkpoints, script, argv, message):
+    places = {"file": write(tmp_path, "a-file", ""), "latin1": str(tmp_path / "latin1.jsonl"), "checkpoints": str(broken_checkpoints), "tmp": str(tmp_path)}
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"prompt": "What is 1 + 1?", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "3"}\n')
+    argv = [a.format(**places) for a in argv]
+    out = ["--output-dir", str(tmp_path / "runs")] if "--output-dir" not in argv else []
+    base = TINY[2:] if "--model" in argv else TINY
+    proc = run_script(script, *base, *out, *argv)
+    assert "Traceback" not in proc.stderr
+    assert_one_line_error(proc, message)
+    assert not (tmp_path / "runs").exists() or not os.listdir(tmp_path / "runs")  # no half-made run folder
+
+
+def test_bom_and_numeric_answers_are_accepted(tmp_path):
+    path = tmp_path / "data.jsonl"
+    rows = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(12)]
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    result = grpo.main(grpo.Args(model="tiny", dataset=str(path), steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
+                                 eval_size=4, output_dir=str(tmp_path / "runs"), save_model=False), reward_fn=digit_fraction)
+    assert result["steps"] == 1
+
+
+def test_ctrl_c_abandons_the_step_and_names_the_folder_to_resume(tmp_path, capsys):
+    calls = []
+
+    def interrupt_at_step_3(completion, answer):
+        calls.append(1)
+        if len(calls) > 2 * 8:  # steps 1 and 2 score 8 completions each
+            raise KeyboardInterrupt
+        return digit_fraction(completion, answer)
+
+    args = grpo.Args(model="tiny", steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=4, save_every=2,
+                     output_dir=str(tmp_path / "runs"))
+    with pytest.raises(SystemExit) as exit:
+        common.run_cli(lambda a: grpo.main(a, reward_fn=interrupt_at_step_3), args)
+    run_dir = next((tmp_path / "runs").iterdir())
+    stderr = capsys.readouterr().err
+    assert exit.value.code == 130 and f"interrupted: the current step was abandoned; continue with --resume {run_dir}\n" in stderr
+    assert [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")] == [1, 2]
+    resumed = grpo.main(grpo.Args(**{**args.__dict__, "resume": str(run_dir)}), reward_fn=digit_fraction)
+    assert [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")] == [1, 2, 3, 4] and resumed["steps"] == 4
+
+
+def test_a_nan_gradient_with_a_finite_loss_stops_before_the_update(tmp_path, monkeypatch):
+    # The NaN guard used to check only the loss: a finite loss with a NaN gradient went into the weights.
+    real = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: real(params, max_norm) * float("nan"))
+    with pytest.raises(common.InputError, match=r"gradient norm became nan at step 1; stopped without saving it"):
+        grpo.main(grpo.Args(model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
+                            output_dir=str(tmp_path / "runs")), reward_fn=digit_fraction)
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    tokenizer = common.make_tiny_tokenizer()
+    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
+    common.save_checkpoint(model, tokenizer, tmp_path / "model")
+    good = (tmp_path / "model" / "model.safetensors").read_bytes()
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("nan")
+    with pytest.raises(common.InputError, match="refusing to save non-finite weights"):
+        common.save_checkpoint(model, tokenizer, tmp_path / "model")
+    assert (tmp_path / "model" / "model.safetensors").read_bytes() == good and not (tmp_path / "model.tmp").exists()
+
+
+def test_results_are_written_before_the_final_save(tmp_path, monkeypatch):
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(common, "save_checkpoint", disk_full)
+    with pytest.raises(OSError):
+        grpo.main(grpo.Args(model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
+                            output_dir=str(tmp_path / "runs")), reward_fn=digit_fraction)
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert "accuracy_after" in json.loads((run_dir / "eval.json").read_text())
