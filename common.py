@@ -91,14 +91,12 @@ def check_run_args(args) -> None:
         raise InputError(f"--lr must be > 0, not {args.lr}")
     if getattr(args, "max_grad_norm", 1.0) is not None and not getattr(args, "max_grad_norm", 1.0) > 0:
         raise InputError(f"--max-grad-norm must be > 0 (a negative one flips the gradient), not {args.max_grad_norm}")
-    out = Path(args.output_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise InputError(f"--output-dir {args.output_dir} is not a writable directory ({e.strerror or type(e).__name__})") from None
+    existing = Path(args.output_dir).absolute()
+    while not existing.exists():  # created later, with the run folder; its nearest existing parent must take it
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        reason = "a file is in the way" if not existing.is_dir() else "no permission to write"
+        raise InputError(f"--output-dir {args.output_dir} is not a writable directory ({reason}: {existing})")
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
