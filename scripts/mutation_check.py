@@ -57,6 +57,7 @@ class Mutation(NamedTuple):
 
 GRPO, PPO, DPO, RM = "tests/test_grpo.py", "tests/test_ppo.py", "tests/test_dpo.py", "tests/test_reward_model.py"
 COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/test_variants.py"
+REL = "tests/test_reliability.py"
 
 MUTATIONS = [
     # ---- grpo.py: advantages, KL, the clipped loss, aggregation, the loop ---------------------------------
@@ -187,6 +188,27 @@ MUTATIONS = [
     Mutation("variants.py", "loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()",
              "loss = (advantages * masked_sum(logprobs, mask, dim=1)).mean()",
              "REINFORCE loss with the wrong sign (descends the reward)", f"{VARIANTS} -k rloo_raises"),
+    # ---- precision, resume and the NaN guard -------------------------------------------------------------------
+    Mutation("common.py", 'model.bf16_mixed = precision == "bf16-mixed"', "model.bf16_mixed = False",
+             "bf16-mixed without autocast (float32 compute under the bf16 name)", f"{COMMON} -k bf16_mixed_computes"),
+    Mutation("common.py", 'dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32',
+             'dtype = torch.bfloat16 if precision != "fp32" else torch.float32',
+             "bf16-mixed with bfloat16 weights (no float32 master copy)", f"{COMMON} -k small_update"),
+    Mutation("common.py", "    torch.set_rng_state(state[\"torch\"])\n", "",
+             "resume without restoring torch's global RNG", "tests/test_ppo.py -k resume"),
+    Mutation("grpo.py", "        common.set_rng_state(resumed[\"rng\"], generator)\n", "",
+             "GRPO resume without restoring the sampling generator", f"{GRPO} -k resume"),
+    Mutation("grpo.py", "        optimizer.load_state_dict(resumed[\"optimizer\"])\n", "",
+             "GRPO resume with a fresh AdamW", f"{GRPO} -k resume"),
+    Mutation("dpo.py", "        heldout_ref, train_ref = resumed[\"heldout_ref\"].to(device), resumed[\"train_ref\"]",
+             "        heldout_ref, train_ref = resumed[\"heldout_ref\"].to(device), None",
+             "DPO resume scoring the reference with the trained policy", f"{DPO} -k resume"),
+    Mutation("ppo.py", "kl_coef, before, evals, last_good, start = resumed[\"kl_coef\"],", "kl_coef, before, evals, last_good, start = args.kl_coef,",
+             "PPO resume restarting the adaptive KL coefficient", "tests/test_ppo.py -k resume"),
+    Mutation("grpo.py", '            common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")\n', "",
+             "NaN guard on the loss only, not the gradient norm", f"{REL} -k nan_gradient"),
+    Mutation("tasks.py", "\n    finished = [True] * len(texts) if finished is None else finished", "\n    finished = [True] * len(texts)",
+             "truncated preference samples given an EOS", f"{TASKS} -k truncated"),
 ]
 
 

@@ -233,7 +233,7 @@ def test_one_micro_batch_of_8_equals_8_of_1_and_checkpointing(tmp_path, monkeypa
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
     for config in (dict(batch_size=None), dict(batch_size=1), dict(batch_size=2, gradient_checkpointing=True)):
         main(tiny_args(tmp_path, steps=1, loss_agg=loss_agg, beta=0.1, save_model=False, **config), reward_fn=digit_fraction)
-    assert grads[0].norm() > 0
+    assert grads[0].norm() > 1e-2  # a real policy gradient, not float noise from the KL term at KL = 0
     assert torch.allclose(grads[0], grads[1], atol=1e-6) and torch.allclose(grads[0], grads[2], atol=1e-6)
 
 

@@ -110,6 +110,16 @@ def test_value_loss_clip_branch():
     torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.45]]))
 
 
+def test_value_clip_is_around_the_old_value():
+    # V_old = 2, V = 3, R = 1, ε_v = 0.2: clipped V = 2.2 (around V_old, not around 0), (2.2 - 1)² = 1.44 < (3 - 1)² = 4,
+    # so the unclipped 4 is used: loss = ½ · 4 = 2, no clipping. Clipping around 0 would give V = 0.2, (0.2 - 1)² = 0.64.
+    loss, clip_ratio = ppo_value_loss(torch.tensor([[3.0]]), torch.tensor([[2.0]]), torch.ones(1, 1), torch.ones(1, 1), clip_range=0.2)
+    assert loss.item() == pytest.approx(2.0) and clip_ratio == 0.0
+    # V = 1.5 from V_old = 2 (R = 1): clipped 1.8, (1.8 - 1)² = 0.64 > (1.5 - 1)² = 0.25: loss ½ · 0.64 = 0.32, clipped
+    loss, clip_ratio = ppo_value_loss(torch.tensor([[1.5]]), torch.tensor([[2.0]]), torch.ones(1, 1), torch.ones(1, 1), clip_range=0.2)
+    assert loss.item() == pytest.approx(0.32) and clip_ratio == 1.0
+
+
 def test_masked_whitening_of_advantages_ignores_padding():
     adv = torch.tensor([[1.0, 3.0, 100.0], [2.0, 0.0, -50.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
