@@ -115,9 +115,10 @@ def test_value_clip_is_around_the_old_value():
     # so the unclipped 4 is used: loss = ½ · 4 = 2, no clipping. Clipping around 0 would give V = 0.2, (0.2 - 1)² = 0.64.
     loss, clip_ratio = ppo_value_loss(torch.tensor([[3.0]]), torch.tensor([[2.0]]), torch.ones(1, 1), torch.ones(1, 1), clip_range=0.2)
     assert loss.item() == pytest.approx(2.0) and clip_ratio == 0.0
-    # V = 1.5 from V_old = 2 (R = 1): clipped 1.8, (1.8 - 1)² = 0.64 > (1.5 - 1)² = 0.25: loss ½ · 0.64 = 0.32, clipped
-    loss, clip_ratio = ppo_value_loss(torch.tensor([[1.5]]), torch.tensor([[2.0]]), torch.ones(1, 1), torch.ones(1, 1), clip_range=0.2)
-    assert loss.item() == pytest.approx(0.32) and clip_ratio == 1.0
+    # V = 1 from V_old = 2, R = 0.5: clipped 1.8, (1.8 - 0.5)² = 1.69 > (1 - 0.5)² = 0.25: loss ½ · 1.69 = 0.845, clipped.
+    # (Around 0 it would be clamp(1) = 0.2, (0.2 - 0.5)² = 0.09 < 0.25: loss 0.125, not clipped.)
+    loss, clip_ratio = ppo_value_loss(torch.tensor([[1.0]]), torch.tensor([[2.0]]), torch.full((1, 1), 0.5), torch.ones(1, 1), clip_range=0.2)
+    assert loss.item() == pytest.approx(0.845) and clip_ratio == 1.0
 
 
 def test_masked_whitening_of_advantages_ignores_padding():
