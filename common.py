@@ -1,8 +1,9 @@
 """Model mechanics every algorithm file shares: set-up, models, log-probs, masks, sampling, runs.
 
 Nothing here is specific to one algorithm or to the task (that is tasks.py, which builds on this
-file). Read an algorithm file first (grpo.py); come here when it calls something you want to check. Shapes: B sequences, P prompts, G samples per
-prompt, S prompt tokens, T completion tokens, V vocabulary.
+file). Read an algorithm file first (grpo.py); come here when it calls something you want to
+check. Shapes: B sequences, P prompts, G samples per prompt, S prompt tokens, T completion
+tokens, V vocabulary.
 
 Two conventions used everywhere:
 - `mask` is 1 on completion tokens up to and including the first EOS, 0 on prompt, padding
@@ -135,6 +136,7 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.0,
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type in ("cpu", "cuda"))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)))
     return optimizer, scheduler
+
 
 # ---------------------------------------------------------------------------------------------
 # Models and tokenizers: "smollm2" (embedded), "tiny" / "tiny-gpt2" (random), or a hub id / path
