@@ -579,8 +579,14 @@ class MetricsLog:
             f.write(json.dumps(row) + "\n")
 
 
-def progress(steps: int, desc: str, initial: int = 0):
-    return tqdm(total=steps, desc=desc, initial=initial, dynamic_ncols=True, file=sys.stderr)
+def print_summary(headline: str, result: dict) -> None:
+    """The end of a run: the number that matters, time and memory, and where everything is."""
+    minutes, seconds = divmod(round(result["wall_time_s"]), 60)
+    print(f"{headline}\nwall time {minutes} min {seconds} s; peak memory {result['memory/peak_gb']:.2f} GiB\nrun folder {result['run_dir']}")
+
+
+def progress(steps: int, desc: str, initial: int = 0, leave: bool = True):
+    return tqdm(total=steps, desc=desc, initial=initial, leave=leave, dynamic_ncols=True, file=sys.stderr)
 
 
 def peak_memory_gb(device: torch.device) -> float:

@@ -331,7 +331,7 @@ def main(args: Args) -> dict:
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
-    print(f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}; run folder {run_dir}")
+    common.print_summary(f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}", result)
     return result
 
 

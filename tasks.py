@@ -124,6 +124,7 @@ def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens:
     """Greedy held-out accuracy with the verifier, and a few sample completions to read."""
     device = next(model.parameters()).device
     correct, samples = 0.0, []
+    bar = common.progress(len(problems), "held-out accuracy", leave=False)
     for start in range(0, len(problems), batch_size):
         batch = problems[start : start + batch_size]
         ids, mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p.prompt) for p in batch], device)
@@ -134,6 +135,8 @@ def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens:
             correct += reward
             if len(samples) < num_samples_kept:
                 samples.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "correct": bool(reward)})
+        bar.update(len(batch))
+    bar.close()
     return {"accuracy": correct / len(problems), "samples": samples}
 
 
