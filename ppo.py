@@ -329,10 +329,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                              "train the reward model from the same base model")
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
     critic_source = args.reward_model if critic_init == "reward-model" else args.model
-    critic = common.load_model(critic_source, len(tokenizer), device, precision, args.seed, head="score")
+    critic = common.load_model(f"{args.resume}/model/critic" if resumed else critic_source, len(tokenizer), device, precision, args.seed, head="score")
     if resumed:  # the reference stays the starting model
         policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision)
-        critic = common.load_model(f"{args.resume}/model/critic", len(tokenizer), device, precision, head="score")
     models = {"policy": policy, "reference": ref_model, "critic": critic}
     if reward_model is not None:
         models["reward model"] = reward_model
