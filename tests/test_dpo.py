@@ -10,7 +10,7 @@ import transformers
 
 import common
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
 from dpo import Args, concatenated_logps, dpo_loss, main
 
 
@@ -134,7 +134,7 @@ def test_dpo_raises_the_chosen_minus_rejected_log_ratio_on_the_tiny_model(tmp_pa
 def test_run_folder_is_complete_and_the_model_reloads(tmp_path):
     result = main(tiny_args(tmp_path))
     run_dir = result["run_dir"]
-    assert sorted(os.listdir(run_dir)) == ["args.json", "eval.json", "metrics.jsonl", "model"]
+    assert sorted(os.listdir(run_dir)) == RUN_FILES
     row = metrics_of(result)[0]
     for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
                 "logps/chosen", "logps/rejected", "lr", "time/step", "tokens_per_second", "memory/peak_gb"):

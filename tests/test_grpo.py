@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import common
-from conftest import HAS_EMBEDDED_MODEL, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script, write
 from grpo import Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty
 
 
@@ -315,7 +315,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 def test_run_folder_is_complete(tmp_path):
     result = main(tiny_args(tmp_path, steps=2))
     run_dir = result["run_dir"]
-    assert sorted(os.listdir(run_dir)) == ["args.json", "eval.json", "metrics.jsonl", "model"]
+    assert sorted(os.listdir(run_dir)) == RUN_FILES
     assert json.load(open(os.path.join(run_dir, "args.json")))["group_size"] == 4
     evaluation = json.load(open(os.path.join(run_dir, "eval.json")))
     assert {"accuracy_before", "accuracy_after", "samples_before", "samples_after"} <= set(evaluation)

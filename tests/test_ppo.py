@@ -11,7 +11,7 @@ import common
 import ppo
 import tasks
 import reward_model
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script
 from ppo import (Args, adaptive_kl_coef, compute_gae, explained_variance, kl_penalized_rewards, main, ppo_policy_loss,
                  ppo_value_loss, token_values)
 
@@ -183,7 +183,7 @@ def test_reward_model_without_a_trained_head_or_with_another_tokenizer_is_refuse
 
 def test_run_folder_metrics_and_memory_table(tmp_path, tiny_reward_model_path, capsys):
     result = main(tiny_args(tmp_path, tiny_reward_model_path))
-    assert sorted(os.listdir(result["run_dir"])) == ["args.json", "eval.json", "metrics.jsonl", "model"]
+    assert sorted(os.listdir(result["run_dir"])) == RUN_FILES
     row = metrics_of(result)[0]
     for key in ("score", "verifier", "kl", "non_score_reward", "rlhf_reward", "approx_kl", "clip_ratio", "value_clip_ratio",
                 "entropy", "explained_variance", "completion_length", "memory/generate_gb", "memory/score_gb", "memory/update_gb"):

@@ -8,7 +8,7 @@ import torch
 
 import common
 import grpo
-from conftest import PAIRS, assert_one_line_error, digit_fraction, run_script, write
+from conftest import HAS_MATPLOTLIB, PAIRS, assert_one_line_error, digit_fraction, run_script, write
 
 TINY = ["--model", "tiny", "--steps", "1"]  # every case fails before the first step
 
@@ -122,3 +122,21 @@ def test_results_are_written_before_the_final_save(tmp_path, monkeypatch):
                             output_dir=str(tmp_path / "runs")), reward_fn=digit_fraction)
     run_dir = next((tmp_path / "runs").iterdir())
     assert "accuracy_after" in json.loads((run_dir / "eval.json").read_text())
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib (optional) not installed")
+def test_a_run_draws_its_curves(tmp_path):
+    result = grpo.main(grpo.Args(model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4, eval_every=1,
+                                 output_dir=str(tmp_path / "runs"), save_model=False), reward_fn=digit_fraction)
+    png = os.path.join(result["run_dir"], "curves.png")
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and not os.path.exists(png.replace("curves", "curves.tmp"))
+
+
+def test_without_matplotlib_the_picture_is_skipped_with_one_note(tmp_path, monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name)) if name.startswith("matplotlib") else real_import(name, *a, **k))
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    common.plot_curves(tmp_path, [{"step": 0, "accuracy": 0.1}])
+    assert capsys.readouterr().err == "note: curves.png skipped (pip install matplotlib to draw it)\n" and not (tmp_path / "curves.png").exists()

@@ -12,7 +12,7 @@ import transformers
 import common
 import reward_model
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
 from reward_model import Args, auc, bradley_terry_loss, main, score_texts
 
 
@@ -166,7 +166,7 @@ def test_training_and_scoring_give_the_same_score(tmp_path, tokenizer, tiny_rewa
 def test_run_folder_metrics_and_verifier_agreement(tmp_path, digits_are_correct):
     """With the default data the held-out labelled samples give the agreement numbers."""
     result = main(tiny_args(tmp_path, dataset=None, num_prompts=16, samples_per_prompt=4, max_new_tokens=8))
-    assert sorted(os.listdir(result["run_dir"])) == ["args.json", "eval.json", "metrics.jsonl", "model"]
+    assert sorted(os.listdir(result["run_dir"])) == RUN_FILES
     for key in ("agreement/auc_after", "agreement/best_of_n_accuracy_after", "agreement/sample_accuracy_after"):
         assert 0.0 <= result[key] <= 1.0, key
     row = metrics_of(result)[0]

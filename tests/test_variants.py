@@ -10,7 +10,7 @@ import torch
 import common
 import tasks
 import variants
-from conftest import PAIRS, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script
+from conftest import PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script
 from variants import (Args, ipo_loss, kto_loss, main, offline_loss, orpo_loss, remax_advantages, rloo_advantages,
                       sequence_logps, simpo_loss)
 
@@ -242,7 +242,7 @@ def test_cli_tiny_run_for_every_algo(tmp_path, algo):
     assert "held-out accuracy" in proc.stdout
     (run_dir,) = os.listdir(tmp_path)
     assert run_dir.startswith(f"{algo}-tiny-0-")
-    assert sorted(os.listdir(tmp_path / run_dir)) == ["args.json", "eval.json", "metrics.jsonl", "model"]
+    assert sorted(os.listdir(tmp_path / run_dir)) == RUN_FILES
 
 
 def test_cli_needs_an_algo_and_reports_bad_input_in_one_line(tmp_path):
