@@ -21,19 +21,21 @@ import importlib.util
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import socket
 import sys
 import time
 import urllib.parse
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, field, fields, is_dataclass, make_dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Annotated, Callable, Literal, Optional
 
 import numpy as np
 import torch
 import transformers
+import tyro
 from tqdm.auto import tqdm
 
 transformers.logging.set_verbosity_error()
@@ -45,6 +47,36 @@ class InputError(Exception):
 
 
 _RUN_DIR: Optional[Path] = None  # the current run's folder, for the one line printed on Ctrl-C
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+Device = Annotated[str, tyro.conf.arg(metavar="{auto,cpu,cuda,cuda:N}")]  # checked by resolve_device before anything loads
+Precision = Literal["auto", "fp32", "bf16-mixed", "bf16-true"]
+ReportTo = Literal["none", "tensorboard", "wandb"]
+
+
+def none_means(meaning: str, metavar: str):
+    """--help for an Optional option: `--batch-size INT ... (default: None = the whole batch)`, not `{None}|INT`."""
+    return tyro.conf.arg(metavar=metavar, help_behavior_hint=f"(default: None = {meaning})")
+
+
+def parse_args(args_class, argv: Optional[list[str]] = None):
+    """Parse the command line into a script's flat `Args`, with --help grouped under one header per
+    base class (Experiment, Algorithm, Generation, Optimisation) and flat flags (--lr, not
+    --optimisation.lr). `Args(lr=1e-4)` stays the way to build one in Python."""
+    groups = [c for c in reversed(args_class.__mro__[1:]) if is_dataclass(c)]  # in the order their fields come
+
+    def group(g) -> tuple:  # a group with a required option (variants' --algo) is itself required
+        required = any(f.default is MISSING and f.default_factory is MISSING for f in fields(g))
+        name = re.sub(r"(?<!^)(?=[A-Z])", "_", g.__name__).lower()  # PreferenceData -> preference_data
+        return (name, tyro.conf.OmitArgPrefixes[g]) + (() if required else (field(default_factory=g),))
+
+    nested = make_dataclass(args_class.__name__, [group(g) for g in groups])
+    nested.__doc__ = args_class.__doc__.split("\n\n")[0]  # the first paragraph heads --help
+    parsed = tyro.cli(nested, args=argv)  # argv None: sys.argv
+    return args_class(**{k: v for group_values in vars(parsed).values() for k, v in vars(group_values).items()})
 
 
 def run_cli(main: Callable, args) -> dict:
@@ -85,13 +117,16 @@ def resolve_device(device: str) -> torch.device:
 
 
 def check_run_args(args) -> None:
-    """The checks every script shares, made before anything loads: optimisation numbers and the output folder."""
+    """The checks every script shares, made before anything loads: optimisation numbers, the tracker, the output folder."""
     if args.seed < 0:
         raise InputError(f"--seed must be >= 0, not {args.seed}")
     if args.lr is not None and not args.lr > 0:  # `not >` also refuses NaN
         raise InputError(f"--lr must be > 0, not {args.lr}")
     if getattr(args, "max_grad_norm", 1.0) is not None and not getattr(args, "max_grad_norm", 1.0) > 0:
         raise InputError(f"--max-grad-norm must be > 0 (a negative one flips the gradient), not {args.max_grad_norm}")
+    package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(getattr(args, "report_to", "none"))
+    if package and importlib.util.find_spec(package) is None:
+        raise InputError(f"--report-to {args.report_to} needs the {package} package: pip install {package}")
     existing = Path(args.output_dir).absolute()
     while not existing.exists():  # created later, with the run folder; its nearest existing parent must take it
         existing = existing.parent
@@ -206,18 +241,19 @@ def smollm2_checkpoint() -> Path:
     return target
 
 
-def _hub_reachable() -> bool:
-    """A 3-second TCP probe, so an offline machine fails at once instead of after minutes of retries."""
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return False
-    host = urllib.parse.urlparse(constants.ENDPOINT).hostname
+def _reachable(host: str) -> bool:
+    """A 3-second TCP probe, so an offline machine fails (or goes offline) at once instead of after minutes of retries."""
     try:
         socket.create_connection((host, 443), timeout=3).close()
         return True
     except OSError:
         return False
+
+
+def _hub_reachable() -> bool:
+    from huggingface_hub import constants
+
+    return not constants.HF_HUB_OFFLINE and _reachable(urllib.parse.urlparse(constants.ENDPOINT).hostname)
 
 
 def _looks_like_a_path(name: str) -> bool:
@@ -292,12 +328,6 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
     return model.to(device=device, dtype=dtype)
 
 
-def disable_dropout(model: torch.nn.Module) -> None:
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-
-
 # ---------------------------------------------------------------------------------------------
 # Log-probs and masks
 # ---------------------------------------------------------------------------------------------
@@ -336,14 +366,6 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
     return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)
-
-
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) over masked entries, population variance (divide by N, not N-1)."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
-    whitened = (x - mean) * torch.rsqrt(var + eps)
-    return whitened if shift_mean else whitened + mean
 
 
 def reward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -562,21 +584,58 @@ def set_rng_state(state: dict, generator: Optional[torch.Generator] = None) -> N
 
 
 class MetricsLog:
-    """Appends one JSON line per step to metrics.jsonl. Resuming from step k drops the lines after k
-    (steps the interrupted run logged but never checkpointed), so no step is logged twice."""
+    """Appends one JSON line per step to metrics.jsonl and, with --report-to, sends the same numbers to
+    TensorBoard or Weights & Biases under TRL's names (train/reward, eval/accuracy, ...). Resuming from
+    step k drops the lines after k (steps the interrupted run logged but never checkpointed), so no
+    step is logged twice in metrics.jsonl."""
 
-    def __init__(self, path: Path, resume_step: int = 0):
+    def __init__(self, path: Path, resume_step: int = 0, report_to: str = "none", args=None):
         self.path = path
         self.start = time.time()
         if resume_step and path.exists():
             rows = [line for line in path.read_text().splitlines(True) if json.loads(line)["step"] <= resume_step]
             path.write_text("".join(rows))
+        self.tensorboard = self.wandb = None
+        if report_to == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tensorboard = SummaryWriter(str(path.parent / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+        elif report_to == "wandb":
+            import wandb
+
+            # Offline (files in the run folder, `wandb sync` them later) unless WANDB_MODE says otherwise
+            # and the service can be reached: a machine without a network must not hang or fail here.
+            mode = os.environ.get("WANDB_MODE") or ("online" if _reachable("api.wandb.ai") else "offline")
+            self.wandb = wandb.init(project="minimal-rlhf", name=path.parent.name, id=re.sub(r"[^\w-]", "-", path.parent.name),
+                                    dir=str(path.parent), config=asdict(args) if args is not None else None, mode=mode, resume="allow")
 
     def write(self, step: int, metrics: dict) -> None:
         row = {"step": step, "time/elapsed": round(time.time() - self.start, 2)}
         row.update({k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()})
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
+        self.track(step, {f"train/{k}": v for k, v in row.items() if k != "step"})
+
+    def track(self, step: int, metrics: dict) -> None:
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        if self.tensorboard is not None:
+            for k, v in numbers.items():
+                self.tensorboard.add_scalar(k, v, step)
+            self.tensorboard.flush()  # a killed run keeps every step it logged
+        if self.wandb is not None:
+            self.wandb.log(numbers, step=step)
+
+    def write_eval(self, evaluation: dict) -> dict:
+        """Send an evaluation's numbers to the tracker as eval/... (they live in eval.json, not in
+        metrics.jsonl) and return it, for the run's list of evaluations."""
+        self.track(evaluation["step"], {k if k.startswith("eval/") else f"eval/{k}": v for k, v in evaluation.items() if k != "step"})
+        return evaluation
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 def plot_curves(run_dir: Path, evals: list[dict], accuracy_key: str = "accuracy") -> None:

@@ -48,11 +48,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Annotated, Optional
 
 import torch
 import torch.nn.functional as F
-import tyro
 from tqdm.auto import tqdm
 
 import common
@@ -61,21 +60,18 @@ from common import InputError
 
 
 @dataclass
-class Args:
-    """DPO on preference pairs; held-out accuracy on the arithmetic task with the verifier. Options come in
-    four groups, in this order: experiment (--model ... --eval-size), algorithm (--steps ...
-    --precompute-ref-logprobs), preference data (--num-prompts ... --max-completion-tokens), optimisation (--lr ... --save-model)."""
+class Experiment:
+    """what to train, where, and what the run leaves"""
 
-    # --- experiment ---
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    dataset: Optional[str] = None
-    """JSONL file with fields prompt, chosen, rejected; default: pairs sampled from the model and labelled by the verifier"""
+    dataset: Annotated[Optional[str], common.none_means("pairs sampled from the model and labelled by the verifier", "FILE")] = None
+    """JSONL file with fields prompt, chosen, rejected"""
     seed: int = 0
     """seed for data, pair order and initialisation"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda, cuda:1, ..."""
-    precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
+    device: common.Device = "auto"
+    """auto: cuda if available"""
+    precision: common.Precision = "auto"
     """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
     output_dir: str = "runs"
     """the run folder is created inside this directory"""
@@ -83,12 +79,18 @@ class Args:
     """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out arithmetic problems for greedy accuracy"""
-    save_every: Optional[int] = None
-    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps; default: at each evaluation"""
-    resume: Optional[str] = None
+    save_every: Annotated[Optional[int], common.none_means("at each evaluation", "INT")] = None
+    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps"""
+    resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
     """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
+    report_to: common.ReportTo = "none"
+    """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
-    # --- algorithm ---
+
+@dataclass
+class Algorithm:
+    """DPO and conservative DPO"""
+
     steps: int = 60
     """optimizer steps; the training pairs are reshuffled each time they run out"""
     batch_size: int = 8
@@ -100,7 +102,11 @@ class Args:
     precompute_ref_logprobs: bool = True
     """score every pair with the reference once before training and keep only the policy in memory"""
 
-    # --- preference data (when --dataset is not given) ---
+
+@dataclass
+class PreferenceData:
+    """the pairs sampled from the model when --dataset is not given"""
+
     num_prompts: int = 512
     """distinct arithmetic prompts to sample; an eighth are held out"""
     samples_per_prompt: int = 8
@@ -112,7 +118,11 @@ class Args:
     max_completion_tokens: int = 256
     """completions of --dataset pairs longer than this are cut (they then end without EOS)"""
 
-    # --- optimisation ---
+
+@dataclass
+class Optimisation:
+    """the optimizer, memory and saving"""
+
     lr: float = 5e-6
     """AdamW learning rate"""
     warmup_steps: int = 5
@@ -125,6 +135,14 @@ class Args:
     """recompute activations in the backward pass to save memory"""
     save_model: bool = True
     """save the final model (and one at each evaluation) in the run folder"""
+
+
+@dataclass
+class Args(Optimisation, PreferenceData, Algorithm, Experiment):
+    """DPO on preference pairs; held-out accuracy on the arithmetic task with the verifier.
+
+    One flat set of options, `Args(beta=0.2)`; the base classes only group them in --help, and their
+    fields come in the order Experiment, Algorithm, PreferenceData, Optimisation (a dataclass takes its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +245,7 @@ def main(args: Args) -> dict:
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
     batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run only appends batches
     run_dir = common.make_run_dir(args.output_dir, "dpo", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0)
+    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)
     save_every = args.save_every or args.eval_every
     print(f"run folder: {run_dir}")
 
@@ -276,7 +294,7 @@ def main(args: Args) -> dict:
         before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
     else:
         before = evaluate(0)
-        evals, last_good, start = [{"step": 0, "accuracy": before["accuracy"], **before["pairs"]}], None, 1
+        evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"], **before["pairs"]})], None, 1
     bar = common.progress(args.steps, "dpo", initial=start - 1)
     for step, batch in enumerate(batches[start - 1 :], start):
         t0 = time.time()
@@ -322,7 +340,7 @@ def main(args: Args) -> dict:
         # ---- 6. evaluate and checkpoint ----------------------------------------------------------
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             result = evaluate(step)
-            evals.append({"step": step, "accuracy": result["accuracy"], **result["pairs"]})
+            evals.append(log.write_eval({"step": step, "accuracy": result["accuracy"], **result["pairs"]}))
             common.plot_curves(run_dir, evals)
         if args.save_model and save_every and step % save_every == 0 and step < args.steps:
             checkpoint(step)
@@ -330,7 +348,7 @@ def main(args: Args) -> dict:
     bar.close()
 
     after = evaluate(args.steps)
-    evals.append({"step": args.steps, "accuracy": after["accuracy"], **after["pairs"]})
+    evals.append(log.write_eval({"step": args.steps, "accuracy": after["accuracy"], **after["pairs"]}))
     result = {
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
@@ -349,9 +367,10 @@ def main(args: Args) -> dict:
     common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
+    log.close()
     common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}", result)
     return result
 
 
 if __name__ == "__main__":
-    common.run_cli(main, tyro.cli(Args))
+    common.run_cli(main, common.parse_args(Args))

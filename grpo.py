@@ -40,10 +40,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Annotated, Callable, Literal, Optional
 
 import torch
-import tyro
 from tqdm.auto import tqdm
 
 import common
@@ -52,21 +51,18 @@ from common import InputError, masked_mean, masked_sum
 
 
 @dataclass
-class Args:
-    """GRPO on the arithmetic task with the verifier reward. Options come in four groups, in this order:
-    experiment (--model ... --eval-size), algorithm (--steps ... --overlong-penalty),
-    generation (--max-new-tokens ... --top-p), optimisation (--lr ... --save-model)."""
+class Experiment:
+    """what to train, where, and what the run leaves"""
 
-    # --- experiment ---
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    dataset: Optional[str] = None
-    """JSONL file with fields prompt, answer (numeric); default: the built-in arithmetic task"""
+    dataset: Annotated[Optional[str], common.none_means("the built-in arithmetic task", "FILE")] = None
+    """JSONL file with fields prompt, answer (numeric)"""
     seed: int = 0
     """seed for problems, sampling and initialisation"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda, cuda:1, ..."""
-    precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
+    device: common.Device = "auto"
+    """auto: cuda if available"""
+    precision: common.Precision = "auto"
     """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
     output_dir: str = "runs"
     """the run folder is created inside this directory"""
@@ -74,12 +70,18 @@ class Args:
     """evaluate held-out accuracy and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out problems (greedy decoding, verifier reward)"""
-    save_every: Optional[int] = None
-    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps; default: at each evaluation"""
-    resume: Optional[str] = None
+    save_every: Annotated[Optional[int], common.none_means("at each evaluation", "INT")] = None
+    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps"""
+    resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
     """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
+    report_to: common.ReportTo = "none"
+    """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
-    # --- algorithm ---
+
+@dataclass
+class Algorithm:
+    """GRPO, and the DAPO / Dr. GRPO options"""
+
     steps: int = 100
     """training batches, each freshly sampled (a batch gives num_iterations optimizer steps; warm-up counts batches)"""
     prompts_per_step: int = 4
@@ -107,7 +109,11 @@ class Args:
     overlong_penalty: float = 1.0
     """penalty at max_new_tokens when overlong_buffer > 0"""
 
-    # --- generation ---
+
+@dataclass
+class Generation:
+    """sampling the completions"""
+
     max_new_tokens: int = 32
     """completion length limit, in training and evaluation"""
     temperature: float = 1.0
@@ -115,7 +121,11 @@ class Args:
     top_p: float = 1.0
     """nucleus sampling (1.0 = off; top-k is never used). Below 1 the update is off-policy: tokens come from the truncated distribution, ratios and KL use the full softmax"""
 
-    # --- optimisation ---
+
+@dataclass
+class Optimisation:
+    """the optimizer, memory and saving"""
+
     lr: float = 1e-5
     """AdamW learning rate"""
     warmup_steps: int = 10
@@ -124,12 +134,21 @@ class Args:
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm"""
-    batch_size: Optional[int] = None
-    """micro-batch size in sequences for gradient accumulation (default: the whole batch P*G at once)"""
+    batch_size: Annotated[Optional[int], common.none_means("the whole batch P*G at once", "INT")] = None
+    """micro-batch size in sequences, for gradient accumulation"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
     save_model: bool = True
     """save the final model (and one at each evaluation) in the run folder"""
+
+
+@dataclass
+class Args(Optimisation, Generation, Algorithm, Experiment):
+    """GRPO on the arithmetic task with the verifier reward.
+
+    One flat set of options, `Args(beta=0.1)`; the four base classes only group them in --help, and
+    their fields come in the order Experiment, Algorithm, Generation, Optimisation (a dataclass takes
+    its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,7 +330,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
     run_dir = common.make_run_dir(args.output_dir, "grpo", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0)
+    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     G = args.group_size
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -339,7 +358,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
     else:
         before = evaluate(0)
-        evals, last_good, start = [{"step": 0, "accuracy": before["accuracy"]}], None, 1
+        evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"]})], None, 1
     bar = common.progress(args.steps, "grpo", initial=start - 1)
     for step in range(start, args.steps + 1):
         # ---- 1. sample G completions per prompt from the current policy -------------------------
@@ -458,7 +477,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
 
         # ---- 7. evaluate and checkpoint -----------------------------------------------------------
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            evals.append({"step": step, "accuracy": evaluate(step)["accuracy"]})
+            evals.append(log.write_eval({"step": step, "accuracy": evaluate(step)["accuracy"]}))
             common.plot_curves(run_dir, evals)
         if args.save_model and save_every and step % save_every == 0 and step < args.steps:
             checkpoint(step)
@@ -466,7 +485,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     bar.close()
 
     after = evaluate(args.steps)
-    evals.append({"step": args.steps, "accuracy": after["accuracy"]})
+    evals.append(log.write_eval({"step": args.steps, "accuracy": after["accuracy"]}))
     result = {
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
@@ -482,9 +501,10 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
+    log.close()
     common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}", result)
     return result
 
 
 if __name__ == "__main__":
-    common.run_cli(main, tyro.cli(Args))
+    common.run_cli(main, common.parse_args(Args))

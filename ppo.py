@@ -52,53 +52,54 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Annotated, Callable, Literal, Optional
 
 import torch
-import tyro
 from tqdm.auto import tqdm
 
 import common
 import tasks
-from common import InputError, masked_mean, masked_whiten
+from common import InputError, masked_mean
 
 
 @dataclass
-class Args:
-    """PPO-RLHF with four models on the arithmetic task. Options come in four groups, in this order:
-    experiment (--model ... --eval-size), algorithm (--steps ... --whiten-rewards),
-    generation (--max-new-tokens ... --top-p), optimisation (--lr ... --save-model)."""
+class Experiment:
+    """what to train, where, and what the run leaves"""
 
-    # --- experiment ---
     model: str = "smollm2"
     """policy (and reference): smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    reward_model: Optional[str] = None
-    """checkpoint made by reward_model.py (runs/rm-.../model); it scores completions and, by default, initialises the critic"""
+    reward_model: Annotated[Optional[str], common.none_means("none; required with --reward model", "DIR")] = None
+    """checkpoint made by reward_model.py (runs/rm-.../model); it scores completions and initialises the critic unless --critic-init policy"""
     reward: Literal["model", "verifier"] = "model"
     """model: the learned reward model (the RLHF recipe); verifier: the arithmetic verifier's 0/1"""
-    critic_init: Optional[Literal["reward-model", "policy"]] = None
-    """initialise the critic from the reward model (InstructGPT) or from the policy's backbone with a new head;
-    None: the reward model when --reward-model is given, else the policy"""
-    dataset: Optional[str] = None
-    """JSONL file with fields prompt, answer (numeric); default: the built-in arithmetic task"""
+    critic_init: Annotated[Optional[Literal["reward-model", "policy"]], common.none_means("the reward model when --reward-model is given, else the policy", "{reward-model,policy}")] = None
+    """initialise the critic from the reward model (InstructGPT) or from the policy's backbone with a new head"""
+    dataset: Annotated[Optional[str], common.none_means("the built-in arithmetic task", "FILE")] = None
+    """JSONL file with fields prompt, answer (numeric)"""
     seed: int = 0
     """seed for problems, sampling and initialisation"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda, cuda:1, ..."""
-    precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
+    device: common.Device = "auto"
+    """auto: cuda if available"""
+    precision: common.Precision = "auto"
     """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
     output_dir: str = "runs"
     """the run folder is created inside this directory"""
     eval_every: int = 10
     """evaluate (verifier accuracy and reward-model score) and save a checkpoint every this many steps (0 = only before and after)"""
-    save_every: Optional[int] = None
-    """write a full checkpoint (policy, critic, optimizers, RNG states, step, KL coefficient) every this many steps; default: at each evaluation"""
-    resume: Optional[str] = None
-    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
     eval_size: int = 200
     """number of held-out problems (greedy decoding)"""
+    save_every: Annotated[Optional[int], common.none_means("at each evaluation", "INT")] = None
+    """write a full checkpoint (policy, critic, optimizers, RNG states, step, KL coefficient) every this many steps"""
+    resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
+    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
+    report_to: common.ReportTo = "none"
+    """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
-    # --- algorithm ---
+
+@dataclass
+class Algorithm:
+    """PPO, GAE and the KL penalty in the reward"""
+
     steps: int = 40
     """PPO iterations, each on a fresh batch of completions"""
     batch_size: int = 8
@@ -124,8 +125,8 @@ class Args:
     """β of the per-token KL penalty in the reward (the starting value when --target-kl is set)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
     """per-token KL penalty: k1 = log π - log π_ref (InstructGPT), k3 = r - 1 - log r with r = π_ref/π"""
-    target_kl: Optional[float] = None
-    """adaptive KL controller (Ziegler et al. 2019): the KL per completion to steer towards; None = fixed kl_coef"""
+    target_kl: Annotated[Optional[float], common.none_means("a fixed --kl-coef", "FLOAT")] = None
+    """adaptive KL controller (Ziegler et al. 2019): the KL per completion to steer towards"""
     kl_horizon: int = 10000
     """horizon of the adaptive KL controller, in completions"""
     missing_eos_penalty: float = 1.0
@@ -133,7 +134,11 @@ class Args:
     whiten_rewards: bool = False
     """whiten the per-token rewards over the batch before GAE (population variance, mean kept)"""
 
-    # --- generation ---
+
+@dataclass
+class Generation:
+    """sampling the completions"""
+
     max_new_tokens: int = 32
     """completion length limit, in training and evaluation"""
     temperature: float = 1.0
@@ -141,7 +146,11 @@ class Args:
     top_p: float = 1.0
     """nucleus sampling, in (0, 1] (1.0 = off); below 1 the update is off-policy: the ratio and KL use the full softmax, not the nucleus (as TRL)"""
 
-    # --- optimisation ---
+
+@dataclass
+class Optimisation:
+    """the two optimizers and saving"""
+
     lr: float = 1e-5
     """AdamW learning rate of the policy"""
     critic_lr: float = 1e-5
@@ -150,6 +159,14 @@ class Args:
     """gradient clipping by global norm, for each of the two models"""
     save_model: bool = True
     """save the final policy (and one at each evaluation) in the run folder"""
+
+
+@dataclass
+class Args(Optimisation, Generation, Algorithm, Experiment):
+    """PPO-RLHF with four models on the arithmetic task.
+
+    One flat set of options, `Args(kl_coef=0.1)`; the base classes only group them in --help, and their
+    fields come in the order Experiment, Algorithm, Generation, Optimisation (a dataclass takes its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +251,14 @@ def adaptive_kl_coef(kl_coef: float, kl: float, target: float, horizon: int, n_c
     """Ziegler et al. 2019, §2.2: e = clip(KL/target - 1, -0.2, 0.2); β ← β (1 + e · n / horizon)."""
     error = min(max(kl / target - 1.0, -0.2), 0.2)
     return kl_coef * (1.0 + error * n_completions / horizon)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over masked entries, population variance (divide by N, not N-1)."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    return whitened if shift_mean else whitened + mean
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
@@ -340,7 +365,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     critic_optimizer, _ = common.make_optimizer(critic, args.critic_lr)
 
     run_dir = common.make_run_dir(args.output_dir, "ppo", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0)
+    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)
     save_every = args.save_every or args.eval_every
     generator = torch.Generator(device=device).manual_seed(args.seed)
     minibatch_order = torch.Generator().manual_seed(args.seed)
@@ -400,7 +425,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         kl_coef, before, evals, last_good, start = resumed["kl_coef"], resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
     else:
         before = evaluate(0)
-        evals, last_good, start = [{"step": 0, "accuracy": before["accuracy"], "score": before["score"]}], None, 1
+        evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"], "score": before["score"]})], None, 1
     bar = common.progress(args.steps, "ppo", initial=start - 1)
     for step in range(start, args.steps + 1):
         # ---- 1. sample one completion per prompt from the policy --------------------------------
@@ -511,7 +536,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         # ---- 6. evaluate and checkpoint -------------------------------------------------------------
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
             result = evaluate(step)
-            evals.append({"step": step, "accuracy": result["accuracy"], "score": result["score"]})
+            evals.append(log.write_eval({"step": step, "accuracy": result["accuracy"], "score": result["score"]}))
             common.plot_curves(run_dir, evals)
         if args.save_model and save_every and step % save_every == 0 and step < args.steps:
             checkpoint(step)
@@ -519,7 +544,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     bar.close()
 
     after = evaluate(args.steps)
-    evals.append({"step": args.steps, "accuracy": after["accuracy"], "score": after["score"]})
+    evals.append(log.write_eval({"step": args.steps, "accuracy": after["accuracy"], "score": after["score"]}))
     result = {
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
@@ -538,9 +563,10 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
+    log.close()
     common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; reward {before['score']:.3f} -> {after['score']:.3f}", result)
     return result
 
 
 if __name__ == "__main__":
-    common.run_cli(main, tyro.cli(Args))
+    common.run_cli(main, common.parse_args(Args))

@@ -41,11 +41,10 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Annotated, Optional
 
 import torch
 import torch.nn.functional as F
-import tyro
 from tqdm.auto import tqdm
 
 import common
@@ -54,40 +53,47 @@ from common import InputError
 
 
 @dataclass
-class Args:
-    """Bradley-Terry reward model on preference pairs. Options come in four groups, in this order:
-    experiment (--model ... --eval-every), algorithm (--steps ... --center-rewards-coefficient),
-    preference data (--num-prompts ... --max-completion-tokens), optimisation (--lr ... --save-model)."""
+class Experiment:
+    """what to train, where, and what the run leaves"""
 
-    # --- experiment ---
     model: str = "smollm2"
     """backbone: smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    dataset: Optional[str] = None
-    """JSONL file with fields prompt, chosen, rejected (and optionally a numeric margin); default: pairs sampled from the model and labelled by the verifier"""
+    dataset: Annotated[Optional[str], common.none_means("pairs sampled from the model and labelled by the verifier", "FILE")] = None
+    """JSONL file with fields prompt, chosen, rejected (and optionally a numeric margin)"""
     seed: int = 0
     """seed for data, pair order and the score head's initialisation"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda, cuda:1, ..."""
-    precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
+    device: common.Device = "auto"
+    """auto: cuda if available"""
+    precision: common.Precision = "auto"
     """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
     output_dir: str = "runs"
     """the run folder is created inside this directory"""
     eval_every: int = 0
     """evaluate on held-out pairs and save a checkpoint every this many steps (0 = only before and after)"""
-    save_every: Optional[int] = None
-    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps; default: at each evaluation"""
-    resume: Optional[str] = None
+    save_every: Annotated[Optional[int], common.none_means("at each evaluation", "INT")] = None
+    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps"""
+    resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
     """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
+    report_to: common.ReportTo = "none"
+    """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
-    # --- algorithm ---
+
+@dataclass
+class Algorithm:
+    """the Bradley-Terry loss"""
+
     steps: int = 60
     """optimizer steps; the training pairs are reshuffled each time they run out"""
     batch_size: int = 8
     """preference pairs per optimizer step"""
-    center_rewards_coefficient: Optional[float] = None
-    """weight c of the centering loss c·E[(r_w + r_l)²] (Eisenstein et al. 2023; 0.01 is typical); None = off"""
+    center_rewards_coefficient: Annotated[Optional[float], common.none_means("off", "FLOAT")] = None
+    """weight c of the centering loss c·E[(r_w + r_l)²] (Eisenstein et al. 2023; 0.01 is typical)"""
 
-    # --- preference data (when --dataset is not given) ---
+
+@dataclass
+class PreferenceData:
+    """the pairs sampled from the model when --dataset is not given"""
+
     num_prompts: int = 512
     """distinct arithmetic prompts to sample; an eighth are held out"""
     samples_per_prompt: int = 8
@@ -99,7 +105,11 @@ class Args:
     max_completion_tokens: int = 256
     """completions of --dataset pairs longer than this are cut (they then end without EOS)"""
 
-    # --- optimisation ---
+
+@dataclass
+class Optimisation:
+    """the optimizer, memory and saving"""
+
     lr: float = 1e-5
     """AdamW learning rate"""
     warmup_steps: int = 5
@@ -112,6 +122,14 @@ class Args:
     """recompute activations in the backward pass to save memory"""
     save_model: bool = True
     """save the final model (and one at each evaluation) in the run folder"""
+
+
+@dataclass
+class Args(Optimisation, PreferenceData, Algorithm, Experiment):
+    """Bradley-Terry reward model on preference pairs.
+
+    One flat set of options, `Args(steps=100)`; the base classes only group them in --help, and their
+    fields come in the order Experiment, Algorithm, PreferenceData, Optimisation (a dataclass takes its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,7 +257,7 @@ def main(args: Args) -> dict:
     batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run only appends batches
     has_margin = any("margin" in p for p in train_pairs)
     run_dir = common.make_run_dir(args.output_dir, "rm", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0)
+    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)
     save_every = args.save_every or args.eval_every
     print(f"run folder: {run_dir}")
 
@@ -265,7 +283,7 @@ def main(args: Args) -> dict:
         before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
     else:
         before = report(0)
-        evals, last_good, start = [{"step": 0, **before}], None, 1
+        evals, last_good, start = [log.write_eval({"step": 0, **before})], None, 1
     bar = common.progress(args.steps, "reward model", initial=start - 1)
     for step, batch in enumerate(batches[start - 1 :], start):
         t0 = time.time()
@@ -308,7 +326,7 @@ def main(args: Args) -> dict:
 
         # ---- 4. evaluate and checkpoint ----------------------------------------------------------
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            evals.append({"step": step, **report(step)})
+            evals.append(log.write_eval({"step": step, **report(step)}))
             common.plot_curves(run_dir, evals, "eval/accuracy")
         if args.save_model and save_every and step % save_every == 0 and step < args.steps:
             checkpoint(step)
@@ -316,7 +334,7 @@ def main(args: Args) -> dict:
     bar.close()
 
     after = report(args.steps)
-    evals.append({"step": args.steps, **after})
+    evals.append(log.write_eval({"step": args.steps, **after}))
     result = {
         "pair_accuracy_before": before["eval/accuracy"],
         "pair_accuracy_after": after["eval/accuracy"],
@@ -333,9 +351,10 @@ def main(args: Args) -> dict:
     common.plot_curves(run_dir, evals, "eval/accuracy")
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
+    log.close()
     common.print_summary(f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}", result)
     return result
 
 
 if __name__ == "__main__":
-    common.run_cli(main, tyro.cli(Args))
+    common.run_cli(main, common.parse_args(Args))

@@ -51,11 +51,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import torch
 import torch.nn.functional as F
-import tyro
 from tqdm.auto import tqdm
 
 import common
@@ -70,43 +69,45 @@ DEFAULT_LR = {"ipo": 5e-6, "kto": 5e-6, "simpo": 5e-6, "orpo": 5e-6, "rloo": 1e-
 
 
 @dataclass
-class Args:
-    """One variant, chosen with --algo. Options come in four groups, in this order: experiment (--algo ...
-    --eval-size), algorithm (--steps ... --group-size), data and generation (--num-prompts ...
-    --max-completion-tokens), optimisation (--lr ... --save-model)."""
+class Experiment:
+    """which variant, what to train, where, and what the run leaves"""
 
     algo: Literal["ipo", "kto", "simpo", "orpo", "rloo", "remax"]
     """offline on preference pairs: ipo, kto, simpo, orpo; online with the verifier reward: rloo, remax"""
-
-    # --- experiment ---
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    dataset: Optional[str] = None
-    """offline: JSONL with prompt, chosen, rejected; online: JSONL with prompt, answer; default: the built-in task"""
+    dataset: Annotated[Optional[str], common.none_means("the built-in task", "FILE")] = None
+    """offline: JSONL with prompt, chosen, rejected; online: JSONL with prompt, answer"""
     seed: int = 0
     """seed for data, sampling and initialisation"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda, cuda:1, ..."""
-    precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
+    device: common.Device = "auto"
+    """auto: cuda if available"""
+    precision: common.Precision = "auto"
     """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
     output_dir: str = "runs"
     """the run folder is created inside this directory"""
     eval_every: int = 0
     """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
-    save_every: Optional[int] = None
-    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps; default: at each evaluation"""
-    resume: Optional[str] = None
-    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
     eval_size: int = 200
     """number of held-out arithmetic problems for greedy accuracy"""
+    save_every: Annotated[Optional[int], common.none_means("at each evaluation", "INT")] = None
+    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps"""
+    resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
+    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
+    report_to: common.ReportTo = "none"
+    """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
-    # --- algorithm ---
+
+@dataclass
+class Algorithm:
+    """the variant's loss"""
+
     steps: int = 60
     """optimizer steps"""
     batch_size: int = 8
     """offline: preference pairs per step (KTO: their 2× unpaired samples); online: prompts per step"""
-    beta: Optional[float] = None
-    """IPO τ (0.1), KTO β (0.1), SimPO β (2.0), ORPO λ (0.1), RLOO/ReMax KL coefficient (0.05); None = that default"""
+    beta: Annotated[Optional[float], common.none_means("the value in brackets for the --algo", "FLOAT")] = None
+    """IPO τ (0.1), KTO β (0.1), SimPO β (2.0), ORPO λ (0.1), RLOO/ReMax KL coefficient (0.05)"""
     simpo_gamma: float = 0.5
     """SimPO's target margin γ, in reward units (subtracted after β scales the log-probs)"""
     desirable_weight: float = 1.0
@@ -116,7 +117,11 @@ class Args:
     group_size: int = 4
     """RLOO: samples per prompt, k >= 2 (ReMax always takes one sample and one greedy completion)"""
 
-    # --- data and generation ---
+
+@dataclass
+class DataAndGeneration:
+    """the preference data (offline) and sampling (online)"""
+
     num_prompts: int = 512
     """offline: distinct arithmetic prompts sampled for the preference data (the same cache as dpo.py)"""
     samples_per_prompt: int = 8
@@ -128,15 +133,27 @@ class Args:
     max_completion_tokens: int = 256
     """offline: completions of --dataset pairs longer than this are cut"""
 
-    # --- optimisation ---
-    lr: Optional[float] = None
-    """AdamW learning rate; None = 5e-6 offline (as dpo.py), 1e-5 online (as grpo.py)"""
+
+@dataclass
+class Optimisation:
+    """the optimizer and saving"""
+
+    lr: Annotated[Optional[float], common.none_means("5e-6 offline (as dpo.py), 1e-5 online (as grpo.py)", "FLOAT")] = None
+    """AdamW learning rate"""
     warmup_steps: int = 5
     """linear learning-rate warm-up steps"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm"""
     save_model: bool = True
     """save the final model in the run folder"""
+
+
+@dataclass
+class Args(Optimisation, DataAndGeneration, Algorithm, Experiment):
+    """One variant, chosen with --algo.
+
+    One flat set of options, `Args(algo="ipo")`; the base classes only group them in --help, and their
+    fields come in the order Experiment, Algorithm, DataAndGeneration, Optimisation (a dataclass takes its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,7 +331,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision)
     optimizer, scheduler = common.make_optimizer(policy, lr, warmup_steps=args.warmup_steps)
     run_dir = common.make_run_dir(args.output_dir, args.algo, args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0)
+    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     save_every = args.save_every or args.eval_every
@@ -341,7 +358,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
     else:
         before = evaluate(0)
-        evals, last_good, start = [{"step": 0, "accuracy": before["accuracy"]}], None, 1
+        evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"]})], None, 1
     bar = common.progress(args.steps, args.algo, initial=start - 1)
     for step in range(start, args.steps + 1):
         t0 = time.time()
@@ -401,7 +418,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         bar.set_postfix(loss=f"{stats['loss']:.4f}")
 
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            evals.append({"step": step, "accuracy": evaluate(step)["accuracy"]})
+            evals.append(log.write_eval({"step": step, "accuracy": evaluate(step)["accuracy"]}))
             common.plot_curves(run_dir, evals)
         if args.save_model and save_every and step % save_every == 0 and step < args.steps:
             checkpoint(step)
@@ -409,7 +426,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     bar.close()
 
     after = evaluate(args.steps)
-    evals.append({"step": args.steps, "accuracy": after["accuracy"]})
+    evals.append(log.write_eval({"step": args.steps, "accuracy": after["accuracy"]}))
     result = {
         "algo": args.algo,
         "accuracy_before": before["accuracy"],
@@ -427,9 +444,10 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
+    log.close()
     common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}", result)
     return result
 
 
 if __name__ == "__main__":
-    common.run_cli(main, tyro.cli(Args))
+    common.run_cli(main, common.parse_args(Args))

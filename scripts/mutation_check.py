@@ -150,8 +150,8 @@ MUTATIONS = [
     Mutation("common.py", "return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)",
              "return masked_sum(x, mask, dim) / (mask.numel() if dim is None else mask.shape[dim])",
              "masked_mean divides by the padded size", f"{COMMON} -k masked_mean"),
-    Mutation("common.py", "var = masked_mean((x - mean) ** 2, mask)", "var = masked_sum((x - mean) ** 2, mask) / (mask.sum() - 1)",
-             "masked_whiten with the sample variance (N-1)", f"{COMMON} -k masked_whiten"),
+    Mutation("ppo.py", "var = masked_mean((x - mean) ** 2, mask)", "var = masked_mean((x - mean) ** 2, mask) * mask.sum() / (mask.sum() - 1)",
+             "masked_whiten with the sample variance (N-1)", f"{PPO} -k masked_whiten"),
     Mutation("common.py", "last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)", "last = attention_mask.sum(1) - 1",
              "reward read at index (number of real tokens - 1): wrong with left padding", f"{RM} -k 'score_does_not_depend or appended_eos'"),
     # ---- tasks.py: the verifier, the data --------------------------------------------------------------------

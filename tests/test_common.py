@@ -17,15 +17,6 @@ def test_masked_mean_and_sum_by_hand():
     assert common.masked_mean(x, mask, dim=1).tolist() == [1.5, 4.0]  # (1+2)/2, 4/1
 
 
-def test_masked_whiten_uses_population_variance_and_ignores_padding():
-    x = torch.tensor([1.0, 2.0, 3.0, 100.0])
-    mask = torch.tensor([1, 1, 1, 0])
-    # mean 2, population variance ((1-2)² + 0 + (3-2)²) / 3 = 2/3, so 1 -> -1/sqrt(2/3) = -1.224745
-    w = common.masked_whiten(x, mask)
-    assert w[:3].tolist() == pytest.approx([-1.224745, 0.0, 1.224745], abs=1e-5)
-    assert common.masked_whiten(x, mask, shift_mean=False)[:3].tolist() == pytest.approx([0.775255, 2.0, 3.224745], abs=1e-5)
-
-
 # ---- gather_logprobs and completion masks --------------------------------------------------------
 def test_gather_logprobs_matches_log_softmax_across_chunks():
     torch.manual_seed(0)

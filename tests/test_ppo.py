@@ -12,7 +12,7 @@ import ppo
 import tasks
 import reward_model
 from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script
-from ppo import (Args, adaptive_kl_coef, compute_gae, explained_variance, kl_penalized_rewards, main, ppo_policy_loss,
+from ppo import (Args, adaptive_kl_coef, compute_gae, explained_variance, kl_penalized_rewards, main, masked_whiten, ppo_policy_loss,
                  ppo_value_loss, token_values)
 
 
@@ -121,11 +121,20 @@ def test_value_clip_is_around_the_old_value():
     assert loss.item() == pytest.approx(0.845) and clip_ratio == 1.0
 
 
+def test_masked_whiten_uses_population_variance_and_ignores_padding():
+    x = torch.tensor([1.0, 2.0, 3.0, 100.0])
+    mask = torch.tensor([1, 1, 1, 0])
+    # mean 2, population variance ((1-2)² + 0 + (3-2)²) / 3 = 2/3, so 1 -> -1/sqrt(2/3) = -1.224745
+    w = masked_whiten(x, mask)
+    assert w[:3].tolist() == pytest.approx([-1.224745, 0.0, 1.224745], abs=1e-5)
+    assert masked_whiten(x, mask, shift_mean=False)[:3].tolist() == pytest.approx([0.775255, 2.0, 3.224745], abs=1e-5)
+
+
 def test_masked_whitening_of_advantages_ignores_padding():
     adv = torch.tensor([[1.0, 3.0, 100.0], [2.0, 0.0, -50.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     # masked values 1, 3, 2: mean 2, population variance 2/3
-    white = common.masked_whiten(adv, mask) * mask
+    white = masked_whiten(adv, mask) * mask
     s = math.sqrt(2 / 3)
     torch.testing.assert_close(white, torch.tensor([[-1 / s, 1 / s, 0.0], [0.0, 0.0, 0.0]]), atol=1e-6, rtol=0)
 

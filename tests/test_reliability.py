@@ -1,13 +1,20 @@
 """Bad input, interrupts and poisoned checkpoints, as a user meets them: one line, exit status 2, nothing lost."""
 
+import dataclasses
+import importlib.util
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 import common
+import dpo
 import grpo
+import ppo
+import reward_model
+import variants
 from conftest import HAS_MATPLOTLIB, PAIRS, assert_one_line_error, digit_fraction, run_script, write
 
 TINY = ["--model", "tiny", "--steps", "1"]  # every case fails before the first step
@@ -140,3 +147,62 @@ def test_without_matplotlib_the_picture_is_skipped_with_one_note(tmp_path, monke
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
     common.plot_curves(tmp_path, [{"step": 0, "accuracy": 0.1}])
     assert capsys.readouterr().err == "note: curves.png skipped (pip install matplotlib to draw it)\n" and not (tmp_path / "curves.png").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard (optional) not installed")
+def test_report_to_tensorboard_writes_the_logged_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = grpo.main(grpo.Args(model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
+                                 output_dir=str(tmp_path / "runs"), save_model=False, report_to="tensorboard"), reward_fn=digit_fraction)
+    events = EventAccumulator(os.path.join(result["run_dir"], "tensorboard")).Reload()
+    rows = [json.loads(line) for line in open(os.path.join(result["run_dir"], "metrics.jsonl"))]
+    for key in ("reward", "loss", "kl", "completion_length", "time/step"):  # TRL's names, under train/ as TRL's Trainer logs them
+        logged = [(e.step, e.value) for e in events.Scalars(f"train/{key}")]
+        assert logged == [(r["step"], pytest.approx(r[key], rel=1e-6, abs=1e-6)) for r in rows]
+    assert [(e.step, e.value) for e in events.Scalars("eval/accuracy")] == [(0, result["accuracy_before"]), (2, result["accuracy_after"])]
+
+
+def test_a_missing_tracker_package_is_one_line_before_anything_loads(tmp_path, monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real_find_spec(name, *a))
+    with pytest.raises(common.InputError, match=r"^--report-to wandb needs the wandb package: pip install wandb$"):
+        common.check_run_args(grpo.Args(report_to="wandb", output_dir=str(tmp_path)))
+
+
+SCRIPTS = {"grpo": grpo, "dpo": dpo, "ppo": ppo, "reward_model": reward_model, "variants": variants}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_help_is_grouped_with_one_default_per_option(name, capsys):
+    with pytest.raises(SystemExit):
+        common.parse_args(SCRIPTS[name].Args, ["--help"])
+    text = capsys.readouterr().out
+    for header in ("experiment options", "algorithm options", "optimisation options"):
+        assert header in text
+    assert "{None}" not in text and "--device {auto,cpu,cuda,cuda:N}" in text and "--precision {auto,fp32,bf16-mixed,bf16-true}" in text
+    assert text.lower().count("default") == text.count("(default:")  # no option states its default twice
+    for field in dataclasses.fields(SCRIPTS[name].Args):
+        assert f"--{field.name.replace('_', '-')} " in text or f"--{field.name.replace('_', '-')}," in text  # flat: --lr, not --optimisation.lr
+
+
+def test_the_command_line_builds_the_same_flat_args_as_python():
+    argv = ["--lr", "3e-5", "--batch-size", "4", "--no-scale-by-std", "--save-every", "None", "--max-new-tokens", "8", "--report-to", "tensorboard"]
+    assert common.parse_args(grpo.Args, argv) == grpo.Args(lr=3e-5, batch_size=4, scale_by_std=False, max_new_tokens=8, report_to="tensorboard")
+    assert common.parse_args(variants.Args, ["--algo", "kto", "--beta", "0.2"]) == variants.Args(algo="kto", beta=0.2)
+    assert common.parse_args(ppo.Args, ["--critic-init", "policy"]).critic_init == "policy"
+    for bad in (["--precision", "fp16"], ["--report-to", "mlflow"], ["--grpo.lr", "1"]):
+        with pytest.raises(SystemExit):
+            common.parse_args(grpo.Args, bad)
+    with pytest.raises(SystemExit):
+        common.parse_args(variants.Args, [])  # --algo is required
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb (optional) not installed")
+def test_report_to_wandb_goes_offline_without_a_network(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setattr(common, "_reachable", lambda host: False)
+    result = grpo.main(grpo.Args(model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
+                                 output_dir=str(tmp_path / "runs"), save_model=False, report_to="wandb"), reward_fn=digit_fraction)
+    (offline_run,) = (p for p in (tmp_path / "runs").glob("*/wandb/offline-run-*"))
+    assert offline_run.parent.parent == Path(result["run_dir"]) and next(offline_run.glob("*.wandb")).stat().st_size > 0
