@@ -55,6 +55,7 @@ _RUN_DIR: Optional[Path] = None  # the current run's folder, for the one line pr
 Device = Annotated[str, tyro.conf.arg(metavar="{auto,cpu,cuda,cuda:N}")]  # checked by resolve_device before anything loads
 Precision = Literal["auto", "fp32", "bf16-mixed", "bf16-true"]
 ReportTo = Literal["none", "tensorboard", "wandb"]
+PromptFormat = Literal["auto", "chat", "plain"]
 
 
 def none_means(meaning: str, metavar: str):
@@ -294,13 +295,23 @@ def _from_pretrained(auto_class, name: str, **kwargs):
         raise InputError(f"cannot load {name!r}: {first_line}") from None
 
 
-def load_tokenizer(name: str) -> transformers.PreTrainedTokenizerBase:
+def load_tokenizer(name: str, prompt_format: str = "auto") -> transformers.PreTrainedTokenizerBase:
+    """The tokenizer, and how prompts are shown to the model (tasks.format_prompt): auto = its chat
+    template if it has one, else plain `Question: ...\nAnswer:`; plain drops the template, as a base
+    model (gpt2) would meet the task; chat requires one."""
     if name in ("tiny", "tiny-gpt2"):
-        return make_tiny_tokenizer()
-    path = str(smollm2_checkpoint()) if name == "smollm2" else name
-    tokenizer = _from_pretrained(transformers.AutoTokenizer, path)
+        tokenizer = make_tiny_tokenizer()
+        if name == "tiny-gpt2":  # as gpt2: no chat template, pad = eos
+            tokenizer.chat_template, tokenizer.pad_token = None, tokenizer.eos_token
+    else:
+        path = str(smollm2_checkpoint()) if name == "smollm2" else name
+        tokenizer = _from_pretrained(transformers.AutoTokenizer, path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # gpt2 has none; masks below stay correct when pad == eos
+    if prompt_format == "plain":
+        tokenizer.chat_template = None  # saved with the checkpoint: a model trained on plain prompts keeps them
+    elif prompt_format == "chat" and not tokenizer.chat_template:
+        raise InputError(f"--prompt-format chat: {name} has no chat template; use --prompt-format plain (or auto)")
     return tokenizer
 
 
@@ -377,12 +388,12 @@ def reward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) 
     SmolLM2 and gpt2; read a reward model's scores with this function.)
     """
     with autocast(model):
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=_position_ids(attention_mask)).last_hidden_state  # (B, L, H)
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)).last_hidden_state  # (B, L, H)
         last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # (B,) index of the last 1
         return model.score(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
 
 
-def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
@@ -424,10 +435,10 @@ def completion_logprobs(
     _check_left_padded(prompt_mask)
     S = prompt_ids.shape[1]
     full_mask = torch.cat([prompt_mask.repeat_interleave(repeats, dim=0), torch.ones_like(completion_ids)], dim=1)  # (B, S+T)
-    positions = _position_ids(full_mask)  # (B, S+T)
+    positions = position_ids(full_mask)  # (B, S+T)
     with autocast(model):
         if share_prompt and not (model.is_activation_checkpointing and model.training):
-            prompt_out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=_position_ids(prompt_mask), use_cache=True, logits_to_keep=1)
+            prompt_out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask), use_cache=True, logits_to_keep=1)
             cache = prompt_out.past_key_values
             _repeat_cache(cache, repeats)
             out = model(input_ids=completion_ids, attention_mask=full_mask, position_ids=positions[:, S:], past_key_values=cache, use_cache=True)
@@ -496,7 +507,7 @@ def sample_completions(
 
 def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, generator):
     repeats = torch.full((prompt_ids.shape[0],), num_samples, device=prompt_ids.device)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=_position_ids(prompt_mask), use_cache=True, logits_to_keep=1)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask), use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
     _repeat_cache(cache, repeats)
     attention_mask = prompt_mask.repeat_interleave(repeats, dim=0)  # (B, S)

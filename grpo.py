@@ -74,6 +74,8 @@ class Experiment:
     """write a full checkpoint (model, optimizer, RNG states, step) every this many steps"""
     resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
     """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
+    prompt_format: common.PromptFormat = "auto"
+    """how a question is shown: chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as a base model such as gpt2 meets it), auto (chat if the tokenizer has a template)"""
     report_to: common.ReportTo = "none"
     """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
@@ -318,7 +320,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     precision = common.resolve_precision(args.precision, device)
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
-    tokenizer = common.load_tokenizer(args.model)
+    tokenizer = common.load_tokenizer(args.model, args.prompt_format)
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     ref_model = None

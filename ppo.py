@@ -92,6 +92,8 @@ class Experiment:
     """write a full checkpoint (policy, critic, optimizers, RNG states, step, KL coefficient) every this many steps"""
     resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
     """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
+    prompt_format: common.PromptFormat = "auto"
+    """how a question is shown: chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as a base model such as gpt2 meets it), auto (chat if the tokenizer has a template)"""
     report_to: common.ReportTo = "none"
     """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
@@ -338,7 +340,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     precision = common.resolve_precision(args.precision, device)
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
-    tokenizer = common.load_tokenizer(args.model)
+    tokenizer = common.load_tokenizer(args.model, args.prompt_format)
 
     # ---- the four models ----------------------------------------------------------------------
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)

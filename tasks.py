@@ -9,6 +9,7 @@ files use nothing else of it beyond the generic data helpers below them:
     heldout_problems(n)                -> list[Problem]   fixed, the same for every run
     train_problems(seed, exclude)      -> Iterator[Problem]   endless, never a held-out prompt
     verify(completion, answer)         -> float           the reward (1.0 correct, 0.0 not)
+SFT's default demonstrations need a fourth, `demonstration(problem) -> str` (the worked answer).
 A Problem is a prompt and a reference answer; format_prompt decides how a question is shown to
 the model (its chat template, or `Question: ...\\nAnswer:` when it has none). A user's JSONL file
 (`--dataset`) replaces the generated problems without touching the code.
@@ -19,6 +20,7 @@ samples labelled by `verify` and paired correct-with-incorrect, cached as JSONL.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
@@ -94,6 +96,14 @@ def verify(completion: str, answer: str) -> float:
     """Reward 1.0 if the completion's final number equals the answer's (so '1,234' and '1234' match), else 0.0."""
     value, target = extract_final_number(completion), extract_final_number(answer)
     return float(value is not None and target is not None and math.isclose(value, target, abs_tol=1e-9))
+
+
+def demonstration(problem: Problem) -> str:
+    """The correct, short worked answer that sft.py imitates by default: `47 + 38 = 85`."""
+    operands = re.fullmatch(r"What is (\d+) \+ (\d+)\?", problem.prompt)
+    if operands is None:
+        raise InputError(f"no demonstration for {problem.prompt!r}: give sft.py --dataset with prompt and completion fields")
+    return f"{operands[1]} + {operands[2]} = {problem.answer}"
 
 
 def format_prompt(tokenizer, question: str) -> str:
@@ -222,7 +232,10 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
     "heldout_samples"}, folder).
     """
     # v2: samples record whether they finished (v1 gave every sample an EOS, truncated ones too)
-    key = f"v2-{Path(model_name).name}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}-temp{temperature:g}-{precision}"
+    # A checkpoint folder is keyed by its full path too (every run's is called .../model); plain prompts by "-plain".
+    model_key = Path(model_name).name + (f"-{hashlib.sha1(str(Path(model_name).resolve()).encode()).hexdigest()[:8]}" if os.path.isdir(model_name) else "")
+    prompt_key = "" if tokenizer.chat_template else "-plain"
+    key = f"v2-{model_key}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}-temp{temperature:g}-{precision}{prompt_key}"
     folder = common.CACHE_DIR / "preference-data" / key
     if not folder.exists():
         problems, seen = [], set()

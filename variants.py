@@ -94,6 +94,8 @@ class Experiment:
     """write a full checkpoint (model, optimizer, RNG states, step) every this many steps"""
     resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
     """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
+    prompt_format: common.PromptFormat = "auto"
+    """how a question is shown: chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as a base model such as gpt2 meets it), auto (chat if the tokenizer has a template)"""
     report_to: common.ReportTo = "none"
     """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
@@ -313,7 +315,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
-    tokenizer = common.load_tokenizer(args.model)
+    tokenizer = common.load_tokenizer(args.model, args.prompt_format)
     offline = args.algo in OFFLINE
     if offline:
         train_pairs, _, _ = tasks.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,

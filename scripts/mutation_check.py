@@ -57,7 +57,7 @@ class Mutation(NamedTuple):
 
 GRPO, PPO, DPO, RM = "tests/test_grpo.py", "tests/test_ppo.py", "tests/test_dpo.py", "tests/test_reward_model.py"
 COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/test_variants.py"
-REL = "tests/test_reliability.py"
+REL, SFT = "tests/test_reliability.py", "tests/test_sft.py"
 
 MUTATIONS = [
     # ---- grpo.py: advantages, KL, the clipped loss, aggregation, the loop ---------------------------------
@@ -131,6 +131,15 @@ MUTATIONS = [
              "label-smoothing (cDPO) term with the wrong sign", f"{DPO} -k label_smoothing"),
     Mutation("dpo.py", "return logps[:, 0], logps[:, 1], tokens", "return logps[:, 1], logps[:, 0], tokens",
              "concatenated forward returns rejected as chosen", f"{DPO} -k concatenated_forward"),
+    # ---- sft.py -------------------------------------------------------------------------------------------
+    Mutation("sft.py", "return -masked_sum(logprobs, mask) / mask.sum().clamp(min=1)", "return -(masked_sum(logprobs, mask, dim=1) / mask.sum(1)).mean()",
+             "SFT loss as a mean of per-sequence means, not a token mean over the batch", f"{SFT} -k token_mean"),
+    Mutation("sft.py", "logits_to_keep=T + 1).logits[:, :-1]", "logits_to_keep=T).logits",
+             "SFT logits not shifted: each token predicts itself", f"{SFT} -k only_completion"),
+    Mutation("sft.py", "[r[\"completion\"] for r in rows], device, max_completion_tokens)", "[r[\"completion\"] for r in rows], device, max_completion_tokens, [False] * len(rows))",
+             "SFT never learns to end: no EOS target", f"{SFT} -k only_completion"),
+    Mutation("sft.py", "num_tokens += tokens", "num_tokens = tokens",
+             "num_tokens not cumulative", f"{SFT} -k fixed_mapping"),
     # ---- reward_model.py ---------------------------------------------------------------------------------
     Mutation("reward_model.py", "diff = chosen_scores - rejected_scores", "diff = rejected_scores - chosen_scores",
              "Bradley-Terry with chosen and rejected swapped", f"{RM} -k bradley_terry"),

@@ -14,6 +14,7 @@ import dpo
 import grpo
 import ppo
 import reward_model
+import sft
 import variants
 from conftest import HAS_MATPLOTLIB, PAIRS, assert_one_line_error, digit_fraction, run_script, write
 
@@ -52,6 +53,8 @@ CASES = [
     ("ppo.py", ["--reward-model", "{checkpoints}/lm"], "has no trained score head"),
     ("ppo.py", ["--reward-model", "runs/no-such-run/model"], "no such directory"),
     ("grpo.py", ["--resume", "{tmp}"], "no checkpoint there"),
+    ("grpo.py", ["--model", "tiny-gpt2", "--prompt-format", "chat"], "has no chat template; use --prompt-format plain"),
+    ("sft.py", ["--dataset", "{file}"], "the dataset is empty"),
 ]
 
 
@@ -170,7 +173,7 @@ def test_a_missing_tracker_package_is_one_line_before_anything_loads(tmp_path, m
         common.check_run_args(grpo.Args(report_to="wandb", output_dir=str(tmp_path)))
 
 
-SCRIPTS = {"grpo": grpo, "dpo": dpo, "ppo": ppo, "reward_model": reward_model, "variants": variants}
+SCRIPTS = {"grpo": grpo, "dpo": dpo, "ppo": ppo, "reward_model": reward_model, "variants": variants, "sft": sft}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -1,0 +1,312 @@
+"""SFT: supervised fine-tuning on demonstrations, stage 1 of RLHF, in one file.
+
+Every later stage starts here: InstructGPT (Ouyang et al. 2022, arXiv:2203.02155, §3.5) fine-tunes
+the pretrained model on human demonstrations first, and that SFT model is both the starting
+policy and the frozen reference of the reward model, PPO, DPO and GRPO. A base model that has
+never seen the task's answer format rarely produces a correct, short answer, so nearly every GRPO
+group has zero reward variance and nothing is learned; a few hundred SFT steps fix that.
+
+Objective, minimised: the negative log-likelihood of the completion tokens only (prompt tokens
+are context, not targets; the EOS that ends the completion is a target: ending is learned too),
+averaged over every completion token of the batch:
+    L(θ) = - Σ_i Σ_t m_it log π_θ(y_it | x_i, y_i,<t) / Σ_i Σ_t m_it
+This is TRL's SFTTrainer with completion-only loss: a token mean over the batch, so a long
+completion weighs more than a short one (a per-sequence mean would weigh every example equally).
+
+Data. By default, demonstrations generated from the task: the correct, short worked answer to each
+of `--num-demonstrations` training problems (`47 + 38 = 85`, tasks.demonstration), never one of
+the held-out problems. `--dataset demos.jsonl` with TRL's fields prompt, completion trains on your
+own. Either way a tenth (at most 64) is held out for `eval/loss`. Prompts get the chat template
+(or the plain `Question: ...\\nAnswer:` with `--prompt-format plain`); completions are tokenised
+apart from the prompt and end with EOS, exactly as DPO's pairs are.
+
+Run:
+    python sft.py                        # SmolLM2-135M-Instruct (embedded), demonstrations of the task
+    python sft.py --prompt-format plain  # as a base model without a chat template meets the task
+    python sft.py --model tiny --steps 3
+    python grpo.py --model runs/sft-smollm2-0-<time>/model   # then RL from the SFT model
+
+Shapes: B demonstrations per step, S prompt tokens, T completion tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from typing import Annotated, Optional
+
+import torch
+from tqdm.auto import tqdm
+
+import common
+import tasks
+from common import InputError, masked_mean, masked_sum
+
+
+@dataclass
+class Experiment:
+    """what to train, where, and what the run leaves"""
+
+    model: str = "smollm2"
+    """smollm2 (embedded SmolLM2-135M-Instruct), tiny / tiny-gpt2 (random, for smoke runs), or a hub id / local checkpoint"""
+    dataset: Annotated[Optional[str], common.none_means("demonstrations of the arithmetic task", "FILE")] = None
+    """JSONL file with fields prompt, completion"""
+    seed: int = 0
+    """seed for data, batch order and initialisation"""
+    device: common.Device = "auto"
+    """auto: cuda if available"""
+    precision: common.Precision = "auto"
+    """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
+    prompt_format: common.PromptFormat = "auto"
+    """how a question is shown: chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as a base model such as gpt2 meets it), auto (chat if the tokenizer has a template)"""
+    output_dir: str = "runs"
+    """the run folder is created inside this directory"""
+    eval_every: int = 0
+    """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
+    eval_size: int = 200
+    """number of held-out arithmetic problems for greedy accuracy"""
+    save_every: Annotated[Optional[int], common.none_means("at each evaluation", "INT")] = None
+    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps"""
+    resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
+    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
+    report_to: common.ReportTo = "none"
+    """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
+
+
+@dataclass
+class Algorithm:
+    """the demonstrations and the likelihood"""
+
+    steps: int = 100
+    """optimizer steps; the demonstrations are reshuffled each time they run out"""
+    batch_size: int = 16
+    """demonstrations per optimizer step"""
+    num_demonstrations: int = 2000
+    """distinct training problems turned into demonstrations (without --dataset)"""
+    max_completion_tokens: int = 256
+    """completions longer than this are cut (they then end without EOS)"""
+    max_new_tokens: int = 32
+    """completion length limit in the held-out evaluation (greedy)"""
+
+
+@dataclass
+class Optimisation:
+    """the optimizer, memory and saving"""
+
+    lr: float = 1e-5
+    """AdamW learning rate"""
+    warmup_steps: int = 5
+    """linear learning-rate warm-up steps"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    max_grad_norm: float = 1.0
+    """gradient clipping by global norm"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass to save memory"""
+    save_model: bool = True
+    """save the final model (and one at each evaluation) in the run folder"""
+
+
+@dataclass
+class Args(Optimisation, Algorithm, Experiment):
+    """Supervised fine-tuning on demonstrations (prompt, completion).
+
+    One flat set of options, `Args(lr=2e-5)`; the base classes only group them in --help, and their
+    fields come in the order Experiment, Algorithm, Optimisation (a dataclass takes its last base's
+    fields first)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The math: the loss, and the forward that feeds it
+# ---------------------------------------------------------------------------------------------
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """L = -Σ_it m_it log π(y_it | x_i, y_i,<t) / Σ_it m_it: the mean NLL over every completion token of
+    the batch (a token mean, as TRL; not a mean of per-sequence means). (B, T), (B, T) -> ()"""
+    return -masked_sum(logprobs, mask) / mask.sum().clamp(min=1)
+
+
+def completion_logprobs_and_hits(model, prompt_ids, prompt_mask, completion_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(y_t | x, y_<t) of every completion token and whether it was the model's argmax, (B, T) and (B, T) bool.
+
+    One forward over [left-padded prompt | right-padded completion]; logits are kept only where they
+    predict a completion token (the last prompt position predicts y_1), so prompt tokens are never
+    targets. Positions come from the attention mask: the amount of prompt padding changes nothing.
+    """
+    T = completion_ids.shape[1]
+    full_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # (B, S+T); completion padding is masked in the loss
+    with common.autocast(model):
+        logits = model(input_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=full_mask,
+                       position_ids=common.position_ids(full_mask), logits_to_keep=T + 1).logits[:, :-1]  # (B, T, V) predicts y_1..y_T
+    return common.gather_logprobs(logits, completion_ids), logits.argmax(-1) == completion_ids
+
+
+def batch_logprobs(model, tokenizer, rows: list[dict], max_completion_tokens: int):
+    """Tokenise (prompt, completion) rows (prompt with its template; completion apart, + EOS) and score them."""
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, r["prompt"]) for r in rows], device)
+    completion_ids, mask = tasks.tokenize_completions(tokenizer, [r["completion"] for r in rows], device, max_completion_tokens)
+    logprobs, hits = completion_logprobs_and_hits(model, prompt_ids, prompt_mask, completion_ids)
+    return logprobs, hits, mask, int(prompt_mask.sum() + mask.sum())
+
+
+def load_demonstrations(dataset: Optional[str], num_demonstrations: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows) of {prompt, completion}: the task's own demonstrations (distinct
+    training problems, never a held-out one) or the user's JSONL; shuffled by the seed, a tenth
+    (at most 64) held out."""
+    if dataset is None:
+        rows, seen = [], set()
+        for p in tasks.train_problems(seed, tasks.heldout_problems()):
+            if p.prompt not in seen:
+                seen.add(p.prompt)
+                rows.append({"prompt": p.prompt, "completion": tasks.demonstration(p)})
+            if len(rows) == num_demonstrations:
+                break
+    else:
+        rows = tasks.read_jsonl(dataset, ("prompt", "completion"))
+        random.Random(seed).shuffle(rows)
+    n_heldout = max(1, min(64, len(rows) // 10))
+    if len(rows) - n_heldout < 1:
+        raise InputError(f"{dataset or '--num-demonstrations'}: {len(rows)} demonstrations; need at least 2 (one is held out)")
+    return rows[n_heldout:], rows[:n_heldout]
+
+
+def check_args(args: Args) -> None:
+    common.check_run_args(args)
+    for name in ("steps", "batch_size", "num_demonstrations", "max_completion_tokens", "max_new_tokens", "eval_size"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def main(args: Args) -> dict:
+    """Train with SFT; returns the final metrics (also written to the run folder's eval.json)."""
+    check_args(args)
+    common.set_seed(args.seed)
+    device = common.resolve_device(args.device)
+    precision = common.resolve_precision(args.precision, device)
+    resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
+    train_rows, heldout_rows = load_demonstrations(args.dataset, args.num_demonstrations, args.seed)
+    tokenizer = common.load_tokenizer(args.model, args.prompt_format)
+    heldout_problems = tasks.heldout_problems(args.eval_size)
+    policy = common.load_model(args.resume + "/model" if resumed else args.model, len(tokenizer), device, precision, args.seed)
+    common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
+    if args.gradient_checkpointing:
+        policy.activation_checkpointing_enable()
+    optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
+    batches = tasks.epoch_batches(len(train_rows), args.batch_size, args.steps, args.seed)  # a longer run only appends batches
+    run_dir = common.make_run_dir(args.output_dir, "sft", args.model, args.seed, args)
+    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)
+    save_every = args.save_every or args.eval_every
+    print(f"run folder: {run_dir}")
+
+    @torch.no_grad()
+    def evaluate(step: int) -> dict:
+        """Held-out greedy task accuracy (the number every algorithm reports) and the held-out demonstrations' loss."""
+        policy.eval()
+        result = tasks.evaluate_accuracy(policy, tokenizer, heldout_problems, args.max_new_tokens)
+        nll = hits = tokens = 0.0
+        for start in range(0, len(heldout_rows), 32):
+            logprobs, hit, mask, _ = batch_logprobs(policy, tokenizer, heldout_rows[start : start + 32], args.max_completion_tokens)
+            nll, hits, tokens = nll - masked_sum(logprobs, mask).item(), hits + masked_sum(hit.float(), mask).item(), tokens + mask.sum().item()
+        result.update({"eval/loss": nll / tokens, "eval/mean_token_accuracy": hits / tokens})
+        tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout_problems)} problems); "
+                   f"held-out demonstrations: loss {result['eval/loss']:.4f}, token accuracy {result['eval/mean_token_accuracy']:.3f}")
+        return result
+
+    def checkpoint(step: int) -> None:
+        """Everything an exact --resume needs; the data position is the step (batches[step:] come next)."""
+        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": common.rng_state(),
+                 "evals": evals, "before": before, "num_tokens": num_tokens}
+        common.save_checkpoint(policy, tokenizer, run_dir / "model", state)
+
+    def eval_row(step: int, result: dict) -> dict:
+        return {"step": step, "accuracy": result["accuracy"], "eval/loss": result["eval/loss"], "eval/mean_token_accuracy": result["eval/mean_token_accuracy"]}
+
+    if resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+        common.set_rng_state(resumed["rng"])
+        before, evals, num_tokens = resumed["before"], resumed["evals"], resumed["num_tokens"]
+        last_good, start = resumed["step"], resumed["step"] + 1
+    else:
+        before = evaluate(0)
+        evals, num_tokens, last_good, start = [log.write_eval(eval_row(0, before))], 0, None, 1
+    bar = common.progress(args.steps, "sft", initial=start - 1)
+    for step, batch in enumerate(batches[start - 1 :], start):
+        t0 = time.time()
+
+        # ---- 1. log π_θ of each demonstration's completion tokens -----------------------------------
+        policy.train()
+        logprobs, hits, mask, tokens = batch_logprobs(policy, tokenizer, [train_rows[i] for i in batch], args.max_completion_tokens)
+
+        # ---- 2. the NLL of the completion tokens, and the update ----------------------------------
+        loss = sft_loss(logprobs, mask)
+        common.check_finite(loss, step, last_good, run_dir)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+        common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
+        optimizer.step()
+        lr = scheduler.get_last_lr()[0]  # the rate this step used
+        scheduler.step()
+
+        # ---- 3. log (TRL's names) --------------------------------------------------------------------
+        num_tokens += tokens  # prompt + completion tokens seen so far, as TRL counts them
+        step_time = time.time() - t0
+        stats = {
+            "loss": loss.item(),
+            "mean_token_accuracy": masked_mean(hits.float(), mask).item(),  # the argmax was the demonstrated token
+            "num_tokens": num_tokens,
+            "completion_length": mask.sum(1).float().mean().item(),
+            "grad_norm": grad_norm.item(),
+            "lr": lr,
+            "time/step": step_time,
+            "tokens_per_second": tokens / step_time,
+            "memory/peak_gb": common.peak_memory_gb(device),
+        }
+        log.write(step, stats)
+        bar.update(1)
+        bar.set_postfix(loss=f"{stats['loss']:.4f}", acc=f"{stats['mean_token_accuracy']:.3f}")
+
+        # ---- 4. evaluate and checkpoint --------------------------------------------------------------
+        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
+            evals.append(log.write_eval(eval_row(step, evaluate(step))))
+            common.plot_curves(run_dir, evals)
+        if args.save_model and save_every and step % save_every == 0 and step < args.steps:
+            checkpoint(step)
+            last_good = step
+    bar.close()
+
+    after = evaluate(args.steps)
+    evals.append(log.write_eval(eval_row(args.steps, after)))
+    result = {
+        "accuracy_before": before["accuracy"],
+        "accuracy_after": after["accuracy"],
+        "eval_loss_before": before["eval/loss"],
+        "eval_loss_after": after["eval/loss"],
+        "evals": evals,
+        "steps": args.steps,
+        "demonstrations_train": len(train_rows),
+        "demonstrations_heldout": len(heldout_rows),
+        "wall_time_s": round(time.time() - log.start, 1),
+        "memory/peak_gb": common.peak_memory_gb(device),
+        "samples_before": before["samples"],
+        "samples_after": after["samples"],
+        "run_dir": str(run_dir),
+    }
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+    common.plot_curves(run_dir, evals)
+    if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
+        checkpoint(args.steps)
+    log.close()
+    common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
+                         f"held-out demonstration loss {before['eval/loss']:.4f} -> {after['eval/loss']:.4f}", result)
+    return result
+
+
+if __name__ == "__main__":
+    common.run_cli(main, common.parse_args(Args))
