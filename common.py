@@ -339,6 +339,17 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
     return model.to(device=device, dtype=dtype)
 
 
+def load_reward_model(path: str, tokenizer, device: torch.device, precision: str = "fp32") -> torch.nn.Module:
+    """A frozen reward_model.py checkpoint that scores the policy's own token ids (read it with reward_scores).
+
+    It must share the policy's tokenizer: re-tokenising the text would work, but would score a
+    different sequence than the one the policy is updated on."""
+    model = load_model(path, len(tokenizer), device, precision, head="trained-score").eval().requires_grad_(False)
+    if load_tokenizer(path).get_vocab() != tokenizer.get_vocab():
+        raise InputError(f"--reward-model {path} was trained with a different tokenizer than the policy; train the reward model from the same base model")
+    return model
+
+
 # ---------------------------------------------------------------------------------------------
 # Log-probs and masks
 # ---------------------------------------------------------------------------------------------

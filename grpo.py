@@ -18,6 +18,11 @@ Options from later papers, each off by default unless said:
 - Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): no std scaling (`--no-scale-by-std`) and
   `--loss-agg seq-mean-token-sum-norm` (divide by B × max_new_tokens, a constant).
 
+The reward is the verifier's 0/1 by default. `--reward-model runs/rm-.../model` scores completions
+with a reward_model.py checkpoint instead, read exactly as ppo.py reads it, and logs the verifier's
+reward of the same samples beside it (`score` vs `verifier`): GRPO and PPO on one learned reward,
+and its over-optimisation, in the same two numbers.
+
 Where this file departs from the papers, and why:
 - The std in Â is the population std (divide by G) plus eps = 1e-4; TRL uses the sample std
   (divide by G-1), which makes |Â| smaller by sqrt((G-1)/G).
@@ -76,6 +81,8 @@ class Experiment:
     """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
     prompt_format: common.PromptFormat = "auto"
     """how a question is shown: chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as a base model such as gpt2 meets it), auto (chat if the tokenizer has a template)"""
+    reward_model: Annotated[Optional[str], common.none_means("the verifier", "DIR")] = None
+    """score completions with this reward_model.py checkpoint instead of the verifier (read exactly as ppo.py reads it); the verifier's reward of the same samples is logged beside it as `verifier`"""
     report_to: common.ReportTo = "none"
     """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
@@ -323,6 +330,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
+    reward_model = common.load_reward_model(args.reward_model, tokenizer, device, precision) if args.reward_model else None
     ref_model = None
     if args.beta != 0.0:
         ref_model = common.frozen_copy(policy)  # the starting model, also when resuming
@@ -374,10 +382,15 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
         time_generate = time.time() - t0
 
-        # ---- 2. score with the verifier ---------------------------------------------------------
+        # ---- 2. score with the verifier (or a learned reward model) -------------------------------
         texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
         scores = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
+        verified = scores
+        if reward_model is not None:  # the verifier's scores stay, as the true reward to compare against
+            with torch.no_grad():
+                scores = common.reward_scores(reward_model, torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1),
+                                              torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1))  # (B,)
         if not torch.isfinite(scores).all():
             raise InputError(f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: the reward function returned a non-finite score")
         lengths = mask.sum(1)  # (B,)
@@ -394,6 +407,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
             "frac_reward_zero_std": all_equal.float().mean().item(),
             "score": scores.mean().item(),  # the reward before any overlong penalty
+            **({"verifier": verified.mean().item()} if reward_model is not None else {}),  # the true reward of the same samples
             "completion_length": lengths.float().mean().item(),
             "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # no EOS: cut at max_new_tokens
         }

@@ -348,12 +348,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     ref_model = common.frozen_copy(policy)
     reward_model = None
     if args.reward_model is not None:
-        reward_model = common.load_model(args.reward_model, len(tokenizer), device, precision, args.seed, head="trained-score").eval().requires_grad_(False)
-        # The reward model reads the policy's token ids, so it must share the tokenizer (re-tokenising text
-        # would work, but would score a different sequence than the one the policy is updated on).
-        if common.load_tokenizer(args.reward_model).get_vocab() != tokenizer.get_vocab():
-            raise InputError(f"--reward-model {args.reward_model} was trained with a different tokenizer than --model {args.model}; "
-                             "train the reward model from the same base model")
+        reward_model = common.load_reward_model(args.reward_model, tokenizer, device, precision)  # frozen; the policy's tokenizer
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
     critic_source = args.reward_model if critic_init == "reward-model" else args.model
     critic = common.load_model(f"{args.resume}/model/critic" if resumed else critic_source, len(tokenizer), device, precision, args.seed, head="score")

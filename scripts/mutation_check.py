@@ -90,6 +90,8 @@ MUTATIONS = [
              "rewards = scores", "overlong penalty never added to the reward in the loop", f"{GRPO} -k overlong"),
     Mutation("grpo.py", "completion_ids[rows], repeats, args.temperature, with_entropy", "completion_ids[rows], repeats, 1.0, with_entropy",
              "log-probs recomputed at temperature 1, not the sampling temperature", f"{GRPO} -k sampling_temperature"),
+    Mutation("grpo.py", "torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1))  # (B,)", "torch.cat([prompt_mask.repeat_interleave(G, 0), torch.ones_like(mask)], 1))  # (B,)",
+             "learned reward read through the padding after EOS", f"{GRPO} -k learned_reward"),
     # ---- ppo.py: per-token rewards, GAE, both losses, the KL controller, the loop -------------------------
     Mutation("ppo.py", "rewards = -kl_coef * kl * mask", "rewards = kl_coef * kl * mask",
              "KL enters the reward as a bonus, not a penalty", f"{PPO} -k kl_penalized"),

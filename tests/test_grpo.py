@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import common
-from conftest import HAS_EMBEDDED_MODEL, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script, write
 from grpo import Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty
 
 
@@ -271,6 +271,29 @@ def test_completion_truncated_counts_rows_without_eos(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "sample_completions", fixed_completions)
     result = main(tiny_args(tmp_path, steps=1, max_new_tokens=3, save_model=False), reward_fn=digit_fraction)
     assert metrics_of(result)[0]["completion_truncated"] == 0.5
+
+
+def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypatch):
+    import reward_model
+    import tasks
+
+    rm = reward_model.main(reward_model.Args(model="tiny", dataset=PAIRS, steps=2, batch_size=4, output_dir=str(tmp_path / "rm")))
+    rm_path = os.path.join(rm["run_dir"], "model")
+    eos, pad = 2, 0  # the tiny tokenizer's <|im_end|> and <pad>
+    table = torch.tensor([[40, 41, eos], [42, eos, pad]])  # the second row's score must be read at its EOS, not at the padding
+    monkeypatch.setattr(common, "sample_completions", lambda model, prompt_ids, *a, **k: table.repeat(prompt_ids.shape[0], 1))
+    result = main(tiny_args(tmp_path / "grpo", steps=1, prompts_per_step=1, group_size=2, reward_model=rm_path, save_model=False),
+                  reward_fn=lambda completion, answer: 1.0)
+    row = metrics_of(result)[0]
+    tokenizer = common.load_tokenizer("tiny")
+    problem = next(tasks.load_problems(None, 0, 8, 1)[0])
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, problem.prompt)] * 2, "cpu")
+    mask = common.completion_mask(table, eos)
+    with torch.no_grad():
+        expected = common.reward_scores(common.load_reward_model(rm_path, tokenizer, torch.device("cpu")),
+                                        torch.cat([prompt_ids, table], 1), torch.cat([prompt_mask, mask], 1))
+    assert row["score"] == pytest.approx(expected.mean().item(), abs=1e-5) and row["reward"] == row["score"]
+    assert row["verifier"] == 1.0  # the reward_fn's (the verifier's) score of the same samples, logged beside it
 
 
 def test_overlong_penalty_is_added_to_the_reward_in_the_loop(tmp_path):
