@@ -567,7 +567,10 @@ def make_run_dir(output_dir: str, algo: str, model: str, seed: int, args) -> Pat
             shutil.rmtree(stale, ignore_errors=True)
         return _RUN_DIR
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(output_dir) / f"{algo}-{Path(model).name}-{seed}-{stamp}"
+    name = Path(model).name
+    if name == "model":  # a checkpoint of this project: runs/sft-smollm2-0-<time>/model -> sft-smollm2
+        name = re.sub(r"-\d+-\d{8}-\d{6}(-\d+)?$", "", Path(model).resolve().parent.name)
+    base = Path(output_dir) / f"{algo}-{name}-{seed}-{stamp}"
     run_dir, n = base, 1
     while run_dir.exists():  # two runs started in the same second
         run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1

@@ -151,7 +151,7 @@ class Generation:
 
 @dataclass
 class Optimisation:
-    """the two optimizers and saving"""
+    """the two optimizers, memory and saving"""
 
     lr: float = 1e-5
     """AdamW learning rate of the policy"""
@@ -159,6 +159,8 @@ class Optimisation:
     """AdamW learning rate of the critic"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm, for each of the two models"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass to save memory (policy and critic)"""
     save_model: bool = True
     """save the final policy (and one at each evaluation) in the run folder"""
 
@@ -282,9 +284,8 @@ def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tenso
     S, T = prompt_ids.shape[1], completion_ids.shape[1]
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     with common.autocast(critic):
-        hidden = critic.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state  # (B, S+T, H)
+        hidden = critic.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=common.position_ids(attention_mask)).last_hidden_state  # (B, S+T, H)
         return critic.score(hidden[:, S - 1 : S + T - 1]).squeeze(-1).float()  # (B, T)
 
 
@@ -358,6 +359,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     if reward_model is not None:
         models["reward model"] = reward_model
     table = memory_table(models, trainable={"policy", "critic"})
+    if args.gradient_checkpointing:
+        policy.activation_checkpointing_enable()
+        critic.activation_checkpointing_enable()
     policy_optimizer, _ = common.make_optimizer(policy, args.lr)  # constant rates, no warm-up
     critic_optimizer, _ = common.make_optimizer(critic, args.critic_lr)
 

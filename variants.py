@@ -138,7 +138,7 @@ class DataAndGeneration:
 
 @dataclass
 class Optimisation:
-    """the optimizer and saving"""
+    """the optimizer, memory and saving"""
 
     lr: Annotated[Optional[float], common.none_means("5e-6 offline (as dpo.py), 1e-5 online (as grpo.py)", "FLOAT")] = None
     """AdamW learning rate"""
@@ -146,6 +146,8 @@ class Optimisation:
     """linear learning-rate warm-up steps"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass to save memory"""
     save_model: bool = True
     """save the final model in the run folder"""
 
@@ -331,6 +333,8 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         ref_model = common.frozen_copy(policy)  # the starting model, also when resuming
     if resumed:
         policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision)
+    if args.gradient_checkpointing:
+        policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, lr, warmup_steps=args.warmup_steps)
     run_dir = common.make_run_dir(args.output_dir, args.algo, args.model, args.seed, args)
     log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)

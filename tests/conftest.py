@@ -105,3 +105,21 @@ def assert_resume_is_exact(tmp_path, main, make_args, steps: int = 4, **main_kwa
     weights = [load_file(os.path.join(r["run_dir"], "model", "model.safetensors")) for r in (straight, resumed)]
     assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert straight["evals"] == resumed["evals"]
+
+
+def assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main, make_args, trained_models: int = 1, **main_kwargs) -> None:
+    """A run with --gradient-checkpointing on every trained model gives the same metrics (loss, gradient
+    norm, ...) and weights as one without: recomputing activations must not change the gradient."""
+    import transformers
+
+    enabled, real = [], transformers.PreTrainedModel.activation_checkpointing_enable
+    monkeypatch.setattr(transformers.PreTrainedModel, "activation_checkpointing_enable", lambda self, *a, **k: (enabled.append(self), real(self, *a, **k))[1])
+    plain = main(make_args(tmp_path / "plain", gradient_checkpointing=False), **main_kwargs)
+    assert not enabled
+    checkpointed = main(make_args(tmp_path / "checkpointed", gradient_checkpointing=True), **main_kwargs)
+    assert len(enabled) == trained_models and all(m.is_activation_checkpointing for m in enabled)
+    rows = [[{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in metrics_of(r)] for r in (plain, checkpointed)]
+    for a, b in zip(*rows):
+        assert a.keys() == b.keys()
+        for k in a:  # float noise of the recomputation; a thresholded count of near-ties (reward accuracy at step 1) may flip
+            assert "accuracies" in k or a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (k, a[k], b[k])

@@ -10,7 +10,7 @@ import transformers
 
 import common
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, assert_checkpointing_changes_nothing, metrics_of, run_script, write
 from dpo import Args, concatenated_logps, dpo_loss, main
 
 
@@ -231,3 +231,7 @@ def test_embedded_smollm2_takes_one_dpo_step(tmp_path):
                        output_dir=str(tmp_path), save_model=False))
     row = metrics_of(result)[0]
     assert row["loss"] == pytest.approx(math.log(2), abs=1e-4) and row["logps/chosen"] < 0
+
+
+def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch):
+    assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main, lambda out, **kw: tiny_args(out, save_model=False, **kw))

@@ -11,7 +11,7 @@ import common
 import ppo
 import tasks
 import reward_model
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, assert_checkpointing_changes_nothing, digit_fraction, metrics_of, run_script
 from ppo import (Args, adaptive_kl_coef, compute_gae, explained_variance, kl_penalized_rewards, main, masked_whiten, ppo_policy_loss,
                  ppo_value_loss, token_values)
 
@@ -335,3 +335,8 @@ def test_embedded_smollm2_takes_one_ppo_step(tmp_path):
                        max_new_tokens=8, eval_size=2, output_dir=str(tmp_path), save_model=False, ppo_epochs=1))
     row = metrics_of(result)[0]
     assert row["approx_kl"] == pytest.approx(0.0, abs=1e-8) and math.isfinite(row["vf_loss"])
+
+
+def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch, tiny_reward_model_path):
+    assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main, lambda out, **kw: tiny_args(out, tiny_reward_model_path, save_model=False, **kw),
+                                         trained_models=2)  # policy and critic

@@ -12,7 +12,7 @@ import transformers
 import common
 import reward_model
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, assert_checkpointing_changes_nothing, metrics_of, run_script, write
 from reward_model import Args, auc, bradley_terry_loss, main, score_texts
 
 
@@ -232,3 +232,7 @@ def test_cli_tiny_run_and_bad_input(tmp_path):
 def test_embedded_smollm2_reward_model_takes_one_step(tmp_path):
     result = main(Args(model="smollm2", dataset=PAIRS, steps=1, batch_size=2, output_dir=str(tmp_path), save_model=False))
     assert math.isfinite(metrics_of(result)[0]["loss"])
+
+
+def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch):
+    assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main, lambda out, **kw: tiny_args(out, save_model=False, **kw))

@@ -8,7 +8,7 @@ import torch
 
 import common
 import tasks
-from conftest import PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
+from conftest import PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, assert_checkpointing_changes_nothing, metrics_of, run_script, write
 from sft import Args, batch_logprobs, completion_logprobs_and_hits, load_demonstrations, main, sft_loss
 
 
@@ -92,6 +92,7 @@ def test_the_plain_prompt_pipeline_runs_on_tiny_gpt2(tmp_path):
     rm = run_script("reward_model.py", "--model", sft_model, "--dataset", PAIRS, "--steps", "2", "--batch-size", "4", "--output-dir", str(tmp_path / "rm"))
     assert rm.returncode == 0, rm.stderr
     rm_model = str(next((tmp_path / "rm").iterdir()) / "model")
+    assert os.path.basename(os.path.dirname(rm_model)).startswith("rm-sft-tiny-gpt2-0-")  # named after the run it starts from
     ppo = run_script("ppo.py", "--model", sft_model, "--reward-model", rm_model, "--steps", "1", "--batch-size", "2", "--minibatch-size", "2",
                      "--max-new-tokens", "4", "--eval-size", "4", "--no-save-model", "--output-dir", str(tmp_path / "ppo"))
     assert ppo.returncode == 0, ppo.stderr
@@ -111,3 +112,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     proc = run_script("sft.py", "--model", "tiny", "--dataset", bad, "--output-dir", str(tmp_path))
     assert_one_line_error(proc, "field 'completion' missing")
     assert os.listdir(tmp_path) == ["bad.jsonl"]  # no half-made run folder
+
+
+def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch):
+    assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main, lambda out, **kw: tiny_args(out, save_model=False, **kw))

@@ -10,7 +10,7 @@ import torch
 import common
 import tasks
 import variants
-from conftest import PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script
+from conftest import PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, assert_checkpointing_changes_nothing, digit_fraction, metrics_of, run_script
 from variants import (Args, ipo_loss, kto_loss, main, offline_loss, orpo_loss, remax_advantages, rloo_advantages,
                       sequence_logps, simpo_loss)
 
@@ -253,3 +253,9 @@ def test_cli_needs_an_algo_and_reports_bad_input_in_one_line(tmp_path):
     for flag in ("--algo", "--beta", "--simpo-gamma", "--desirable-weight", "--undesirable-weight", "--group-size"):
         assert flag in help_text, flag
     assert "--top-p" not in help_text  # the online loop scores with full-softmax log-probs, so it must sample from them
+
+
+@pytest.mark.parametrize("algo", ["kto", "rloo"])
+def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch, algo):
+    assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main, lambda out, **kw: tiny_args(out, algo, save_model=False, **kw),
+                                         **({"reward_fn": digit_fraction} if algo == "rloo" else {}))
