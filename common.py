@@ -15,7 +15,9 @@ Two conventions used everywhere:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import warnings
 import datetime
 import importlib.util
 import json
@@ -28,7 +30,7 @@ import socket
 import sys
 import time
 import urllib.parse
-from dataclasses import MISSING, asdict, field, fields, is_dataclass, make_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, make_dataclass
 from pathlib import Path
 from typing import Annotated, Callable, Literal, Optional
 
@@ -56,6 +58,22 @@ Device = Annotated[str, tyro.conf.arg(metavar="{auto,cpu,cuda,cuda:N}")]  # chec
 Precision = Literal["auto", "fp32", "bf16-mixed", "bf16-true"]
 ReportTo = Literal["none", "tensorboard", "wandb"]
 PromptFormat = Literal["auto", "chat", "plain"]
+
+
+@dataclass
+class Lora:
+    """LoRA: train low-rank adapters instead of every weight (pip install peft); the reference is the base with the adapter off"""
+
+    lora_r: int = 0
+    """adapter rank r (0 = off: full fine-tuning)"""
+    lora_alpha: float = 32.0
+    """α: the adapter's update is scaled by α / r"""
+    lora_dropout: float = 0.0
+    """dropout on the adapter's input (0: dropout would make old and new log-probs disagree at ratio 1)"""
+    lora_targets: str = "all-linear"
+    """modules that get adapters: all-linear (every attention and MLP projection) or a comma-separated list (q_proj,v_proj)"""
+    merge_lora: bool = False
+    """also write the final model with the adapter merged in (run folder/merged: a plain from_pretrained checkpoint)"""
 
 
 def none_means(meaning: str, metavar: str):
@@ -125,6 +143,10 @@ def check_run_args(args) -> None:
         raise InputError(f"--lr must be > 0, not {args.lr}")
     if getattr(args, "max_grad_norm", 1.0) is not None and not getattr(args, "max_grad_norm", 1.0) > 0:
         raise InputError(f"--max-grad-norm must be > 0 (a negative one flips the gradient), not {args.max_grad_norm}")
+    if getattr(args, "lora_r", 0):
+        _peft()
+        if args.lora_r < 0 or not args.lora_alpha > 0 or not 0 <= args.lora_dropout < 1:
+            raise InputError(f"LoRA needs --lora-r >= 1, --lora-alpha > 0 and --lora-dropout in [0, 1), not {args.lora_r}, {args.lora_alpha}, {args.lora_dropout}")
     package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(getattr(args, "report_to", "none"))
     if package and importlib.util.find_spec(package) is None:
         raise InputError(f"--report-to {args.report_to} needs the {package} package: pip install {package}")
@@ -269,9 +291,10 @@ def _from_pretrained(auto_class, name: str, **kwargs):
     try:
         if os.path.isdir(name):
             files = set(os.listdir(name))
-            if "config.json" not in files:
+            tokenizer_files = files & {"tokenizer.json", "tokenizer_config.json", "vocab.json"}
+            if "config.json" not in files and not (auto_class is transformers.AutoTokenizer and tokenizer_files):  # a LoRA adapter folder has a tokenizer only
                 raise InputError(f"cannot load {name!r}: the directory holds no transformers checkpoint (no config.json)")
-            if auto_class is transformers.AutoTokenizer and not files & {"tokenizer.json", "tokenizer_config.json", "vocab.json"}:
+            if auto_class is transformers.AutoTokenizer and not tokenizer_files:
                 raise InputError(f"cannot load {name!r}: the directory has a config.json but no tokenizer files (tokenizer.json)")
             if auto_class is not transformers.AutoTokenizer and not any(f.endswith((".safetensors", ".bin", ".safetensors.index.json")) for f in files):
                 raise InputError(f"cannot load {name!r}: the directory has a config.json but no weights (model.safetensors)")
@@ -315,13 +338,22 @@ def load_tokenizer(name: str, prompt_format: str = "auto") -> transformers.PreTr
     return tokenizer
 
 
-def load_model(name: str, vocab_size: int, device: torch.device, precision: str = "fp32", seed: int = 0, head: str = "lm"):
+def load_model(name: str, vocab_size: int, device: torch.device, precision: str = "fp32", seed: int = 0, head: str = "lm",
+               keep_adapter: bool = False):
     """Load a causal LM (head="lm"), or a reward model (head="score": the same backbone with a scalar
     head, new if the checkpoint has none; head="trained-score" refuses a checkpoint without a trained
     one, since a random head would score noise), with dropout off (dropout makes old and new log-probs
     disagree at ratio 1, and a reward model score the same text differently). Weights are float32
-    unless precision is bf16-true; a bf16-mixed model is marked so that `autocast(model)` applies."""
+    unless precision is bf16-true; a bf16-mixed model is marked so that `autocast(model)` applies.
+    A LoRA checkpoint (an adapter folder) is loaded onto its base and merged, or kept as a trainable
+    adapter with keep_adapter (--resume)."""
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
+    if os.path.isfile(os.path.join(name, "adapter_config.json")):  # a LoRA run's checkpoint: its base, then the adapter
+        peft = _peft()
+        base = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
+        model = peft.PeftModel.from_pretrained(load_model(base, vocab_size, device, precision, seed, "score" if head != "lm" else "lm"),
+                                               name, is_trainable=keep_adapter)
+        return model if keep_adapter else model.merge_and_unload()
     if name in ("tiny", "tiny-gpt2"):
         torch.manual_seed(seed)
         model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama", "lm" if head == "lm" else "score")
@@ -348,6 +380,56 @@ def load_reward_model(path: str, tokenizer, device: torch.device, precision: str
     if load_tokenizer(path).get_vocab() != tokenizer.get_vocab():
         raise InputError(f"--reward-model {path} was trained with a different tokenizer than the policy; train the reward model from the same base model")
     return model
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA (Hu et al. 2021, arXiv:2106.09685), with the optional peft package
+# ---------------------------------------------------------------------------------------------
+def _peft():
+    try:
+        import peft
+    except ImportError:
+        raise InputError("--lora-r needs the peft package: pip install peft") from None
+    return peft
+
+
+def add_lora(model, base: str, lora: Lora):
+    """Freeze `model` and train adapters on `lora.lora_targets`: W x + (α/r)·B A x with B = 0 at the start, so
+    the first forward is the base model's. A score head (reward model, critic) stays fully trainable.
+    With the adapter switched off the model *is* its base, which is the reference (`reference`): one
+    set of base weights, no copy. `base` (the --model it came from) is recorded to load the adapter again."""
+    peft = _peft()
+    targets = lora.lora_targets if lora.lora_targets == "all-linear" else [t.strip() for t in lora.lora_targets.split(",")]
+    config = peft.LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout, target_modules=targets,
+                             modules_to_save=["score"] if hasattr(model, "score") else None)
+    with warnings.catch_warnings():  # gpt2's Conv1D: peft transposes the adapter itself and says so
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(model, config)
+    model.peft_config["default"].base_model_name_or_path = base
+    return model
+
+
+def unwrap(model):
+    """The transformers model inside a LoRA (peft) wrapper, for its backbone and score head; else the model."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+@contextlib.contextmanager
+def reference(policy, ref_model=None):
+    """The frozen reference policy: `ref_model` (a frozen copy), or for a LoRA policy the policy itself with
+    its adapter switched off: LoRA never changes the base weights, so that is exactly the starting model."""
+    if ref_model is not None:
+        yield ref_model
+    else:
+        with policy.disable_adapter():
+            yield policy
+
+
+def save_merged(model, tokenizer, path: Path) -> None:
+    """A LoRA model with its adapter merged into the weights: a plain from_pretrained checkpoint (--merge-lora)."""
+    merged = copy.deepcopy(model).merge_and_unload()
+    merged.save_pretrained(path)
+    tokenizer.save_pretrained(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,10 +480,11 @@ def reward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) 
     for the last token that is not the pad id, which skips a final EOS when pad == eos, as in
     SmolLM2 and gpt2; read a reward model's scores with this function.)
     """
+    inner = unwrap(model)
     with autocast(model):
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)).last_hidden_state  # (B, L, H)
+        hidden = inner.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)).last_hidden_state  # (B, L, H)
         last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # (B,) index of the last 1
-        return model.score(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
+        return inner.score(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -726,8 +809,8 @@ def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, 
     tmp = path.with_name(path.name + ".tmp")
     old = path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
-    for name, m in models.items():
-        m.save_pretrained(tmp / name)
+    for name, m in models.items():  # a LoRA model saves its adapter (and heads); never look up its base on the Hub
+        m.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}))
     tokenizer.save_pretrained(tmp)
     if state is not None:
         torch.save(state, tmp / "trainer_state.pt")

@@ -140,11 +140,11 @@ class Optimisation:
 
 
 @dataclass
-class Args(Optimisation, PreferenceData, Algorithm, Experiment):
+class Args(common.Lora, Optimisation, PreferenceData, Algorithm, Experiment):
     """DPO on preference pairs; held-out accuracy on the arithmetic task with the verifier.
 
     One flat set of options, `Args(beta=0.2)`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Algorithm, PreferenceData, Optimisation (a dataclass takes its last base's fields first)."""
+    fields come in the order Experiment, Algorithm, PreferenceData, Optimisation, Lora (a dataclass takes its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,10 +262,12 @@ def main(args: Args) -> dict:
         heldout_ref = score_pairs(policy, tokenizer, heldout_pairs, args.batch_size, args.max_completion_tokens, "reference log-probs (held-out)")
         if args.precompute_ref_logprobs:
             train_ref = score_pairs(policy, tokenizer, train_pairs, args.batch_size, args.max_completion_tokens, "reference log-probs (train)")
-    if not args.precompute_ref_logprobs:
-        ref_model = common.frozen_copy(policy)  # the starting model, also when resuming
+    if not args.precompute_ref_logprobs and not args.lora_r:
+        ref_model = common.frozen_copy(policy)  # the starting model, also when resuming; with LoRA: the policy, adapter off
     if resumed:
-        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision)
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True)
+    elif args.lora_r:
+        policy = common.add_lora(policy, args.model, args)
 
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
@@ -306,8 +308,8 @@ def main(args: Args) -> dict:
         if train_ref is not None:
             ref_chosen, ref_rejected = train_ref[batch].unbind(1)  # (P,), (P,)
         else:
-            with torch.no_grad():
-                ref_chosen, ref_rejected, _ = concatenated_logps(ref_model, tokenizer, pairs, args.max_completion_tokens)
+            with torch.no_grad(), common.reference(policy, ref_model) as ref:
+                ref_chosen, ref_rejected, _ = concatenated_logps(ref, tokenizer, pairs, args.max_completion_tokens)
 
         # ---- 3. log π_θ of chosen and rejected in one batch, then the DPO loss ------------------
         policy.train()
@@ -369,6 +371,8 @@ def main(args: Args) -> dict:
     common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
+        if args.lora_r and args.merge_lora:
+            common.save_merged(policy, tokenizer, run_dir / "merged")
     log.close()
     common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}", result)
     return result

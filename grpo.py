@@ -152,11 +152,11 @@ class Optimisation:
 
 
 @dataclass
-class Args(Optimisation, Generation, Algorithm, Experiment):
+class Args(common.Lora, Optimisation, Generation, Algorithm, Experiment):
     """GRPO on the arithmetic task with the verifier reward.
 
     One flat set of options, `Args(beta=0.1)`; the four base classes only group them in --help, and
-    their fields come in the order Experiment, Algorithm, Generation, Optimisation (a dataclass takes
+    their fields come in the order Experiment, Algorithm, Generation, Optimisation, Lora (a dataclass takes
     its last base's fields first)."""
 
 
@@ -331,11 +331,12 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     reward_model = common.load_reward_model(args.reward_model, tokenizer, device, precision) if args.reward_model else None
-    ref_model = None
-    if args.beta != 0.0:
-        ref_model = common.frozen_copy(policy)  # the starting model, also when resuming
+    # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
+    ref_model = common.frozen_copy(policy) if args.beta != 0.0 and not args.lora_r else None
     if resumed:
-        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision)
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True)
+    elif args.lora_r:
+        policy = common.add_lora(policy, args.model, args)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
@@ -437,7 +438,10 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             # With μ = 1 the sampling policy *is* the current one, so old = current.detach() below and
             # ratio is exactly 1 (no extra forward); with μ > 1 they must be frozen before the first update.
             old_logprobs = torch.cat([logprobs_of(policy, s)[0] for s in slices]) if args.num_iterations > 1 else None
-            ref_logprobs = torch.cat([logprobs_of(ref_model, s)[0] for s in slices]) if ref_model is not None else None
+            ref_logprobs = None
+            if args.beta != 0.0:
+                with common.reference(policy, ref_model) as ref:
+                    ref_logprobs = torch.cat([logprobs_of(ref, s)[0] for s in slices])
 
         # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
         policy.train()
@@ -517,6 +521,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
+        if args.lora_r and args.merge_lora:
+            common.save_merged(policy, tokenizer, run_dir / "merged")
     log.close()
     common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}", result)
     return result

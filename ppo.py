@@ -166,11 +166,11 @@ class Optimisation:
 
 
 @dataclass
-class Args(Optimisation, Generation, Algorithm, Experiment):
+class Args(common.Lora, Optimisation, Generation, Algorithm, Experiment):
     """PPO-RLHF with four models on the arithmetic task.
 
     One flat set of options, `Args(kl_coef=0.1)`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Algorithm, Generation, Optimisation (a dataclass takes its last base's fields first)."""
+    fields come in the order Experiment, Algorithm, Generation, Optimisation, Lora (a dataclass takes its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,22 +284,23 @@ def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tenso
     S, T = prompt_ids.shape[1], completion_ids.shape[1]
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
+    inner = common.unwrap(critic)  # through a LoRA wrapper
     with common.autocast(critic):
-        hidden = critic.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=common.position_ids(attention_mask)).last_hidden_state  # (B, S+T, H)
-        return critic.score(hidden[:, S - 1 : S + T - 1]).squeeze(-1).float()  # (B, T)
+        hidden = inner.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=common.position_ids(attention_mask)).last_hidden_state  # (B, S+T, H)
+        return inner.score(hidden[:, S - 1 : S + T - 1]).squeeze(-1).float()  # (B, T)
 
 
 def memory_table(models: dict[str, torch.nn.Module], trainable: set[str]) -> list[dict]:
-    """Parameters and bytes of weights, gradients and AdamW state (two fp32 moments) for each model."""
+    """Parameters and bytes of weights, and of gradients and AdamW state (two fp32 moments) of the trained
+    parameters (with LoRA: the adapters and heads only), for each model."""
     rows = []
     for name, model in models.items():
         params = sum(p.numel() for p in model.parameters())
-        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        train = name in trainable
+        trained = [p for p in model.parameters() if p.requires_grad] if name in trainable else []
         rows.append({
-            "model": name, "parameters": params, "weights_gb": weight_bytes / 2**30,
-            "gradients_gb": weight_bytes / 2**30 if train else 0.0,
-            "optimizer_gb": 2 * params * 4 / 2**30 if train else 0.0,
+            "model": name, "parameters": params, "weights_gb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
+            "gradients_gb": sum(p.numel() * p.element_size() for p in trained) / 2**30,
+            "optimizer_gb": 2 * sum(p.numel() for p in trained) * 4 / 2**30,
         })
     return rows
 
@@ -346,16 +347,21 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     # ---- the four models ----------------------------------------------------------------------
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    ref_model = common.frozen_copy(policy)
+    ref_model = common.frozen_copy(policy) if not args.lora_r else None  # with LoRA: the policy with its adapter off
     reward_model = None
     if args.reward_model is not None:
         reward_model = common.load_reward_model(args.reward_model, tokenizer, device, precision)  # frozen; the policy's tokenizer
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
     critic_source = args.reward_model if critic_init == "reward-model" else args.model
-    critic = common.load_model(f"{args.resume}/model/critic" if resumed else critic_source, len(tokenizer), device, precision, args.seed, head="score")
+    # With LoRA the critic is its own model with its own adapter and a fully trained head (not a second adapter on
+    # the policy's weights: the value head would then read features the policy's adapter keeps moving).
+    critic = common.load_model(f"{args.resume}/model/critic" if resumed else critic_source, len(tokenizer), device, precision, args.seed,
+                               head="score", keep_adapter=bool(resumed))
     if resumed:  # the reference stays the starting model
-        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision)
-    models = {"policy": policy, "reference": ref_model, "critic": critic}
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True)
+    elif args.lora_r:
+        policy, critic = common.add_lora(policy, args.model, args), common.add_lora(critic, critic_source, args)
+    models = {"policy": policy, **({"reference": ref_model} if ref_model is not None else {}), "critic": critic}
     if reward_model is not None:
         models["reward model"] = reward_model
     table = memory_table(models, trainable={"policy", "critic"})
@@ -453,7 +459,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             finished = (completion_ids == eos).any(1)
             penalised = scores - args.missing_eos_penalty * (~finished).float()
             old_logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, ones, args.temperature)  # (B, T)
-            ref_logprobs, _ = common.completion_logprobs(ref_model, prompt_ids, prompt_mask, completion_ids, ones, args.temperature)
+            with common.reference(policy, ref_model) as ref:
+                ref_logprobs, _ = common.completion_logprobs(ref, prompt_ids, prompt_mask, completion_ids, ones, args.temperature)
             critic.eval()
             old_values = token_values(critic, prompt_ids, prompt_mask, completion_ids)  # (B, T)
 
@@ -564,6 +571,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
+        if args.lora_r and args.merge_lora:
+            common.save_merged(policy, tokenizer, run_dir / "merged")
     log.close()
     common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; reward {before['score']:.3f} -> {after['score']:.3f}", result)
     return result

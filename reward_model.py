@@ -127,11 +127,11 @@ class Optimisation:
 
 
 @dataclass
-class Args(Optimisation, PreferenceData, Algorithm, Experiment):
+class Args(common.Lora, Optimisation, PreferenceData, Algorithm, Experiment):
     """Bradley-Terry reward model on preference pairs.
 
     One flat set of options, `Args(steps=100)`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Algorithm, PreferenceData, Optimisation (a dataclass takes its last base's fields first)."""
+    fields come in the order Experiment, Algorithm, PreferenceData, Optimisation, Lora (a dataclass takes its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,7 +251,9 @@ def main(args: Args) -> dict:
     for pair in train_pairs + heldout_pairs:  # TRL's optional per-pair margin
         if "margin" in pair and not (isinstance(pair["margin"], (int, float)) and math.isfinite(pair["margin"])):
             raise InputError(f"{args.dataset}: margin {pair['margin']!r} of prompt {pair['prompt']!r} is not a finite number")
-    model = common.load_model(f"{args.resume}/model" if resumed else args.model, len(tokenizer), device, precision, args.seed, head="score")
+    model = common.load_model(f"{args.resume}/model" if resumed else args.model, len(tokenizer), device, precision, args.seed, head="score", keep_adapter=bool(resumed))
+    if args.lora_r and not resumed:
+        model = common.add_lora(model, args.model, args)  # the score head stays fully trainable
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers' own forward needs it for batches
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
@@ -353,6 +355,8 @@ def main(args: Args) -> dict:
     common.plot_curves(run_dir, evals, "eval/accuracy")
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
+        if args.lora_r and args.merge_lora:
+            common.save_merged(model, tokenizer, run_dir / "merged")
     log.close()
     common.print_summary(f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}", result)
     return result

@@ -110,12 +110,12 @@ class Optimisation:
 
 
 @dataclass
-class Args(Optimisation, Algorithm, Experiment):
+class Args(common.Lora, Optimisation, Algorithm, Experiment):
     """Supervised fine-tuning on demonstrations (prompt, completion).
 
     One flat set of options, `Args(lr=2e-5)`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Algorithm, Optimisation (a dataclass takes its last base's
-    fields first)."""
+    fields come in the order Experiment, Algorithm, Optimisation, Lora (a dataclass takes its last
+    base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,7 +192,9 @@ def main(args: Args) -> dict:
     train_rows, heldout_rows = load_demonstrations(args.dataset, args.num_demonstrations, args.seed)
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
     heldout_problems = tasks.heldout_problems(args.eval_size)
-    policy = common.load_model(args.resume + "/model" if resumed else args.model, len(tokenizer), device, precision, args.seed)
+    policy = common.load_model(args.resume + "/model" if resumed else args.model, len(tokenizer), device, precision, args.seed, keep_adapter=bool(resumed))
+    if args.lora_r and not resumed:
+        policy = common.add_lora(policy, args.model, args)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
@@ -302,6 +304,8 @@ def main(args: Args) -> dict:
     common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
+        if args.lora_r and args.merge_lora:
+            common.save_merged(policy, tokenizer, run_dir / "merged")
     log.close()
     common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
                          f"held-out demonstration loss {before['eval/loss']:.4f} -> {after['eval/loss']:.4f}", result)

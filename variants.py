@@ -153,11 +153,11 @@ class Optimisation:
 
 
 @dataclass
-class Args(Optimisation, DataAndGeneration, Algorithm, Experiment):
+class Args(common.Lora, Optimisation, DataAndGeneration, Algorithm, Experiment):
     """One variant, chosen with --algo.
 
     One flat set of options, `Args(algo="ipo")`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Algorithm, DataAndGeneration, Optimisation (a dataclass takes its last base's fields first)."""
+    fields come in the order Experiment, Algorithm, DataAndGeneration, Optimisation, Lora (a dataclass takes its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,8 +244,8 @@ def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: l
     logps, lengths = sequence_logps(policy, tokenizer, prompts, texts, args.max_completion_tokens, finished)  # (2P,)
     chosen, rejected = logps[0::2], logps[1::2]
     if args.algo in ("ipo", "kto"):
-        with torch.no_grad():
-            ref_logps, _ = sequence_logps(ref_model, tokenizer, prompts, texts, args.max_completion_tokens, finished)
+        with torch.no_grad(), common.reference(policy, ref_model) as ref:
+            ref_logps, _ = sequence_logps(ref, tokenizer, prompts, texts, args.max_completion_tokens, finished)
     if args.algo == "ipo":
         losses, chosen_rewards, rejected_rewards = ipo_loss(chosen, rejected, ref_logps[0::2], ref_logps[1::2], beta)
     elif args.algo == "simpo":
@@ -256,7 +256,8 @@ def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: l
         shifted, shifted_finished = texts[2:] + texts[:2], finished[2:] + finished[:2]
         with torch.no_grad():  # z0 is a detached reference point
             kl_logps, _ = sequence_logps(policy, tokenizer, prompts, shifted, args.max_completion_tokens, shifted_finished)
-            ref_kl_logps, _ = sequence_logps(ref_model, tokenizer, prompts, shifted, args.max_completion_tokens, shifted_finished)
+            with common.reference(policy, ref_model) as ref:
+                ref_kl_logps, _ = sequence_logps(ref, tokenizer, prompts, shifted, args.max_completion_tokens, shifted_finished)
         desirable = torch.tensor([True, False] * len(pairs), device=logps.device)
         losses, rewards, z0 = kto_loss(logps, ref_logps, desirable, kl_logps, ref_kl_logps, beta,
                                        args.desirable_weight, args.undesirable_weight)
@@ -328,11 +329,13 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    ref_model = None  # SimPO and ORPO are reference-free: no second model is loaded
-    if args.algo in ("ipo", "kto", "rloo", "remax"):
-        ref_model = common.frozen_copy(policy)  # the starting model, also when resuming
+    # SimPO and ORPO are reference-free: no second model is loaded. The reference is the starting model, also
+    # when resuming; with LoRA it is the policy with its adapter off.
+    ref_model = common.frozen_copy(policy) if args.algo in ("ipo", "kto", "rloo", "remax") and not args.lora_r else None
     if resumed:
-        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision)
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True)
+    elif args.lora_r:
+        policy = common.add_lora(policy, args.model, args)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, lr, warmup_steps=args.warmup_steps)
@@ -392,8 +395,8 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
                 check_rewards(greedy_scores, greedy_texts, step)
 
             # ---- online 2. reward = score - β·KL of the sequence, then the critic-free baseline ----------
-            with torch.no_grad():
-                ref_logprobs, _ = common.completion_logprobs(ref_model, prompt_ids, prompt_mask, completion_ids, repeats, args.temperature)
+            with torch.no_grad(), common.reference(policy, ref_model) as ref:
+                ref_logprobs, _ = common.completion_logprobs(ref, prompt_ids, prompt_mask, completion_ids, repeats, args.temperature)
             policy.train()
             logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, repeats, args.temperature)
             kl = masked_sum(logprobs.detach() - ref_logprobs, mask, dim=1)  # (B,) k1 summed over the sequence
@@ -450,6 +453,8 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
         checkpoint(args.steps)
+        if args.lora_r and args.merge_lora:
+            common.save_merged(policy, tokenizer, run_dir / "merged")
     log.close()
     common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}", result)
     return result

@@ -165,6 +165,10 @@ MUTATIONS = [
              "masked_whiten with the sample variance (N-1)", f"{PPO} -k masked_whiten"),
     Mutation("common.py", "last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)", "last = attention_mask.sum(1) - 1",
              "reward read at index (number of real tokens - 1): wrong with left padding", f"{RM} -k 'score_does_not_depend or appended_eos'"),
+    Mutation("common.py", "        with policy.disable_adapter():\n            yield policy", "        yield policy",
+             "LoRA reference = the adapted policy itself (KL always 0)", "tests/test_lora.py -k reference_is"),
+    Mutation("common.py", 'modules_to_save=["score"] if hasattr(model, "score") else None)', "modules_to_save=None)",
+             "LoRA reward model / critic with a frozen random score head", "tests/test_lora.py -k only_adapters"),
     # ---- tasks.py: the verifier, the data --------------------------------------------------------------------
     Mutation("tasks.py", 'return float(matches[-1].replace(",", ""))', 'return float(matches[0].replace(",", ""))',
              "verifier reads the first number, not the last", f"{TASKS} -k verifier"),

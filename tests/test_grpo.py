@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import common
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, HAS_PEFT, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script, write
 from grpo import Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty
 
 
@@ -196,11 +196,13 @@ def spy_on_grpo_loss(monkeypatch) -> list[dict]:
     return calls
 
 
-def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lora_r", [0, pytest.param(4, marks=pytest.mark.skipif(not HAS_PEFT, reason="peft (optional) not installed"))])
+def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path, monkeypatch, lora_r):
     # μ = 2 makes the loop compute log π_θold in a separate forward; at T = 0.7 it must still equal the
     # first iteration's log π_θ exactly (same weights, same temperature), so ratio = 1 and nothing clips.
+    # With LoRA too (B = 0 at the start: the first forward is the base's, which is the reference).
     calls = spy_on_grpo_loss(monkeypatch)
-    result = main(tiny_args(tmp_path, steps=3, beta=0.1, num_iterations=2, temperature=0.7, lr=1e-2), reward_fn=digit_fraction)
+    result = main(tiny_args(tmp_path, steps=3, beta=0.1, num_iterations=2, temperature=0.7, lr=1e-2, lora_r=lora_r), reward_fn=digit_fraction)
     first_iterations, second_iterations = calls[0::2], calls[1::2]  # one micro-batch per iteration
     for call in first_iterations:
         assert torch.allclose(call["logprobs"], call["old"], atol=1e-5)
