@@ -464,6 +464,15 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Te
     return (positions <= first_eos[:, None]).long()
 
 
+def distinct_fraction(completion_ids: torch.Tensor, mask: torch.Tensor, group_size: int) -> float:
+    """Mode collapse, measured (logged as completions/distinct): the fraction of distinct completions in each
+    group of `group_size` consecutive rows, averaged over the groups; group_size = B for the whole batch.
+    Completions compare by their tokens up to and including EOS, never by what follows. (B, T) -> float"""
+    rows = [tuple(ids[m.bool()].tolist()) for ids, m in zip(completion_ids, mask)]
+    groups = [rows[i : i + group_size] for i in range(0, len(rows), group_size)]
+    return sum(len(set(g)) / len(g) for g in groups) / len(groups)
+
+
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
     return (x * mask).sum() if dim is None else (x * mask).sum(dim)
 

@@ -410,6 +410,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "score": scores.mean().item(),  # the reward before any overlong penalty
             **({"verifier": verified.mean().item()} if reward_model is not None else {}),  # the true reward of the same samples
             "completion_length": lengths.float().mean().item(),
+            "completions/distinct": common.distinct_fraction(completion_ids, mask, G),  # mode collapse: 1/G when a group is all alike
             "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # no EOS: cut at max_new_tokens
         }
         t1 = time.time()

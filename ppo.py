@@ -523,6 +523,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             **averaged,
             "explained_variance": explained_variance(old_values, returns, mask),
             "completion_length": mask.sum(1).float().mean().item(),
+            "completions/distinct": common.distinct_fraction(completion_ids, mask, len(completion_ids)),  # over the batch (one sample per prompt)
             "completion_finished": finished.float().mean().item(),
             "time/generate": time_generate,
             "time/score": time_score,

@@ -410,6 +410,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()
             stats = {"reward": scores.mean().item(), "kl": kl.mean().item(), "rlhf_reward": rewards.mean().item(),
                      "advantage_abs": advantages.abs().mean().item(), "completion_length": mask.sum(1).float().mean().item(),
+                     "completions/distinct": common.distinct_fraction(completion_ids, mask, k if k > 1 else len(completion_ids)),  # per group (RLOO), per batch (ReMax)
                      "loss": loss.item()}
 
         # ---- update, log ---------------------------------------------------------------------------------

@@ -208,3 +208,13 @@ def test_bf16_mixed_computes_in_bf16_and_returns_float32_log_probs(tokenizer, pr
     assert autocast.dtype == torch.float32
     difference = (autocast - exact).abs().max().item()
     assert 0 < difference < 0.02  # bf16 matmuls (8-bit mantissa) on log-probs of magnitude ~5; 0 would mean no autocast
+
+
+def test_distinct_fraction_per_group_ignores_what_follows_eos():
+    eos, pad = 2, 0
+    rows = torch.tensor([[5, 6, eos], [5, 6, eos], [7, eos, 9], [7, eos, pad], [8, eos, pad], [5, 6, eos]])
+    mask = common.completion_mask(rows, eos)
+    # groups of 2: {a, a} -> 1/2, {7, 7 (tokens after EOS differ, ignored)} -> 1/2, {8, a} -> 2/2: mean 2/3
+    assert common.distinct_fraction(rows, mask, 2) == pytest.approx(2 / 3)
+    # the whole batch: distinct {a, 7, 8} = 3 of 6
+    assert common.distinct_fraction(rows, mask, 6) == pytest.approx(0.5)

@@ -273,6 +273,7 @@ def test_completion_truncated_counts_rows_without_eos(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "sample_completions", fixed_completions)
     result = main(tiny_args(tmp_path, steps=1, max_new_tokens=3, save_model=False), reward_fn=digit_fraction)
     assert metrics_of(result)[0]["completion_truncated"] == 0.5
+    assert metrics_of(result)[0]["completions/distinct"] == 0.5  # each group of 4 is [a, b, a, b]
 
 
 def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypatch):
