@@ -60,6 +60,31 @@ ReportTo = Literal["none", "tensorboard", "wandb"]
 PromptFormat = Literal["auto", "chat", "plain"]
 
 
+def none_means(meaning: str, metavar: str):
+    """--help for an Optional option: `--batch-size INT ... (default: None = the whole batch)`, not `{None}|INT`."""
+    return tyro.conf.arg(metavar=metavar, help_behavior_hint=f"(default: None = {meaning})")
+
+
+@dataclass
+class Run:
+    """where it runs, how prompts are shown, and what the run folder keeps"""
+
+    device: Device = "auto"
+    """auto: cuda if available"""
+    precision: Precision = "auto"
+    """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
+    prompt_format: PromptFormat = "auto"
+    """how a question is shown: chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as a base model such as gpt2 meets it), auto (chat if the tokenizer has a template)"""
+    output_dir: str = "runs"
+    """the run folder is created inside this directory"""
+    save_every: Annotated[Optional[int], none_means("at each evaluation", "INT")] = None
+    """write a full checkpoint (the trained models, optimizers, RNG states, step) every this many steps"""
+    resume: Annotated[Optional[str], none_means("a new run", "DIR")] = None
+    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
+    report_to: ReportTo = "none"
+    """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
+
+
 @dataclass
 class Lora:
     """LoRA: train low-rank adapters instead of every weight (pip install peft); the reference is the base with the adapter off"""
@@ -74,11 +99,6 @@ class Lora:
     """modules that get adapters: all-linear (every attention and MLP projection) or a comma-separated list (q_proj,v_proj)"""
     merge_lora: bool = False
     """also write the final model with the adapter merged in (run folder/merged: a plain from_pretrained checkpoint)"""
-
-
-def none_means(meaning: str, metavar: str):
-    """--help for an Optional option: `--batch-size INT ... (default: None = the whole batch)`, not `{None}|INT`."""
-    return tyro.conf.arg(metavar=metavar, help_behavior_hint=f"(default: None = {meaning})")
 
 
 def parse_args(args_class, argv: Optional[list[str]] = None):

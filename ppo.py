@@ -64,7 +64,7 @@ from common import InputError, masked_mean
 
 @dataclass
 class Experiment:
-    """what to train, where, and what the run leaves"""
+    """what to train and how it is evaluated"""
 
     model: str = "smollm2"
     """policy (and reference): smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
@@ -78,24 +78,10 @@ class Experiment:
     """JSONL file with fields prompt, answer (numeric)"""
     seed: int = 0
     """seed for problems, sampling and initialisation"""
-    device: common.Device = "auto"
-    """auto: cuda if available"""
-    precision: common.Precision = "auto"
-    """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
-    output_dir: str = "runs"
-    """the run folder is created inside this directory"""
     eval_every: int = 10
     """evaluate (verifier accuracy and reward-model score) and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out problems (greedy decoding)"""
-    save_every: Annotated[Optional[int], common.none_means("at each evaluation", "INT")] = None
-    """write a full checkpoint (policy, critic, optimizers, RNG states, step, KL coefficient) every this many steps"""
-    resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
-    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
-    prompt_format: common.PromptFormat = "auto"
-    """how a question is shown: chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as a base model such as gpt2 meets it), auto (chat if the tokenizer has a template)"""
-    report_to: common.ReportTo = "none"
-    """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
 
 @dataclass
@@ -166,11 +152,11 @@ class Optimisation:
 
 
 @dataclass
-class Args(common.Lora, Optimisation, Generation, Algorithm, Experiment):
+class Args(common.Lora, Optimisation, Generation, Algorithm, common.Run, Experiment):
     """PPO-RLHF with four models on the arithmetic task.
 
     One flat set of options, `Args(kl_coef=0.1)`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Algorithm, Generation, Optimisation, Lora (a dataclass takes its last base's fields first)."""
+    fields come in the order Experiment, Run, Algorithm, Generation, Optimisation, Lora (a dataclass takes its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from common import InputError
 
 @dataclass
 class Experiment:
-    """what to train, where, and what the run leaves"""
+    """what to train and how it is evaluated"""
 
     model: str = "smollm2"
     """backbone: smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
@@ -62,22 +62,8 @@ class Experiment:
     """JSONL file with fields prompt, chosen, rejected (and optionally a numeric margin)"""
     seed: int = 0
     """seed for data, pair order and the score head's initialisation"""
-    device: common.Device = "auto"
-    """auto: cuda if available"""
-    precision: common.Precision = "auto"
-    """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
-    output_dir: str = "runs"
-    """the run folder is created inside this directory"""
     eval_every: int = 0
     """evaluate on held-out pairs and save a checkpoint every this many steps (0 = only before and after)"""
-    save_every: Annotated[Optional[int], common.none_means("at each evaluation", "INT")] = None
-    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps"""
-    resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
-    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
-    prompt_format: common.PromptFormat = "auto"
-    """how a question is shown: chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as a base model such as gpt2 meets it), auto (chat if the tokenizer has a template)"""
-    report_to: common.ReportTo = "none"
-    """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
 
 @dataclass
@@ -127,11 +113,11 @@ class Optimisation:
 
 
 @dataclass
-class Args(common.Lora, Optimisation, PreferenceData, Algorithm, Experiment):
+class Args(common.Lora, Optimisation, PreferenceData, Algorithm, common.Run, Experiment):
     """Bradley-Terry reward model on preference pairs.
 
     One flat set of options, `Args(steps=100)`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Algorithm, PreferenceData, Optimisation, Lora (a dataclass takes its last base's fields first)."""
+    fields come in the order Experiment, Run, Algorithm, PreferenceData, Optimisation, Lora (a dataclass takes its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from common import InputError, masked_mean, masked_sum
 
 @dataclass
 class Experiment:
-    """what to train, where, and what the run leaves"""
+    """what to train and how it is evaluated"""
 
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny / tiny-gpt2 (random, for smoke runs), or a hub id / local checkpoint"""
@@ -55,24 +55,10 @@ class Experiment:
     """JSONL file with fields prompt, completion"""
     seed: int = 0
     """seed for data, batch order and initialisation"""
-    device: common.Device = "auto"
-    """auto: cuda if available"""
-    precision: common.Precision = "auto"
-    """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
-    prompt_format: common.PromptFormat = "auto"
-    """how a question is shown: chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as a base model such as gpt2 meets it), auto (chat if the tokenizer has a template)"""
-    output_dir: str = "runs"
-    """the run folder is created inside this directory"""
     eval_every: int = 0
     """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out arithmetic problems for greedy accuracy"""
-    save_every: Annotated[Optional[int], common.none_means("at each evaluation", "INT")] = None
-    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps"""
-    resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
-    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
-    report_to: common.ReportTo = "none"
-    """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
 
 @dataclass
@@ -110,11 +96,11 @@ class Optimisation:
 
 
 @dataclass
-class Args(common.Lora, Optimisation, Algorithm, Experiment):
+class Args(common.Lora, Optimisation, Algorithm, common.Run, Experiment):
     """Supervised fine-tuning on demonstrations (prompt, completion).
 
     One flat set of options, `Args(lr=2e-5)`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Algorithm, Optimisation, Lora (a dataclass takes its last
+    fields come in the order Experiment, Run, Algorithm, Optimisation, Lora (a dataclass takes its last
     base's fields first)."""
 
 

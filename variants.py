@@ -70,7 +70,7 @@ DEFAULT_LR = {"ipo": 5e-6, "kto": 5e-6, "simpo": 5e-6, "orpo": 5e-6, "rloo": 1e-
 
 @dataclass
 class Experiment:
-    """which variant, what to train, where, and what the run leaves"""
+    """which variant, what to train and how it is evaluated"""
 
     algo: Literal["ipo", "kto", "simpo", "orpo", "rloo", "remax"]
     """offline on preference pairs: ipo, kto, simpo, orpo; online with the verifier reward: rloo, remax"""
@@ -80,24 +80,10 @@ class Experiment:
     """offline: JSONL with prompt, chosen, rejected; online: JSONL with prompt, answer"""
     seed: int = 0
     """seed for data, sampling and initialisation"""
-    device: common.Device = "auto"
-    """auto: cuda if available"""
-    precision: common.Precision = "auto"
-    """auto (bf16-mixed on cuda, fp32 on cpu); bf16-mixed: fp32 master weights, bf16 autocast; bf16-true: bf16 weights, half the memory, but updates below a weight's bf16 rounding step are lost"""
-    output_dir: str = "runs"
-    """the run folder is created inside this directory"""
     eval_every: int = 0
     """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out arithmetic problems for greedy accuracy"""
-    save_every: Annotated[Optional[int], common.none_means("at each evaluation", "INT")] = None
-    """write a full checkpoint (model, optimizer, RNG states, step) every this many steps"""
-    resume: Annotated[Optional[str], common.none_means("a new run", "DIR")] = None
-    """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
-    prompt_format: common.PromptFormat = "auto"
-    """how a question is shown: chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as a base model such as gpt2 meets it), auto (chat if the tokenizer has a template)"""
-    report_to: common.ReportTo = "none"
-    """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
 
 
 @dataclass
@@ -153,11 +139,11 @@ class Optimisation:
 
 
 @dataclass
-class Args(common.Lora, Optimisation, DataAndGeneration, Algorithm, Experiment):
+class Args(common.Lora, Optimisation, DataAndGeneration, Algorithm, common.Run, Experiment):
     """One variant, chosen with --algo.
 
     One flat set of options, `Args(algo="ipo")`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Algorithm, DataAndGeneration, Optimisation, Lora (a dataclass takes its last base's fields first)."""
+    fields come in the order Experiment, Run, Algorithm, DataAndGeneration, Optimisation, Lora (a dataclass takes its last base's fields first)."""
 
 
 # ---------------------------------------------------------------------------------------------
