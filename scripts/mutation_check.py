@@ -117,7 +117,7 @@ MUTATIONS = [
              "a completion ending in EOS on the last allowed token counted as truncated", f"{PPO} -k missing_eos"),
     Mutation("ppo.py", "completion_ids[rows], ones[rows], args.temperature,", "completion_ids[rows], ones[rows], 1.0,",
              "log-probs recomputed at temperature 1 in the PPO epochs", f"{PPO} -k sampling_temperature"),
-    Mutation("ppo.py", "critic.score(hidden[:, S - 1 : S + T - 1])", "critic.score(hidden[:, S : S + T])",
+    Mutation("ppo.py", "inner.score(hidden[:, S - 1 : S + T - 1])", "inner.score(hidden[:, S : S + T])",
              "V(s_t) read after y_t instead of before it (off by one)", f"{PPO} -k value_of_the_first_token"),
     Mutation("ppo.py", "rewards = masked_whiten(rewards, mask, shift_mean=False) * mask", "rewards = masked_whiten(rewards, mask) * mask",
              "--whiten-rewards also removes the rewards' mean", f"{PPO} -k whiten_rewards"),
