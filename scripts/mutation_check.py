@@ -57,7 +57,7 @@ class Mutation(NamedTuple):
 
 GRPO, PPO, DPO, RM = "tests/test_grpo.py", "tests/test_ppo.py", "tests/test_dpo.py", "tests/test_reward_model.py"
 COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/test_variants.py"
-REL, SFT = "tests/test_reliability.py", "tests/test_sft.py"
+REL, SFT, BANDIT = "tests/test_reliability.py", "tests/test_sft.py", "tests/test_bandit.py"
 
 MUTATIONS = [
     # ---- grpo.py: advantages, KL, the clipped loss, aggregation, the loop ---------------------------------
@@ -222,6 +222,17 @@ MUTATIONS = [
              "NaN guard on the loss only, not the gradient norm", f"{REL} -k nan_gradient"),
     Mutation("tasks.py", "\n    finished = [True] * len(texts) if finished is None else finished", "\n    finished = [True] * len(texts)",
              "truncated preference samples given an EOS", f"{TASKS} -k truncated"),
+    # ---- the KL-regularised optimum on a bandit: each algorithm must reach its closed form ------------------
+    Mutation("ppo.py", "rewards = -kl_coef * kl * mask", "rewards = -kl_coef * kl.clamp(min=0) * mask",
+             "PPO's k1 penalty clipped at 0 (a plausible 'KL is never negative' fix)", f"{BANDIT} -k ppo"),
+    Mutation("dpo.py", "-(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)",
+             "-(1 - label_smoothing) * beta * F.logsigmoid(logits) - label_smoothing * beta * F.logsigmoid(-logits)",
+             "DPO with β outside the log-sigmoid", f"{BANDIT} -k dpo"),
+    Mutation("grpo.py", "        return 0.5 * log_ratio**2", "        return torch.exp(log_ratio) - log_ratio - 1.0",
+             "k2 computed as k3 (the forward KL's gradient)", f"{BANDIT} -k k2"),
+    Mutation("grpo.py", "        centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)",
+             "        centered = centered / (rewards.std(unbiased=False) + eps)",
+             "std of the whole batch instead of each group's", f"{BANDIT} -k fixed_point"),
 ]
 
 
