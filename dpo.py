@@ -73,6 +73,8 @@ class Experiment:
     """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out arithmetic problems for greedy accuracy"""
+    pass_k: int = 8
+    """pass@k at the first and last evaluation: k completions per held-out problem at temperature 1, scored by the verifier (0 = off)"""
 
 
 @dataclass
@@ -202,6 +204,8 @@ def pair_metrics(losses, chosen_rewards, rejected_rewards, chosen_logps, rejecte
 
 def check_args(args: Args) -> None:
     common.check_run_args(args)
+    if args.pass_k < 0:
+        raise InputError(f"--pass-k must be 0 (off) or a number of samples per problem, not {args.pass_k}")
     for name in ("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size", "max_completion_tokens"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")
@@ -259,10 +263,13 @@ def main(args: Args) -> dict:
         policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
 
-    def evaluate(step: int) -> dict:
+    def evaluate(step: int, pass_k: int = 0) -> dict:
         """Held-out greedy task accuracy (the number every algorithm reports) and held-out pair metrics."""
         policy.eval()
         result = tasks.evaluate_accuracy(policy, tokenizer, heldout_problems, args.max_new_tokens)
+        if pass_k:
+            result[f"pass@{pass_k}"] = tasks.evaluate_pass_at_k(policy, tokenizer, heldout_problems, pass_k, args.max_new_tokens, args.seed)
+            tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} ({pass_k} samples per problem at temperature 1)")
         with torch.no_grad():
             chosen, rejected = score_pairs(policy, tokenizer, heldout_pairs, args.batch_size, args.max_completion_tokens, "held-out pairs").unbind(1)
         losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, heldout_ref[:, 0], heldout_ref[:, 1], args.beta, args.label_smoothing)
@@ -283,7 +290,7 @@ def main(args: Args) -> dict:
         common.set_rng_state(resumed["rng"])
         before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
     else:
-        before = evaluate(0)
+        before = evaluate(0, args.pass_k)
         evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"], **before["pairs"]})], None, 1
     bar = common.progress(args.steps, "dpo", initial=start - 1)
     for step, batch in enumerate(batches[start - 1 :], start):
@@ -337,11 +344,10 @@ def main(args: Args) -> dict:
             last_good = step
     bar.close()
 
-    after = evaluate(args.steps)
+    after = evaluate(args.steps, args.pass_k)
     evals.append(log.write_eval({"step": args.steps, "accuracy": after["accuracy"], **after["pairs"]}))
     result = {
-        "accuracy_before": before["accuracy"],
-        "accuracy_after": after["accuracy"],
+        **tasks.before_and_after(before, after),
         "evals": evals,
         "steps": args.steps,
         "pairs_train": len(train_pairs),

@@ -18,7 +18,11 @@ Options from later papers, each off by default unless said:
 - Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): no std scaling (`--no-scale-by-std`) and
   `--loss-agg seq-mean-token-sum-norm` (divide by B × max_new_tokens, a constant).
 
-The reward is the verifier's 0/1 by default. `--reward-model runs/rm-.../model` scores completions
+The reward is the verifier's 0/1 by default: the last number in the completion (`--verifier
+last-number`), which also pays for restating an operand (`What is 0 + 24?` -> "...the sum of 0 and
+24."); `--verifier strict` pays only a result stated after '=', 'is', 'equals' or 'answer'. Every
+step logs `reward/unearned`, the share of samples the first pays and the second refuses; held-out
+accuracy is always the last-number verifier's. `--reward-model runs/rm-.../model` scores completions
 with a reward_model.py checkpoint instead, read exactly as ppo.py reads it, and logs the verifier's
 reward of the same samples beside it (`score` vs `verifier`): GRPO and PPO on one learned reward,
 and its over-optimisation, in the same two numbers.
@@ -69,6 +73,10 @@ class Experiment:
     """evaluate held-out accuracy and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out problems (greedy decoding, verifier reward)"""
+    pass_k: int = 8
+    """pass@k at the first and last evaluation: k completions per held-out problem at temperature 1, scored by the verifier (0 = off)"""
+    verifier: Literal["last-number", "strict"] = "last-number"
+    """the training reward: the last number in the completion, or strict (only a result stated after '=', 'is', 'equals' or 'answer'); held-out accuracy is always measured with last-number"""
     reward_model: Annotated[Optional[str], common.none_means("the verifier", "DIR")] = None
     """score completions with this reward_model.py checkpoint instead of the verifier (read exactly as ppo.py reads it); the verifier's reward of the same samples is logged beside it as `verifier`"""
 
@@ -278,6 +286,8 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, pe
 # ---------------------------------------------------------------------------------------------
 def check_args(args: Args) -> None:
     common.check_run_args(args)
+    if args.pass_k < 0:
+        raise InputError(f"--pass-k must be 0 (off) or a number of samples per problem, not {args.pass_k}")
     if args.group_size < 2:
         raise InputError(f"--group-size must be at least 2 (the group is the baseline), not {args.group_size}")
     batch = args.prompts_per_step * args.group_size
@@ -301,13 +311,14 @@ def check_args(args: Args) -> None:
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> dict:
+def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) -> dict:
     """Train with GRPO; returns the final metrics (also written to the run folder's eval.json).
 
-    reward_fn(completion, answer) -> float scores training samples (default: the arithmetic
-    verifier); held-out accuracy is always measured with the verifier.
+    reward_fn(completion, answer) -> float scores training samples (default: the verifier that
+    --verifier names); held-out accuracy is always measured with the last-number verifier.
     """
     check_args(args)
+    reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
@@ -334,9 +345,12 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     save_every = args.save_every or args.eval_every
     print(f"run folder: {run_dir}")
 
-    def evaluate(step: int) -> dict:
+    def evaluate(step: int, pass_k: int = 0) -> dict:
         policy.eval()
         result = tasks.evaluate_accuracy(policy, tokenizer, heldout, args.max_new_tokens)
+        if pass_k:
+            result[f"pass@{pass_k}"] = tasks.evaluate_pass_at_k(policy, tokenizer, heldout, pass_k, args.max_new_tokens, args.seed)
+            tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} ({pass_k} samples per problem at temperature 1)")
         tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
         return result
 
@@ -354,7 +368,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             next(train_stream)
         before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
     else:
-        before = evaluate(0)
+        before = evaluate(0, args.pass_k)
         evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"]})], None, 1
     bar = common.progress(args.steps, "grpo", initial=start - 1)
     for step in range(start, args.steps + 1):
@@ -374,6 +388,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         answers = [p.answer for p in problems for _ in range(G)]
         scores = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
         verified = scores
+        # paid by the last-number verifier but not stated as a result: rewards the strict verifier would refuse
+        unearned = [tasks.verify(t, a) * (1.0 - tasks.verify_strict(t, a)) for t, a in zip(texts, answers)]
         if reward_model is not None:  # the verifier's scores stay, as the true reward to compare against
             with torch.no_grad():
                 scores = common.reward_scores(reward_model, torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1),
@@ -395,6 +411,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "frac_reward_zero_std": all_equal.float().mean().item(),
             "score": scores.mean().item(),  # the reward before any overlong penalty
             **({"verifier": verified.mean().item()} if reward_model is not None else {}),  # the true reward of the same samples
+            "reward/unearned": sum(unearned) / len(unearned),
             "completion_length": lengths.float().mean().item(),
             "completions/distinct": common.distinct_fraction(completion_ids, mask, G),  # mode collapse: 1/G when a group is all alike
             "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # no EOS: cut at max_new_tokens
@@ -491,11 +508,10 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             last_good = step
     bar.close()
 
-    after = evaluate(args.steps)
+    after = evaluate(args.steps, args.pass_k)
     evals.append(log.write_eval({"step": args.steps, "accuracy": after["accuracy"]}))
     result = {
-        "accuracy_before": before["accuracy"],
-        "accuracy_after": after["accuracy"],
+        **tasks.before_and_after(before, after),
         "evals": evals,
         "steps": args.steps,
         "wall_time_s": round(time.time() - log.start, 1),

@@ -82,6 +82,8 @@ class Experiment:
     """evaluate (verifier accuracy and reward-model score) and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out problems (greedy decoding)"""
+    pass_k: int = 8
+    """pass@k at the first and last evaluation: k completions per held-out problem at temperature 1, scored by the verifier (0 = off)"""
 
 
 @dataclass
@@ -293,6 +295,8 @@ def memory_table(models: dict[str, torch.nn.Module], trainable: set[str]) -> lis
 
 def check_args(args: Args) -> None:
     common.check_run_args(args)
+    if args.pass_k < 0:
+        raise InputError(f"--pass-k must be 0 (off) or a number of samples per problem, not {args.pass_k}")
     for name in ("steps", "batch_size", "minibatch_size", "ppo_epochs", "max_new_tokens", "eval_size", "kl_horizon"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")
@@ -381,7 +385,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         return common.reward_scores(reward_model, input_ids, attention_mask), verified
 
     @torch.no_grad()
-    def evaluate(step: int) -> dict:
+    def evaluate(step: int, pass_k: int = 0) -> dict:
         """Greedy held-out accuracy by the verifier, beside the reward model's mean score of the same completions."""
         policy.eval()
         scores, correct, samples = [], [], []
@@ -398,6 +402,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 samples = [{"prompt": p.prompt, "answer": p.answer, "completion": t, "correct": bool(v), "score": round(s.item(), 4)}
                            for p, t, v, s in list(zip(batch, texts, verified, score))[:8]]
         result = {"accuracy": torch.cat(correct).mean().item(), "score": torch.cat(scores).mean().item(), "samples": samples}
+        if pass_k:
+            result[f"pass@{pass_k}"] = tasks.evaluate_pass_at_k(policy, tokenizer, heldout, pass_k, args.max_new_tokens, args.seed)
+            tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} ({pass_k} samples per problem at temperature 1)")
         tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} (verifier), mean reward {result['score']:.3f} ({args.reward})")
         return result
 
@@ -417,7 +424,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             next(train_stream)
         kl_coef, before, evals, last_good, start = resumed["kl_coef"], resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
     else:
-        before = evaluate(0)
+        before = evaluate(0, args.pass_k)
         evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"], "score": before["score"]})], None, 1
     bar = common.progress(args.steps, "ppo", initial=start - 1)
     for step in range(start, args.steps + 1):
@@ -538,11 +545,10 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             last_good = step
     bar.close()
 
-    after = evaluate(args.steps)
+    after = evaluate(args.steps, args.pass_k)
     evals.append(log.write_eval({"step": args.steps, "accuracy": after["accuracy"], "score": after["score"]}))
     result = {
-        "accuracy_before": before["accuracy"],
-        "accuracy_after": after["accuracy"],
+        **tasks.before_and_after(before, after),
         "score_before": before["score"],
         "score_after": after["score"],
         "evals": evals,

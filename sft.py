@@ -59,6 +59,8 @@ class Experiment:
     """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out arithmetic problems for greedy accuracy"""
+    pass_k: int = 8
+    """pass@k at the first and last evaluation: k completions per held-out problem at temperature 1, scored by the verifier (0 = off)"""
 
 
 @dataclass
@@ -160,6 +162,8 @@ def load_demonstrations(dataset: Optional[str], num_demonstrations: int, seed: i
 
 def check_args(args: Args) -> None:
     common.check_run_args(args)
+    if args.pass_k < 0:
+        raise InputError(f"--pass-k must be 0 (off) or a number of samples per problem, not {args.pass_k}")
     for name in ("steps", "batch_size", "num_demonstrations", "max_completion_tokens", "max_new_tokens", "eval_size"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")
@@ -192,10 +196,13 @@ def main(args: Args) -> dict:
     print(f"run folder: {run_dir}")
 
     @torch.no_grad()
-    def evaluate(step: int) -> dict:
+    def evaluate(step: int, pass_k: int = 0) -> dict:
         """Held-out greedy task accuracy (the number every algorithm reports) and the held-out demonstrations' loss."""
         policy.eval()
         result = tasks.evaluate_accuracy(policy, tokenizer, heldout_problems, args.max_new_tokens)
+        if pass_k:
+            result[f"pass@{pass_k}"] = tasks.evaluate_pass_at_k(policy, tokenizer, heldout_problems, pass_k, args.max_new_tokens, args.seed)
+            tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} ({pass_k} samples per problem at temperature 1)")
         nll = hits = tokens = 0.0
         for start in range(0, len(heldout_rows), 32):
             logprobs, hit, mask, _ = batch_logprobs(policy, tokenizer, heldout_rows[start : start + 32], args.max_completion_tokens)
@@ -221,7 +228,7 @@ def main(args: Args) -> dict:
         before, evals, num_tokens = resumed["before"], resumed["evals"], resumed["num_tokens"]
         last_good, start = resumed["step"], resumed["step"] + 1
     else:
-        before = evaluate(0)
+        before = evaluate(0, args.pass_k)
         evals, num_tokens, last_good, start = [log.write_eval(eval_row(0, before))], 0, None, 1
     bar = common.progress(args.steps, "sft", initial=start - 1)
     for step, batch in enumerate(batches[start - 1 :], start):
@@ -269,11 +276,10 @@ def main(args: Args) -> dict:
             last_good = step
     bar.close()
 
-    after = evaluate(args.steps)
+    after = evaluate(args.steps, args.pass_k)
     evals.append(log.write_eval(eval_row(args.steps, after)))
     result = {
-        "accuracy_before": before["accuracy"],
-        "accuracy_after": after["accuracy"],
+        **tasks.before_and_after(before, after),
         "eval_loss_before": before["eval/loss"],
         "eval_loss_after": after["eval/loss"],
         "evals": evals,

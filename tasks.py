@@ -98,6 +98,36 @@ def verify(completion: str, answer: str) -> float:
     return float(value is not None and target is not None and math.isclose(value, target, abs_tol=1e-9))
 
 
+# The number stated as a result: right after '=', 'is', 'equals' or 'answer' (optionally 'answer is', '**' bold).
+_STATED_RESULT = re.compile(r"(?:=|\bis\b|\bequals\b|\banswer\b:?(?:\s*is\b)?)\s*\**\s*(" + _NUMBER.pattern + ")", re.IGNORECASE)
+
+
+def verify_strict(completion: str, answer: str) -> float:
+    """1.0 only if the answer is *stated as a result*: the last number that follows '=', 'is', 'equals'
+    or 'answer' must equal it. `verify` pays for the last number anywhere, so `What is 0 + 24?` answered
+    "…the sum of 0 and 24." earns 1.0 by restating an operand; here it earns 0.0, while "0 + 24 = 24"
+    and "The sum is 24." still earn 1.0. A bare "24" earns 0.0 too: strict means the result is stated."""
+    matches, target = _STATED_RESULT.findall(completion), extract_final_number(answer)
+    if not matches or target is None:
+        return 0.0
+    try:
+        value = float(matches[-1].replace(",", ""))
+    except ValueError:
+        return 0.0
+    return float(math.isclose(value, target, abs_tol=1e-9))
+
+
+VERIFIERS = {"last-number": verify, "strict": verify_strict}
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, eq. 1):
+    1 − C(n−c, k) / C(n, k), as the stable product 1 − Π_{i=n−c+1..n} (1 − k/i)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
 def demonstration(problem: Problem) -> str:
     """The correct, short worked answer that sft.py imitates by default: `47 + 38 = 85`."""
     operands = re.fullmatch(r"What is (\d+) \+ (\d+)\?", problem.prompt)
@@ -131,9 +161,10 @@ def decode_completions(tokenizer, completion_ids: torch.Tensor, mask: torch.Tens
 
 @torch.no_grad()
 def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64, num_samples_kept: int = 8) -> dict:
-    """Greedy held-out accuracy with the verifier, and a few sample completions to read."""
+    """Greedy held-out accuracy with the verifier, a few sample completions to read, and `unearned`: the share
+    of problems whose greedy answer `verify` pays but `verify_strict` does not (the answer never stated as a result)."""
     device = next(model.parameters()).device
-    correct, samples = 0.0, []
+    correct, unearned, samples = 0.0, 0.0, []
     bar = common.progress(len(problems), "held-out accuracy", leave=False)
     for start in range(0, len(problems), batch_size):
         batch = problems[start : start + batch_size]
@@ -143,11 +174,40 @@ def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens:
         for p, text in zip(batch, texts):
             reward = verify(text, p.answer)
             correct += reward
+            unearned += reward * (1.0 - verify_strict(text, p.answer))
             if len(samples) < num_samples_kept:
                 samples.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "correct": bool(reward)})
         bar.update(len(batch))
     bar.close()
-    return {"accuracy": correct / len(problems), "samples": samples}
+    return {"accuracy": correct / len(problems), "unearned": unearned / len(problems), "samples": samples}
+
+
+@torch.no_grad()
+def evaluate_pass_at_k(model, tokenizer, problems: list[Problem], k: int, max_new_tokens: int, seed: int,
+                       prompts_per_batch: int = 16) -> float:
+    """pass@k on held-out problems: k completions each at temperature 1, scored by the verifier, averaged
+    over problems with the unbiased estimator (n = k samples). Its own generator, seeded by `seed`, so
+    before and after training draw the same random numbers and the training stream is untouched."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    total, bar = 0.0, common.progress(len(problems), f"held-out pass@{k}", leave=False)
+    for start in range(0, len(problems), prompts_per_batch):
+        batch = problems[start : start + prompts_per_batch]
+        ids, mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p.prompt) for p in batch], device)
+        completion_ids = common.sample_completions(model, ids, mask, k, max_new_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                                   temperature=1.0, top_p=1.0, generator=generator)  # (len(batch)·k, T)
+        texts = decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, tokenizer.eos_token_id))
+        for i, p in enumerate(batch):
+            total += pass_at_k(k, int(sum(verify(t, p.answer) for t in texts[i * k : (i + 1) * k])), k)
+        bar.update(len(batch))
+    bar.close()
+    return total / len(problems)
+
+
+def before_and_after(before: dict, after: dict) -> dict:
+    """eval.json's comparable numbers, in pairs: accuracy, unearned and pass@k (when measured), before and after."""
+    keys = [k for k in after if (k in ("accuracy", "unearned") or k.startswith("pass@")) and k in before]
+    return {f"{k}_{when}": result[k] for k in keys for when, result in (("before", before), ("after", after))}
 
 
 def load_problems(dataset: Optional[str], seed: int, eval_size: int, prompts_per_step: int) -> tuple[Iterator[Problem], list[Problem]]:

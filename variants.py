@@ -84,6 +84,8 @@ class Experiment:
     """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out arithmetic problems for greedy accuracy"""
+    pass_k: int = 8
+    """pass@k at the first and last evaluation: k completions per held-out problem at temperature 1, scored by the verifier (0 = off)"""
 
 
 @dataclass
@@ -264,6 +266,8 @@ def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: l
 
 def check_args(args: Args) -> None:
     common.check_run_args(args)
+    if args.pass_k < 0:
+        raise InputError(f"--pass-k must be 0 (off) or a number of samples per problem, not {args.pass_k}")
     for name in ("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size", "max_completion_tokens"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")
@@ -332,9 +336,12 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     save_every = args.save_every or args.eval_every
     print(f"run folder: {run_dir}")
 
-    def evaluate(step: int) -> dict:
+    def evaluate(step: int, pass_k: int = 0) -> dict:
         policy.eval()
         result = tasks.evaluate_accuracy(policy, tokenizer, heldout, args.max_new_tokens)
+        if pass_k:
+            result[f"pass@{pass_k}"] = tasks.evaluate_pass_at_k(policy, tokenizer, heldout, pass_k, args.max_new_tokens, args.seed)
+            tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} ({pass_k} samples per problem at temperature 1)")
         tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
         return result
 
@@ -352,7 +359,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             next(train_stream)
         before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
     else:
-        before = evaluate(0)
+        before = evaluate(0, args.pass_k)
         evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"]})], None, 1
     bar = common.progress(args.steps, args.algo, initial=start - 1)
     for step in range(start, args.steps + 1):
@@ -421,12 +428,11 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             last_good = step
     bar.close()
 
-    after = evaluate(args.steps)
+    after = evaluate(args.steps, args.pass_k)
     evals.append(log.write_eval({"step": args.steps, "accuracy": after["accuracy"]}))
     result = {
         "algo": args.algo,
-        "accuracy_before": before["accuracy"],
-        "accuracy_after": after["accuracy"],
+        **tasks.before_and_after(before, after),
         "evals": evals,
         "steps": args.steps,
         "models_in_memory": 1 if ref_model is None else 2,

@@ -222,6 +222,18 @@ MUTATIONS = [
              "NaN guard on the loss only, not the gradient norm", f"{REL} -k nan_gradient"),
     Mutation("tasks.py", "\n    finished = [True] * len(texts) if finished is None else finished", "\n    finished = [True] * len(texts)",
              "truncated preference samples given an EOS", f"{TASKS} -k truncated"),
+    # ---- evaluation: pass@k and the strict verifier -----------------------------------------------------------
+    Mutation("tasks.py", "texts[i * k : (i + 1) * k]", "texts[i :: len(batch)]",
+             "pass@k scoring samples of other problems (interleaved rows)", f"{TASKS} -k pass_at_k_groups"),
+    Mutation("tasks.py", "range(n - c + 1, n + 1))", "range(n - c, n + 1))",
+             "pass@k estimator's product off by one", f"{TASKS} -k chens_unbiased"),
+    Mutation("tasks.py", "unearned += reward * (1.0 - verify_strict(text, p.answer))", "unearned += 1.0 - verify_strict(text, p.answer)",
+             "unearned counting wrong answers too", f"{TASKS} -k unearned"),
+    Mutation("tasks.py", "    matches, target = _STATED_RESULT.findall(completion), extract_final_number(answer)",
+             "    matches, target = _NUMBER.findall(completion), extract_final_number(answer)",
+             "strict verifier paying any last number", f"{TASKS} -k strict"),
+    Mutation("grpo.py", "    reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]", "    reward_fn = reward_fn or tasks.verify",
+             "--verifier ignored in training", f"{GRPO} -k verifier_option"),
     # ---- the KL-regularised optimum on a bandit: each algorithm must reach its closed form ------------------
     Mutation("ppo.py", "rewards = -kl_coef * kl * mask", "rewards = -kl_coef * kl.clamp(min=0) * mask",
              "PPO's k1 penalty clipped at 0 (a plausible 'KL is never negative' fix)", f"{BANDIT} -k ppo"),

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import common
+import tasks
 from conftest import HAS_EMBEDDED_MODEL, HAS_PEFT, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script, write
 from grpo import Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty
 
@@ -344,11 +345,22 @@ def test_run_folder_is_complete(tmp_path):
     assert sorted(os.listdir(run_dir)) == RUN_FILES
     assert json.load(open(os.path.join(run_dir, "args.json")))["group_size"] == 4
     evaluation = json.load(open(os.path.join(run_dir, "eval.json")))
-    assert {"accuracy_before", "accuracy_after", "samples_before", "samples_after"} <= set(evaluation)
-    names = {"reward", "reward_std", "frac_reward_zero_std", "kl", "clip_ratio", "entropy", "completion_length",
+    assert {"accuracy_before", "accuracy_after", "samples_before", "samples_after", "pass@8_before", "pass@8_after",
+            "unearned_before", "unearned_after"} <= set(evaluation)
+    names = {"reward", "reward_std", "frac_reward_zero_std", "kl", "clip_ratio", "entropy", "completion_length", "reward/unearned",
              "time/generate", "time/train", "tokens_per_second", "memory/peak_gb"}
     assert all(names <= set(row) for row in metrics_of(result))
     assert os.path.exists(os.path.join(run_dir, "model", "model.safetensors"))
+
+
+def test_verifier_option_picks_the_training_reward_and_accuracy_keeps_the_last_number(tmp_path, monkeypatch):
+    monkeypatch.setitem(tasks.VERIFIERS, "strict", lambda completion, answer: 0.5)
+    monkeypatch.setattr(tasks, "verify_strict", lambda completion, answer: 0.0)  # every paid answer counts as unearned
+    monkeypatch.setattr(tasks, "verify", lambda completion, answer: 1.0)
+    result = main(tiny_args(tmp_path, steps=1, verifier="strict", pass_k=2))
+    row = metrics_of(result)[0]
+    assert row["reward"] == 0.5 and row["reward/unearned"] == 1.0
+    assert result["accuracy_after"] == 1.0 and result["unearned_after"] == 1.0 and result["pass@2_after"] == 1.0
 
 
 # ---- resume -------------------------------------------------------------------------------------------------------
@@ -374,6 +386,7 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
         (dict(temperature=0.0), "--temperature must be > 0"),
         (dict(overlong_buffer=8), "--overlong-buffer must be smaller"),
         (dict(kl_estimator="k1"), "--kl-estimator k1 in the loss has zero expected gradient"),
+        (dict(pass_k=-1), "--pass-k must be 0"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):

@@ -38,6 +38,73 @@ def test_verifier_reads_the_answer_the_same_way():
 
 
 @pytest.mark.parametrize(
+    "completion, last_number, strict",
+    [
+        ("0 + 24 = 24", 1.0, 1.0),
+        ("The sum of 0 and 24.", 1.0, 0.0),  # restates an operand: the last-number verifier pays for it
+        ("The sum of 0 and 24 is 24.", 1.0, 1.0),
+        ("24", 1.0, 0.0),  # strict: a bare number is not a stated result
+        ("The answer is **24**.", 1.0, 1.0),
+        ("Answer: 24", 1.0, 1.0),
+        ("It is 0 + 24 = 24, done.", 1.0, 1.0),  # the last stated number counts, not 'is 0'
+        ("0 + 24 = 25, not 24", 1.0, 0.0),  # the stated result is 25
+        ("24 is the sum of 0 and 24", 1.0, 0.0),
+        ("0 plus 24 equals 24.0", 1.0, 1.0),
+        ("0 + 24 = 42", 0.0, 0.0),
+    ],
+)
+def test_strict_verifier_pays_only_a_stated_result(completion, last_number, strict):
+    assert tasks.verify(completion, "24") == last_number
+    assert tasks.verify_strict(completion, "24") == strict
+
+
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (8, 0, 8, 0.0),
+        (8, 1, 8, 1.0),  # n = k: pass@k is 1 if any sample is correct
+        (5, 1, 1, 0.2),  # pass@1 = c / n
+        (10, 2, 3, 1 - 56 / 120),  # 1 − C(8,3)/C(10,3) = 1 − 56/120 = 0.533333
+        (10, 8, 3, 1.0),  # n − c < k: every draw of k contains a correct one
+    ],
+)
+def test_pass_at_k_is_chens_unbiased_estimator(n, c, k, expected):
+    assert tasks.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_evaluate_pass_at_k_groups_each_problems_k_samples(tiny_model, tokenizer, monkeypatch):
+    # a reward the random tiny model sometimes earns, tied to the problem: Σ ord(completion) ≡ answer (mod 5).
+    # Checked against a plain recount of the same samples (same seed, temperature 1), the k samples of
+    # problem i being rows i·k .. i·k + k − 1 of its batch.
+    reward = lambda text, answer: float(sum(map(ord, text)) % 5 == int(answer) % 5)  # noqa: E731
+    monkeypatch.setattr(tasks, "verify", reward)
+    problems, k = tasks.heldout_problems(12), 4
+    got = tasks.evaluate_pass_at_k(tiny_model, tokenizer, problems, k, 6, seed=3, prompts_per_batch=4)
+    generator, texts = torch.Generator().manual_seed(3), []
+    for start in range(0, 12, 4):
+        ids, mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in problems[start : start + 4]], "cpu")
+        completion_ids = common.sample_completions(tiny_model, ids, mask, k, 6, tokenizer.eos_token_id, tokenizer.pad_token_id, 1.0, 1.0, generator)
+        texts += tasks.decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, tokenizer.eos_token_id))
+    solved = [any(reward(t, p.answer) for t in texts[k * i : k * i + k]) for i, p in enumerate(problems)]
+    assert got == pytest.approx(sum(solved) / 12) and 0 < got < 1
+
+
+def test_evaluate_accuracy_counts_unearned_rewards(tiny_model, tokenizer, monkeypatch):
+    texts = ["The sum of 0 and 24.", "0 + 24 = 24", "25"]
+    monkeypatch.setattr(tasks, "decode_completions", lambda tok, ids, mask: texts[: len(ids)])
+    result = tasks.evaluate_accuracy(tiny_model, tokenizer, [tasks.Problem("What is 0 + 24?", "24")] * 3, 4)
+    assert result["accuracy"] == pytest.approx(2 / 3) and result["unearned"] == pytest.approx(1 / 3)
+
+
+def test_before_and_after_pairs_the_comparable_numbers():
+    before = {"accuracy": 0.25, "unearned": 0.0, "pass@8": 0.5, "samples": [], "score": 1.0}
+    after = {"accuracy": 0.75, "unearned": 0.1, "pass@8": 0.625, "samples": [], "score": 2.0}
+    assert tasks.before_and_after(before, after) == {
+        "accuracy_before": 0.25, "accuracy_after": 0.75, "unearned_before": 0.0, "unearned_after": 0.1,
+        "pass@8_before": 0.5, "pass@8_after": 0.625}
+
+
+@pytest.mark.parametrize(
     "text, number",
     [("12 - 20 = -8", -8.0), ("5-3=2", 2.0), ("5-3", 3.0), ("1,234", 1234.0), ("pi is 3.14.", 3.14), ("x", None), ("1e5", 5.0)],
 )
