@@ -38,6 +38,13 @@ Where this file departs from InstructGPT, and why:
   use log-probs of the full softmax (as TRL does): the update is off-policy by the probability mass
   outside the nucleus, log π_nucleus(y_t) - log π(y_t) = -log(mass kept) per token.
 
+Reward over-optimisation: a learned reward is a proxy, and the policy finds what it over-scores (Gao
+et al. 2023). The mitigations the literature lists are options here, each off by default: an
+ensemble of reward models scored by their minimum or mean − k·std (`--ensemble`, Coste et al. 2024),
+the score standardised and clipped (`--reward-clip`), a length penalty, a composite reward that adds
+the verifier (`--verifier-weight`), and stopping at a KL budget (`--kl-budget`). Each step logs the
+learned `score`, the `verifier`'s 0/1 of the same samples, `kl` and `completion_length`.
+
 Run:
     python reward_model.py                                   # stage 2 first: prints its run folder
     python ppo.py --reward-model runs/rm-smollm2-0-<time>/model
@@ -126,6 +133,26 @@ class Algorithm:
 
 
 @dataclass
+class RewardHacking:
+    """mitigations of reward over-optimisation, each off by default (need --reward model except --kl-budget)"""
+
+    ensemble: tuple[str, ...] = ()
+    """more reward_model.py checkpoints (trained with other --seed values): with --reward-model they score as one ensemble"""
+    ensemble_agg: Literal["min", "mean-std"] = "min"
+    """how the ensemble's scores combine (Coste et al. 2024): min (worst case) or mean − k·std (population std over models)"""
+    ensemble_std_coef: float = 1.0
+    """k in mean − k·std"""
+    reward_clip: Annotated[Optional[float], common.none_means("off", "FLOAT")] = None
+    """standardise the learned score by the starting policy's held-out scores (mean, std), then clip it to [−C, C]"""
+    length_penalty: float = 0.0
+    """subtracted from the score per completion token"""
+    verifier_weight: float = 0.0
+    """composite reward: add this times the verifier's 0/1 to the learned score"""
+    kl_budget: Annotated[Optional[float], common.none_means("off", "FLOAT")] = None
+    """stop training, before the update, at the first batch whose KL per completion exceeds this"""
+
+
+@dataclass
 class Generation:
     """sampling the completions"""
 
@@ -154,7 +181,7 @@ class Optimisation:
 
 
 @dataclass
-class Args(common.Lora, Optimisation, Generation, Algorithm, common.Run, Experiment):
+class Args(common.Lora, Optimisation, Generation, RewardHacking, Algorithm, common.Run, Experiment):
     """PPO-RLHF with four models on the arithmetic task.
 
     One flat set of options, `Args(kl_coef=0.1)`; the base classes only group them in --help, and their
@@ -183,6 +210,17 @@ def kl_penalized_rewards(
     last = (mask.sum(1) - 1).clamp(min=0).long()  # (B,) index of the last completion token
     rewards[torch.arange(len(scores)), last] += scores
     return rewards, kl * mask
+
+
+def ensemble_score(scores: torch.Tensor, agg: str = "min", std_coef: float = 1.0) -> torch.Tensor:
+    """(M, B) scores of M reward models -> (B,): the minimum over models (worst-case optimisation), or
+    mean − k·std with the population std over models (uncertainty-weighted; Coste et al. 2024,
+    arXiv:2310.02743, use the variance). One model: its score either way."""
+    if agg == "min":
+        return scores.amin(0)
+    if agg == "mean-std":
+        return scores.mean(0) - std_coef * scores.std(0, unbiased=False)
+    raise ValueError(f"unknown ensemble aggregation {agg!r}")
 
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95):
@@ -305,6 +343,14 @@ def check_args(args: Args) -> None:
     if args.reward == "model" and args.reward_model is None:
         raise InputError("--reward model needs --reward-model PATH: train one with `python reward_model.py` (it prints its run folder; "
                          "the checkpoint is <run folder>/model), or score with --reward verifier")
+    learned_only = {"ensemble": bool(args.ensemble), "reward_clip": args.reward_clip is not None, "verifier_weight": args.verifier_weight != 0}
+    for name, used in learned_only.items():
+        if used and args.reward != "model":
+            raise InputError(f"--{name.replace('_', '-')} shapes a learned reward: use it with --reward model --reward-model PATH")
+    if args.reward_clip is not None and args.reward_clip <= 0:
+        raise InputError("--reward-clip must be > 0")
+    if args.kl_budget is not None and args.kl_budget <= 0:
+        raise InputError("--kl-budget must be > 0")
     if args.critic_init == "reward-model" and args.reward_model is None:
         raise InputError("--critic-init reward-model needs --reward-model PATH; without one leave --critic-init out (the critic starts from the policy)")
     if args.temperature <= 0:
@@ -338,9 +384,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     ref_model = common.frozen_copy(policy) if not args.lora_r else None  # with LoRA: the policy with its adapter off
-    reward_model = None
+    reward_models = []  # frozen; the policy's tokenizer. One, or an ensemble with --ensemble
     if args.reward_model is not None:
-        reward_model = common.load_reward_model(args.reward_model, tokenizer, device, precision)  # frozen; the policy's tokenizer
+        reward_models = [common.load_reward_model(path, tokenizer, device, precision) for path in (args.reward_model, *args.ensemble)]
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
     critic_source = args.reward_model if critic_init == "reward-model" else args.model
     # With LoRA the critic is its own model with its own adapter and a fully trained head (not a second adapter on
@@ -352,8 +398,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     elif args.lora_r:
         policy, critic = common.add_lora(policy, args.model, args), common.add_lora(critic, critic_source, args)
     models = {"policy": policy, **({"reference": ref_model} if ref_model is not None else {}), "critic": critic}
-    if reward_model is not None:
-        models["reward model"] = reward_model
+    for i, reward_model in enumerate(reward_models):
+        models["reward model" + (f" {i + 1}" if len(reward_models) > 1 else "")] = reward_model
     table = memory_table(models, trainable={"policy", "critic"})
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
@@ -382,7 +428,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             return torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device), verified
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, mask], dim=1)
-        return common.reward_scores(reward_model, input_ids, attention_mask), verified
+        scores = torch.stack([common.reward_scores(m, input_ids, attention_mask) for m in reward_models])  # (M, B)
+        return ensemble_score(scores, args.ensemble_agg, args.ensemble_std_coef), verified
 
     @torch.no_grad()
     def evaluate(step: int, pass_k: int = 0) -> dict:
@@ -401,7 +448,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 texts = tasks.decode_completions(tokenizer, completion_ids, mask)
                 samples = [{"prompt": p.prompt, "answer": p.answer, "completion": t, "correct": bool(v), "score": round(s.item(), 4)}
                            for p, t, v, s in list(zip(batch, texts, verified, score))[:8]]
-        result = {"accuracy": torch.cat(correct).mean().item(), "score": torch.cat(scores).mean().item(), "samples": samples}
+        scores = torch.cat(scores)
+        result = {"accuracy": torch.cat(correct).mean().item(), "score": scores.mean().item(),
+                  "score_std": scores.std(unbiased=False).item(), "samples": samples}
         if pass_k:
             result[f"pass@{pass_k}"] = tasks.evaluate_pass_at_k(policy, tokenizer, heldout, pass_k, args.max_new_tokens, args.seed)
             tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} ({pass_k} samples per problem at temperature 1)")
@@ -426,7 +475,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     else:
         before = evaluate(0, args.pass_k)
         evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"], "score": before["score"]})], None, 1
-    bar = common.progress(args.steps, "ppo", initial=start - 1)
+    bar, stopped_at = common.progress(args.steps, "ppo", initial=start - 1), args.steps  # the last step trained (--kl-budget may stop early)
     for step in range(start, args.steps + 1):
         # ---- 1. sample one completion per prompt from the policy --------------------------------
         t0 = time.time()
@@ -450,7 +499,12 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 raise InputError(f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: "
                                  f"the {source} returned a non-finite score")
             finished = (completion_ids == eos).any(1)
-            penalised = scores - args.missing_eos_penalty * (~finished).float()
+            lengths = mask.sum(1)  # (B,)
+            shaped = scores
+            if args.reward_clip is not None:  # in units of the starting policy's spread of scores, so C means the same for any model
+                shaped = ((shaped - before["score"]) / max(before["score_std"], 1e-6)).clamp(-args.reward_clip, args.reward_clip)
+            shaped = shaped + args.verifier_weight * verified - args.length_penalty * lengths  # composite reward, length penalty
+            penalised = shaped - args.missing_eos_penalty * (~finished).float()
             old_logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, ones, args.temperature)  # (B, T)
             with common.reference(policy, ref_model) as ref:
                 ref_logprobs, _ = common.completion_logprobs(ref, prompt_ids, prompt_mask, completion_ids, ones, args.temperature)
@@ -463,6 +517,10 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 rewards = masked_whiten(rewards, mask, shift_mean=False) * mask
             advantages, returns = compute_gae(rewards, old_values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask) * mask
+        if args.kl_budget is not None and kl.sum(1).mean().item() > args.kl_budget:
+            stopped_at = step - 1
+            tqdm.write(f"step {step}: KL per completion {kl.sum(1).mean().item():.3f} > --kl-budget {args.kl_budget}: stopped before this update")
+            break
         memory_score = common.peak_memory_gb(device)
         time_score = time.time() - t1
 
@@ -507,6 +565,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         step_time = time.time() - t0
         stats = {
             "score": scores.mean().item(),
+            "score_shaped": shaped.mean().item(),  # after the mitigations, before the missing-EOS penalty
             "score_penalised": penalised.mean().item(),
             "verifier": verified.mean().item(),  # the true reward of the same samples, for the over-optimisation picture
             "kl": kl_per_completion,
@@ -545,8 +604,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             last_good = step
     bar.close()
 
-    after = evaluate(args.steps, args.pass_k)
-    evals.append(log.write_eval({"step": args.steps, "accuracy": after["accuracy"], "score": after["score"]}))
+    after = evaluate(stopped_at, args.pass_k)
+    evals.append(log.write_eval({"step": stopped_at, "accuracy": after["accuracy"], "score": after["score"]}))
     result = {
         **tasks.before_and_after(before, after),
         "score_before": before["score"],
@@ -554,6 +613,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         "evals": evals,
         "memory_table": table,
         "steps": args.steps,
+        "steps_trained": stopped_at,
         "wall_time_s": round(time.time() - log.start, 1),
         "memory/peak_gb": common.peak_memory_gb(device),
         "samples_before": before["samples"],

@@ -1,6 +1,7 @@
 """ppo.py: rewards, GAE and both losses on hand-computed numbers, the loop's invariants, learning, the CLI."""
 
 import inspect
+import itertools
 import math
 import os
 
@@ -12,8 +13,8 @@ import ppo
 import tasks
 import reward_model
 from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, assert_checkpointing_changes_nothing, digit_fraction, metrics_of, run_script
-from ppo import (Args, adaptive_kl_coef, compute_gae, explained_variance, kl_penalized_rewards, main, masked_whiten, ppo_policy_loss,
-                 ppo_value_loss, token_values)
+from ppo import (Args, adaptive_kl_coef, compute_gae, ensemble_score, explained_variance, kl_penalized_rewards, main, masked_whiten,
+                 ppo_policy_loss, ppo_value_loss, token_values)
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +253,51 @@ def test_whiten_rewards_scales_the_token_rewards_keeping_their_mean(tmp_path, mo
     torch.testing.assert_close(rewards_seen[0], expected, atol=1e-6, rtol=0)
 
 
+# ---- mitigations of reward over-optimisation ------------------------------------------------------------------------
+def test_ensemble_score_by_hand():
+    scores = torch.tensor([[1.0, 2.0], [3.0, 0.0], [2.0, 1.0]])  # 3 models, 2 completions
+    assert ensemble_score(scores, "min").tolist() == [1.0, 0.0]
+    # mean [2, 1]; population std over models sqrt(2/3) = 0.816497 for both; mean − 1·std
+    assert ensemble_score(scores, "mean-std", 1.0).tolist() == pytest.approx([1.183503, 0.183503], abs=1e-6)
+    assert ensemble_score(scores[:1], "mean-std", 1.0).tolist() == [1.0, 2.0]  # one model: its score
+
+
+@pytest.mark.parametrize("agg, coef, expected", [("min", 1.0, 1.5), ("mean-std", 0.5, 2.25)])
+def test_ensemble_in_the_loop_scores_with_every_model(tmp_path, tiny_reward_model_path, monkeypatch, agg, coef, expected):
+    # the two models score [0, 1, 2, 3] and [0, 3, 6, 9]: min [0, 1, 2, 3] -> 1.5;
+    # mean [0, 2, 4, 6] − 0.5 · population std [0, 1, 2, 3] = [0, 1.5, 3, 4.5] -> 2.25
+    multipliers = itertools.cycle([1.0, 3.0])
+    monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: torch.arange(len(ids)).float() * next(multipliers))
+    args = tiny_args(tmp_path, tiny_reward_model_path, steps=1, ensemble=(tiny_reward_model_path,), ensemble_agg=agg, ensemble_std_coef=coef)
+    result = main(args)
+    assert metrics_of(result)[0]["score"] == pytest.approx(expected)
+    assert [r["model"] for r in result["memory_table"]][-2:] == ["reward model 1", "reward model 2"]
+
+
+def test_reward_clip_standardises_by_the_starting_policys_held_out_scores(tmp_path, tiny_reward_model_path, monkeypatch):
+    monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: torch.arange(len(ids)).float())
+    row = metrics_of(main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, reward_clip=1.0)))[0]
+    # held-out (8 problems): scores 0..7, mean 3.5, population std sqrt(63/12) = 2.291288. Training batch 0..3:
+    # (0, 1, 2, 3 − 3.5) / 2.291288 = −1.527525, −1.091089, −0.654654, −0.218218; clipped at ±1: mean −0.718218
+    assert row["score"] == pytest.approx(1.5) and row["score_shaped"] == pytest.approx(-0.718218, abs=1e-6)
+
+
+def test_composite_reward_and_length_penalty(tmp_path, tiny_reward_model_path, monkeypatch, tokenizer):
+    eos, seven = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("7")
+    fixed_completions(monkeypatch, [[seven, eos, 0], [seven, seven, eos]])  # lengths 2, 3 (EOS counts), texts "7", "77"
+    monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: torch.ones(len(ids)))
+    monkeypatch.setattr(tasks, "verify", lambda completion, answer: float(completion == "77"))
+    row = metrics_of(main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, max_new_tokens=3, verifier_weight=0.5, length_penalty=0.2)))[0]
+    # 1 + 0.5 · verifier − 0.2 · length: [1 + 0 − 0.4, 1 + 0.5 − 0.6] = [0.6, 0.9], twice: mean 0.75
+    assert row["score"] == 1.0 and row["verifier"] == 0.5 and row["score_shaped"] == pytest.approx(0.75)
+
+
+def test_kl_budget_stops_before_the_update_that_would_exceed_it(tmp_path, tiny_reward_model_path):
+    # step 1 samples from the reference itself (KL 0) and updates; step 2's samples are already off it
+    result = main(tiny_args(tmp_path, tiny_reward_model_path, steps=3, kl_budget=1e-9))
+    assert result["steps_trained"] == 1 and len(metrics_of(result)) == 1 and result["evals"][-1]["step"] == 1
+
+
 def test_entropy_bonus_raises_entropy_and_lowers_the_loss_by_coef_times_entropy(tmp_path, monkeypatch):
     # the clipped surrogate is zeroed, so the bonus alone moves the policy: entropy must rise from one epoch to the next
     real_loss, real_logprobs, entropies = ppo.ppo_policy_loss, common.completion_logprobs, []
@@ -297,6 +343,10 @@ def test_a_non_finite_reward_stops_the_run_naming_the_reward(tmp_path):
         (dict(target_kl=0.0), "--target-kl must be > 0"),
         (dict(top_p=0.0), "--top-p must be in (0, 1]"),
         (dict(top_p=1.5), "--top-p must be in (0, 1]"),
+        (dict(reward="verifier", reward_model=None, ensemble=("x",)), "--ensemble shapes a learned reward: use it with --reward model"),
+        (dict(reward="verifier", reward_model=None, verifier_weight=1.0), "--verifier-weight shapes a learned reward"),
+        (dict(reward_clip=0.0), "--reward-clip must be > 0"),
+        (dict(kl_budget=-1.0), "--kl-budget must be > 0"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, tiny_reward_model_path, overrides, message):
