@@ -244,6 +244,13 @@ MUTATIONS = [
              "length penalty as a bonus", f"{PPO} -k composite"),
     Mutation("ppo.py", "        if args.kl_budget is not None and kl.sum(1).mean().item() > args.kl_budget:", "        if args.kl_budget is not None and kl.sum(1).mean().item() > args.kl_budget and step > 2:",
              "KL budget checked one update late", f"{PPO} -k kl_budget"),
+    # ---- scripts/compare.py ----------------------------------------------------------------------------------------
+    Mutation("scripts/compare.py", "total += common.masked_sum(logprobs - ref_logprobs, completion_mask).item()",
+             "total += common.masked_sum(ref_logprobs - logprobs, completion_mask).item()",
+             "comparison KL with the log-ratio reversed", "tests/test_compare.py -k sequence_kl"),
+    Mutation("scripts/compare.py", "return f\"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}\"",
+             "return f\"{statistics.mean(values):.{digits}f} ± {statistics.pstdev(values):.{digits}f}\"",
+             "comparison spread as the population std over seeds", "tests/test_compare.py -k mean_std"),
     # ---- the KL-regularised optimum on a bandit: each algorithm must reach its closed form ------------------
     Mutation("ppo.py", "rewards = -kl_coef * kl * mask", "rewards = -kl_coef * kl.clamp(min=0) * mask",
              "PPO's k1 penalty clipped at 0 (a plausible 'KL is never negative' fix)", f"{BANDIT} -k ppo"),

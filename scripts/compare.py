@@ -1,0 +1,246 @@
+"""Every algorithm at one budget on several seeds: the README's comparison table and its picture.
+
+The budget is a number of *training completions*: the completions a loss is computed on.
+- Online algorithms count their samples. GRPO and RLOO sample 32 per step; PPO and ReMax sample 8.
+  ReMax's 8 greedy baselines are not counted, since no loss is computed on them.
+- SFT counts demonstrations: 16 per step.
+- The pairwise offline algorithms (DPO, IPO, SimPO, ORPO) count the chosen and the rejected
+  completion of each pair: 16 per step.
+- KTO counts the same 16 per step. Its reference-point completions are not counted.
+- Each algorithm gets steps = budget // (completions per step).
+Counting this way is reproducible on any machine, which equal wall time is not. Wall time is in
+the table beside the counts, so both views are there.
+
+Every run starts from the same model with the script's own defaults. Each run:
+- is evaluated on the same held-out problems, greedy accuracy and pass@k before and after;
+- is then measured by this script for its KL to the starting model;
+- has its model deleted after that measurement (`--keep-models` keeps them).
+
+The KL column is that measurement: a sequence-level KL(π ‖ π_ref) per completion, k1 averaged
+over one completion sampled at temperature 1 for each held-out prompt. The same estimator is used
+for every algorithm; the KL each script logs is defined differently from one algorithm to another.
+Setup costs are counted separately from the runs:
+- PPO on the reward model first trains `reward_model.py` on the same seed. That wall time is
+  added to the row.
+- The offline algorithms share each seed's preference data, which is sampled once and cached.
+  That sampling time is in the first offline run of the seed.
+
+Run (a finished (algorithm, seed) is read back from its eval.json, never rerun):
+    python scripts/compare.py                                    # every algorithm, 3 seeds, the CPU budget (about 2 h on 2 cores; see the README)
+    python scripts/compare.py --full --device cuda               # the GPU budget
+    python scripts/compare.py --algos grpo dpo --seeds 0 --budget 320 --out runs/compare-small
+
+Writes OUT/comparison.md (the table), OUT/comparison.png (held-out accuracy against wall time)
+and OUT/results.jsonl (one row per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# slug: (name in the table, command after `python`, training completions per step)
+ALGORITHMS = {
+    "sft": ("SFT", ["sft.py"], 16),
+    "grpo": ("GRPO", ["grpo.py"], 32),
+    "dapo": ("GRPO, DAPO settings", ["grpo.py", "--loss-agg", "token-mean", "--eps-high", "0.28", "--dynamic-sampling", "--beta", "0"], 32),
+    "dr-grpo": ("GRPO, Dr. GRPO settings", ["grpo.py", "--no-scale-by-std", "--loss-agg", "seq-mean-token-sum-norm"], 32),
+    "rloo": ("RLOO", ["variants.py", "--algo", "rloo"], 32),
+    "remax": ("ReMax", ["variants.py", "--algo", "remax"], 8),
+    "ppo-verifier": ("PPO, verifier", ["ppo.py", "--reward", "verifier"], 8),
+    "ppo-rm": ("PPO, reward model", ["ppo.py", "--reward", "model"], 8),
+    "dpo": ("DPO", ["dpo.py"], 16),
+    "ipo": ("IPO", ["variants.py", "--algo", "ipo"], 16),
+    "kto": ("KTO", ["variants.py", "--algo", "kto"], 16),
+    "simpo": ("SimPO", ["variants.py", "--algo", "simpo"], 16),
+    "orpo": ("ORPO", ["variants.py", "--algo", "orpo"], 16),
+}
+CPU_BUDGET, GPU_BUDGET = 320, 3200  # training completions per run
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algos", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS), metavar="ALGO",
+                        help=f"which algorithms (default: all): {', '.join(ALGORITHMS)}")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds, one run each (default: 0 1 2)")
+    parser.add_argument("--budget", type=int, default=None,
+                        help=f"training completions per run (default: {CPU_BUDGET}, or {GPU_BUDGET} with --full)")
+    parser.add_argument("--full", action="store_true", help=f"the GPU budget: {GPU_BUDGET} completions and 200 held-out problems")
+    parser.add_argument("--model", default="smollm2", help="the starting model of every run (default: smollm2)")
+    parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (default: 100, or 200 with --full)")
+    parser.add_argument("--pass-k", type=int, default=8, help="k of pass@k (default 8)")
+    parser.add_argument("--device", default="auto", help="passed to every script (default: auto)")
+    parser.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
+    parser.add_argument("--keep-models", action="store_true", help="keep every run's model (about 0.5 GB each for SmolLM2-135M)")
+    parser.add_argument("--extra", default="", help="more options for every script, one string (e.g. \"--precision bf16-mixed\")")
+    args = parser.parse_args(argv)
+    args.budget = args.budget or (GPU_BUDGET if args.full else CPU_BUDGET)
+    args.eval_size = args.eval_size or (200 if args.full else 100)
+    too_small = [slug for slug in args.algos if args.budget < ALGORITHMS[slug][2]]
+    if too_small:
+        parser.error(f"--budget {args.budget} is less than one step of {', '.join(too_small)} "
+                     f"(needs {max(ALGORITHMS[s][2] for s in too_small)} completions)")
+    return args
+
+
+def run(command: list[str], log_path: Path) -> None:
+    """One script, its output kept in a log file; a failure stops the comparison with the log's tail."""
+    with open(log_path, "w") as log:
+        code = subprocess.run([sys.executable, *command], cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        tail = "\n".join(log_path.read_text().splitlines()[-5:])
+        raise SystemExit(f"`python {' '.join(command)}` failed (exit {code}); the end of {log_path}:\n{tail}")
+
+
+def finished_run(folder: Path):
+    """The run folder under `folder` with an eval.json, or None."""
+    done = sorted(p.parent for p in folder.glob("*/eval.json"))
+    return done[-1] if done else None
+
+
+def sequence_kl(model_dir: Path, base: str, eval_size: int, seed: int, device: str, max_new_tokens: int = 32) -> float:
+    """KL(π ‖ π_ref) per completion, estimated with k1 = Σ_t log π − log π_ref on one completion per
+    held-out prompt, sampled at temperature 1 from the trained model π."""
+    import torch
+
+    import common
+    import tasks
+
+    dev = common.resolve_device(device)
+    tokenizer = common.load_tokenizer(str(model_dir))
+    policy = common.load_model(str(model_dir), len(tokenizer), dev).eval()
+    reference = common.load_model(base, len(tokenizer), dev, seed=seed).eval()  # a random tiny model is made from the seed
+    problems = tasks.heldout_problems(eval_size)
+    generator = torch.Generator(device=dev).manual_seed(seed)
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, len(problems), 32):
+            batch = problems[start : start + 32]
+            ids, mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in batch], dev)
+            completion_ids = common.sample_completions(policy, ids, mask, 1, max_new_tokens, tokenizer.eos_token_id,
+                                                       tokenizer.pad_token_id, 1.0, 1.0, generator)
+            completion_mask = common.completion_mask(completion_ids, tokenizer.eos_token_id)
+            ones = torch.ones(len(batch), dtype=torch.long, device=dev)
+            logprobs, _ = common.completion_logprobs(policy, ids, mask, completion_ids, ones)
+            ref_logprobs, _ = common.completion_logprobs(reference, ids, mask, completion_ids, ones)
+            total += common.masked_sum(logprobs - ref_logprobs, completion_mask).item()
+    return total / len(problems)
+
+
+def one_run(args, slug: str, seed: int, out: Path) -> dict:
+    name, command, per_step = ALGORITHMS[slug]
+    steps = args.budget // per_step
+    folder = out / slug / f"seed-{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    setup_s = 0.0
+    if slug == "ppo-rm":  # its reward model first, on the same seed
+        rm_folder = out / "reward-model" / f"seed-{seed}"
+        rm_folder.mkdir(parents=True, exist_ok=True)
+        if finished_run(rm_folder) is None:
+            run(["reward_model.py", "--model", args.model, "--seed", str(seed), "--device", args.device,
+                 "--output-dir", str(rm_folder), *args.extra.split()], rm_folder / "log.txt")
+        rm_run = finished_run(rm_folder)
+        setup_s = json.loads((rm_run / "eval.json").read_text())["wall_time_s"]
+        command = [*command, "--reward-model", str(rm_run / "model")]
+    run_dir = finished_run(folder)
+    if run_dir is None:
+        run([*command, "--model", args.model, "--seed", str(seed), "--steps", str(steps), "--eval-every", "0",
+             "--eval-size", str(args.eval_size), "--pass-k", str(args.pass_k), "--device", args.device,
+             "--output-dir", str(folder), *args.extra.split()], folder / "log.txt")
+        run_dir = finished_run(folder)
+    evaluation = json.loads((run_dir / "eval.json").read_text())
+    kl_file = run_dir / "kl.json"
+    if not kl_file.exists():
+        kl = sequence_kl(run_dir / "model", args.model, args.eval_size, seed, args.device)
+        kl_file.write_text(json.dumps({"kl": kl}) + "\n")
+    if not args.keep_models:
+        shutil.rmtree(run_dir / "model", ignore_errors=True)
+    k = args.pass_k
+    return {"algo": slug, "name": name, "seed": seed, "steps": steps, "completions": steps * per_step,
+            "accuracy_before": evaluation["accuracy_before"], "accuracy": evaluation["accuracy_after"],
+            f"pass@{k}_before": evaluation.get(f"pass@{k}_before"), f"pass@{k}": evaluation.get(f"pass@{k}_after"),
+            "kl": json.loads(kl_file.read_text())["kl"], "wall_time_s": evaluation["wall_time_s"] + setup_s,
+            "peak_gb": evaluation["memory/peak_gb"], "run_dir": str(run_dir)}
+
+
+def mean_std(values: list[float], digits: int = 3) -> str:
+    """'m ± s' with the sample std over seeds, or 'm' for one seed."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def table(rows: list[dict], args) -> str:
+    k = args.pass_k
+    lines = [f"Budget {args.budget} training completions per run; {len(args.seeds)} seed(s) ({' '.join(map(str, args.seeds))}); "
+             f"{args.eval_size} held-out problems; mean ± sample std over seeds.", "",
+             f"| algorithm | steps | held-out accuracy | pass@{k} | KL to start (per completion) | wall time (min) | peak memory (GiB) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    first = [r for r in rows if r["seed"] == args.seeds[0]]
+    if first:
+        lines.append(f"| starting model | | {mean_std([r['accuracy_before'] for r in first][:1])} | "
+                     f"{mean_std([r[f'pass@{k}_before'] for r in first if r[f'pass@{k}_before'] is not None][:1] or [float('nan')])} | 0 | | |")
+    for slug in args.algos:
+        runs = [r for r in rows if r["algo"] == slug]
+        if not runs:
+            continue
+        passes = [r[f"pass@{k}"] for r in runs if r[f"pass@{k}"] is not None]
+        lines.append(f"| {runs[0]['name']} | {runs[0]['steps']} | {mean_std([r['accuracy'] for r in runs])} | "
+                     f"{mean_std(passes) if passes else ''} | {mean_std([r['kl'] for r in runs], 2)} | "
+                     f"{mean_std([r['wall_time_s'] / 60 for r in runs], 1)} | {mean_std([r['peak_gb'] for r in runs], 2)} |")
+    return "\n".join(lines) + "\n"
+
+
+def picture(rows: list[dict], args, path: Path) -> None:
+    """Held-out accuracy against wall time, one point per algorithm (mean over seeds, bars = std)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: comparison.png skipped (pip install matplotlib to draw it)", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for slug in args.algos:
+        runs = [r for r in rows if r["algo"] == slug]
+        if not runs:
+            continue
+        acc, minutes = [r["accuracy"] for r in runs], [r["wall_time_s"] / 60 for r in runs]
+        spread = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
+        ax.errorbar(statistics.mean(minutes), statistics.mean(acc), xerr=spread(minutes), yerr=spread(acc), fmt="o", capsize=3, label=runs[0]["name"])
+    ax.axhline(rows[0]["accuracy_before"], color="grey", linestyle="--", linewidth=1, label="starting model")
+    ax.set(xlabel="wall time per run (min)", ylabel="held-out accuracy (greedy)", title=f"{args.budget} training completions per run")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    total = len(args.algos) * len(args.seeds)
+    for seed in args.seeds:  # seed-major: a stopped comparison has every algorithm on its first seeds
+        for slug in args.algos:
+            print(f"[{len(rows) + 1}/{total}] {ALGORITHMS[slug][0]}, seed {seed}", flush=True)
+            rows.append(one_run(args, slug, seed, out))
+            (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            (out / "comparison.md").write_text(table(rows, args))
+    picture(rows, args, out / "comparison.png")
+    print(table(rows, args))
+    print(f"wrote {out / 'comparison.md'}, {out / 'comparison.png'} and {out / 'results.jsonl'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""scripts/compare.py: the budget arithmetic, the table's mean ± std, the uniform KL, and one tiny run end to end."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+import common
+from conftest import REPO, run_script
+
+sys.path.insert(0, str(REPO / "scripts"))
+import compare  # noqa: E402
+
+
+def test_mean_std_is_the_sample_std_over_seeds():
+    assert compare.mean_std([0.5, 0.7]) == "0.600 ± 0.141"  # stdev([0.5, 0.7]) = 0.1 · sqrt(2) = 0.141421
+    assert compare.mean_std([0.25]) == "0.250"
+
+
+def test_every_algorithm_gets_the_same_budget_in_training_completions():
+    args = compare.parse_args(["--budget", "320"])
+    steps = {slug: args.budget // per_step for slug, (_, _, per_step) in compare.ALGORITHMS.items()}
+    assert steps["grpo"] == 10 and steps["ppo-verifier"] == 40 and steps["dpo"] == 20 and steps["sft"] == 20
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--budget", "16", "--algos", "grpo"])  # less than one GRPO step (32)
+
+
+def test_table_rows(tmp_path):
+    args = compare.parse_args(["--algos", "grpo", "dpo", "--seeds", "0", "1", "--budget", "320"])
+    row = dict(accuracy_before=0.2, steps=10, kl=1.0, wall_time_s=60.0, peak_gb=4.0, **{"pass@8_before": 0.5})
+    rows = [{**row, "algo": "grpo", "name": "GRPO", "seed": 0, "accuracy": 0.5, "pass@8": 0.75},
+            {**row, "algo": "grpo", "name": "GRPO", "seed": 1, "accuracy": 0.7, "pass@8": 0.75, "kl": 3.0, "wall_time_s": 180.0}]
+    text = compare.table(rows, args)
+    assert "| starting model | | 0.200 | 0.500 | 0 | | |" in text
+    assert "| GRPO | 10 | 0.600 ± 0.141 | 0.750 ± 0.000 | 2.00 ± 1.41 | 2.0 ± 1.4 | 4.00 ± 0.00 |" in text
+    assert "DPO" not in text  # no run yet: no row
+
+
+def test_sequence_kl_of_a_model_to_itself_is_zero(tmp_path, tokenizer):
+    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), seed=3)
+    common.save_checkpoint(model, tokenizer, tmp_path / "model")
+    assert compare.sequence_kl(tmp_path / "model", "tiny", 8, seed=3, device="cpu", max_new_tokens=6) == 0.0
+    other = compare.sequence_kl(tmp_path / "model", "tiny", 8, seed=4, device="cpu", max_new_tokens=6)  # another random tiny model
+    assert other > 0.05  # 0.21: two unrelated near-uniform random models; the reversed sign would give about −0.2
+
+
+def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
+    argv = ["--model", "tiny", "--algos", "grpo", "--seeds", "0", "--budget", "32", "--eval-size", "4", "--pass-k", "2",
+            "--out", str(tmp_path), "--extra", "--max-new-tokens 6"]
+    proc = run_script("scripts/compare.py", *argv)
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads((tmp_path / "results.jsonl").read_text())
+    assert row["algo"] == "grpo" and row["steps"] == 1 and row["completions"] == 32 and "pass@2" in row
+    run_dir = tmp_path / "grpo" / "seed-0"
+    assert not list(run_dir.glob("*/model")) and list(run_dir.glob("*/kl.json"))  # the model is measured, then deleted
+    log = (run_dir / "log.txt").stat().st_mtime
+    again = run_script("scripts/compare.py", *argv)
+    assert again.returncode == 0 and (run_dir / "log.txt").stat().st_mtime == log  # not rerun
+    assert (tmp_path / "comparison.md").read_text().count("| GRPO | 1 |") == 1
