@@ -1,4 +1,4 @@
-"""scripts/compare.py: the budget arithmetic, the table's mean ± std, the uniform KL, and one tiny run end to end."""
+"""scripts/compare.py and scripts/beta_sweep.py: the budget arithmetic, the tables, the uniform KL, tiny runs end to end."""
 
 import json
 import sys
@@ -10,6 +10,7 @@ import common
 from conftest import REPO, run_script
 
 sys.path.insert(0, str(REPO / "scripts"))
+import beta_sweep  # noqa: E402
 import compare  # noqa: E402
 
 
@@ -58,3 +59,25 @@ def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
     again = run_script("scripts/compare.py", *argv)
     assert again.returncode == 0 and (run_dir / "log.txt").stat().st_mtime == log  # not rerun
     assert (tmp_path / "comparison.md").read_text().count("| GRPO | 1 |") == 1
+
+
+# ---- scripts/beta_sweep.py ------------------------------------------------------------------------------------------
+
+def test_beta_sweep_table_shows_the_learned_score_only_for_ppo():
+    rows = [{"beta": 0.04, "accuracy_before": 0.2, "accuracy": 0.6, "score_before": -1.0, "score": 2.5, "kl": 3.25}]
+    grpo = beta_sweep.table(rows, beta_sweep.parse_args(["grpo"]))
+    assert "| starting model | 0 | 0.200 |\n| 0.04 | 3.25 | 0.600 |" in grpo and "learned" not in grpo
+    ppo = beta_sweep.table(rows, beta_sweep.parse_args(["ppo", "--reward-model", "x"]))
+    assert "| starting model | 0 | 0.200 | -1.000 |\n| 0.04 | 3.25 | 0.600 | 2.500 |" in ppo
+    with pytest.raises(SystemExit):
+        beta_sweep.parse_args(["ppo"])  # no reward model
+
+
+def test_a_tiny_grpo_beta_sweep_runs_each_beta_with_its_flag(tmp_path):
+    proc = run_script("scripts/beta_sweep.py", "grpo", "--model", "tiny", "--betas", "0", "0.5", "--steps", "1", "--eval-size", "4",
+                      "--out", str(tmp_path), "--extra", "--max-new-tokens 6 --prompts-per-step 2 --group-size 2")
+    assert proc.returncode == 0, proc.stderr
+    for beta in ("0", "0.5"):
+        run_args = json.loads(next((tmp_path / f"beta-{beta}").glob("*/args.json")).read_text())
+        assert run_args["beta"] == float(beta) and run_args["steps"] == 1
+    assert (tmp_path / "sweep.md").read_text().count("\n| 0") == 2
