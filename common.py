@@ -83,6 +83,8 @@ class Run:
     """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
     report_to: ReportTo = "none"
     """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
+    memory_plan: bool = False
+    """print what each model will hold (weights, gradients, AdamW state, activations of one micro-batch) from its config alone, without loading weights, and exit"""
 
 
 @dataclass
@@ -400,6 +402,80 @@ def load_reward_model(path: str, tokenizer, device: torch.device, precision: str
     if load_tokenizer(path).get_vocab() != tokenizer.get_vocab():
         raise InputError(f"--reward-model {path} was trained with a different tokenizer than the policy; train the reward model from the same base model")
     return model
+
+
+# ---------------------------------------------------------------------------------------------
+# The memory plan: what each model of a run will hold, from its config alone (no weights loaded)
+# ---------------------------------------------------------------------------------------------
+def model_config(name: str, vocab_size: int) -> transformers.PretrainedConfig:
+    """The architecture of `name` without its weights: tiny, smollm2, a LoRA run's base, a local folder or a hub id."""
+    if name in ("tiny", "tiny-gpt2"):
+        return make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama").config
+    if os.path.isfile(os.path.join(name, "adapter_config.json")):
+        name = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
+    path = str(smollm2_checkpoint()) if name == "smollm2" else name
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return transformers.AutoConfig.from_pretrained(path)
+    return _from_pretrained(transformers.AutoConfig, path)
+
+
+def parameter_counts(config: transformers.PretrainedConfig, head: str, lora: Lora) -> tuple[int, int]:
+    """(parameters, trainable parameters) of the model built on the meta device. With LoRA only the adapters,
+    r·(in + out) for each targeted linear layer, and a score head train."""
+    config = copy.deepcopy(config)
+    config.num_labels = 1
+    auto = transformers.AutoModelForCausalLM if head == "lm" else transformers.AutoModelForSequenceClassification
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    total = sum(p.numel() for p in model.parameters())
+    if not lora.lora_r:
+        return total, total
+    targets = None if lora.lora_targets == "all-linear" else set(lora.lora_targets.split(","))
+    adapters = sum(lora.lora_r * sum(m.weight.shape) for n, m in model.named_modules()  # GPT-2's Conv1D holds (in, out)
+                   if isinstance(m, (torch.nn.Linear, transformers.pytorch_utils.Conv1D)) and n.split(".")[-1] not in ("lm_head", "score")
+                   and (targets is None or n.split(".")[-1] in targets))
+    score = sum(p.numel() for n, p in model.named_parameters() if n.startswith("score.")) if head != "lm" else 0
+    return total + adapters, adapters + score
+
+
+def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, precision: str, checkpointing: bool) -> int:
+    """What one micro-batch's forward keeps for the backward. A transformer layer keeps s·b·h·(34 + 5·a·s/h)
+    bytes of 16-bit activations (Korthikanti et al. 2022, arXiv:2205.05198, eq. 1; float32 doubles it);
+    with checkpointing, only each layer's input (2·s·b·h bytes) and one layer's full set. Plus the float32
+    logits of the scored positions, logit_tokens·V·4 bytes. tokens = s·b positions in the forward."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    heads, s = config.num_attention_heads, tokens / sequences
+    scale = 2 if precision == "fp32" else 1  # float32 activations, or bfloat16 under autocast / bf16-true
+    per_layer = tokens * h * (34 + 5 * heads * s / h) * scale
+    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer
+    return int(kept + logit_tokens * config.vocab_size * 4)
+
+
+def memory_plan(models: list[tuple], precision: str, lora: Lora, checkpointing: bool, sequences: int, tokens: int,
+                logit_tokens: int) -> dict:
+    """Print and return the plan: one row per model (name, config, head "lm" or "score", trained?) with its
+    parameters and GiB of weights, and for a trained model its gradients, AdamW state (two moments in the
+    weights' dtype) and one micro-batch's activations (`activation_bytes`; a score head has no vocabulary
+    logits). Weights are float32 (the master copy under bf16-mixed) unless bf16-true.
+    Returns {"memory_plan": rows, "total_gb": total}."""
+    width = 2 if precision == "bf16-true" else 4
+    rows = []
+    for name, config, head, trained in models:
+        params, trainable = parameter_counts(config, head, lora)
+        trainable = trainable if trained else 0
+        activations = activation_bytes(config, sequences, tokens, logit_tokens if head == "lm" else 0, precision, checkpointing) if trained else 0
+        rows.append({"model": name, "parameters": params, "weights_gb": params * width / 2**30, "gradients_gb": trainable * width / 2**30,
+                     "optimizer_gb": 2 * trainable * width / 2**30, "activations_gb": activations / 2**30})
+    columns = ("weights_gb", "gradients_gb", "optimizer_gb", "activations_gb")
+    total = sum(r[c] for r in rows for c in columns)
+    print(f"memory plan: precision {precision}, LoRA r = {lora.lora_r or 'off'}, gradient checkpointing {'on' if checkpointing else 'off'}, "
+          f"one micro-batch = {sequences} sequences, {tokens} token positions")
+    print(f"{'model':<16}{'parameters':>15}{'weights':>10}{'gradients':>11}{'AdamW state':>13}{'activations':>13}   (GiB)")
+    for r in rows:
+        print(f"{r['model']:<16}{r['parameters']:>15,}" + "".join(f"{r[c]:>{w}.2f}" for c, w in zip(columns, (10, 11, 13, 13))))
+    print(f"{'total':<16}{total:>62.2f}\n(the process adds its own: on CPU about 0.5 GiB for Python, torch and transformers; "
+          "on CUDA the context and the allocator's cache)")
+    return {"memory_plan": rows, "total_gb": total}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -325,6 +325,11 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
+    if args.memory_plan:  # from the config alone; one micro-batch shares each prompt's forward among its G completions
+        config, S, T = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens
+        micro = args.batch_size or args.prompts_per_step * args.group_size
+        models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (args.beta != 0 and not args.lora_r)
+        return common.memory_plan(models, precision, args, args.gradient_checkpointing, micro, -(-micro // args.group_size) * S + micro * T, micro * T)
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     reward_model = common.load_reward_model(args.reward_model, tokenizer, device, precision) if args.reward_model else None

@@ -134,7 +134,7 @@ class Algorithm:
 
 @dataclass
 class RewardHacking:
-    """mitigations of reward over-optimisation, each off by default (need --reward model except --kl-budget)"""
+    """mitigations of reward over-optimisation, all off unless set (all but --kl-budget need --reward model)"""
 
     ensemble: tuple[str, ...] = ()
     """more reward_model.py checkpoints (trained with other --seed values): with --reward-model they score as one ensemble"""
@@ -326,7 +326,7 @@ def memory_table(models: dict[str, torch.nn.Module], trainable: set[str]) -> lis
         rows.append({
             "model": name, "parameters": params, "weights_gb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
             "gradients_gb": sum(p.numel() * p.element_size() for p in trained) / 2**30,
-            "optimizer_gb": 2 * sum(p.numel() for p in trained) * 4 / 2**30,
+            "optimizer_gb": 2 * sum(p.numel() * p.element_size() for p in trained) / 2**30,  # two moments in the weights' dtype
         })
     return rows
 
@@ -379,6 +379,14 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
+    if args.memory_plan:  # from the configs alone; the policy and the critic train on the same minibatch
+        config, S, T, m = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens, args.minibatch_size
+        rm_configs = [common.model_config(path, len(tokenizer)) for path in (args.reward_model, *args.ensemble)] if args.reward_model else []
+        critic_config = rm_configs[0] if rm_configs and args.critic_init != "policy" else config
+        models = [("policy", config, "lm", True), *[("reference", config, "lm", False)] * (not args.lora_r),
+                  *[(f"reward model {i + 1}" if len(rm_configs) > 1 else "reward model", c, "score", False) for i, c in enumerate(rm_configs)],
+                  ("critic", critic_config, "score", True)]
+        return common.memory_plan(models, precision, args, args.gradient_checkpointing, m, m * (S + T), m * T)
 
     # ---- the four models ----------------------------------------------------------------------
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)

@@ -310,6 +310,13 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
     offline = args.algo in OFFLINE
+    if args.memory_plan:  # from the config alone, before any data: offline, a pair's two completions; online, G (RLOO) or 1 (ReMax) per prompt
+        config, S = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, tasks.heldout_problems(args.eval_size))
+        T = (args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens + 1)) if offline else args.max_new_tokens
+        per_prompt = 2 if offline else (args.group_size if args.algo == "rloo" else 1)
+        B = args.batch_size * per_prompt
+        models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (args.algo in ("ipo", "kto", "rloo", "remax") and not args.lora_r)
+        return common.memory_plan(models, precision, args, args.gradient_checkpointing, B, args.batch_size * S * (per_prompt if offline else 1) + B * T, B * T)
     if offline:
         train_pairs, _, _ = tasks.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
                                                          args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision)

@@ -251,6 +251,14 @@ MUTATIONS = [
     Mutation("scripts/compare.py", "return f\"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}\"",
              "return f\"{statistics.mean(values):.{digits}f} ± {statistics.pstdev(values):.{digits}f}\"",
              "comparison spread as the population std over seeds", "tests/test_compare.py -k mean_std"),
+    # ---- common.py: the memory plan ---------------------------------------------------------------------------
+    Mutation("common.py", '"optimizer_gb": 2 * trainable * width / 2**30', '"optimizer_gb": 2 * trainable * 4 / 2**30',
+             "memory plan: AdamW moments always float32 (bf16-true keeps them in bfloat16)", f"{COMMON} -k memory_plan_matches"),
+    Mutation("common.py", "    return total + adapters, adapters + score", "    return total + adapters, adapters",
+             "memory plan: a LoRA reward model's score head not trained", f"{COMMON} -k lora_trainable"),
+    Mutation("common.py", "    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer",
+             "    kept = (layers * 2 * tokens * h * scale) if checkpointing else layers * per_layer",
+             "memory plan: checkpointing without the one recomputed layer", f"{COMMON} -k activation_bytes"),
     # ---- the KL-regularised optimum on a bandit: each algorithm must reach its closed form ------------------
     Mutation("ppo.py", "rewards = -kl_coef * kl * mask", "rewards = -kl_coef * kl.clamp(min=0) * mask",
              "PPO's k1 penalty clipped at 0 (a plausible 'KL is never negative' fix)", f"{BANDIT} -k ppo"),

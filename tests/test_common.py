@@ -218,3 +218,73 @@ def test_distinct_fraction_per_group_ignores_what_follows_eos():
     assert common.distinct_fraction(rows, mask, 2) == pytest.approx(2 / 3)
     # the whole batch: distinct {a, 7, 8} = 3 of 6
     assert common.distinct_fraction(rows, mask, 6) == pytest.approx(0.5)
+
+
+# ---- the memory plan --------------------------------------------------------------------------------------------
+LLAMAS = {  # published parameter counts: SmolLM2-135M (tied embeddings), TinyLlama-1.1B, Llama-2-7B
+    "135M": (dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                  vocab_size=49152, tie_word_embeddings=True), 134_515_008),
+    "1.1B": (dict(hidden_size=2048, num_hidden_layers=22, intermediate_size=5632, num_attention_heads=32, num_key_value_heads=4,
+                  vocab_size=32000), 1_100_048_384),
+    "7B": (dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
+                vocab_size=32000), 6_738_415_616),
+}
+
+
+@pytest.mark.parametrize("size", LLAMAS)
+def test_parameter_counts_of_llama_configs_built_on_the_meta_device(size):
+    import transformers
+
+    kwargs, published = LLAMAS[size]
+    assert common.parameter_counts(transformers.LlamaConfig(**kwargs), "lm", common.Lora()) == (published, published)
+
+
+def test_lora_trainable_parameters_of_llama_7b():
+    import transformers
+
+    config = transformers.LlamaConfig(**LLAMAS["7B"][0])
+    # per layer r·(in + out): q, k, v, o 4 × 16 · (4096 + 4096) = 524,288; gate, up 2 × 16 · (4096 + 11008) = 483,328;
+    # down 16 · (11008 + 4096) = 241,664; sum 1,249,280 × 32 layers = 39,976,960 (what peft reports for r = 16, all-linear)
+    total, trainable = common.parameter_counts(config, "lm", common.Lora(lora_r=16))
+    assert trainable == 39_976_960 and total == 6_738_415_616 + 39_976_960
+    # a reward model: the score head (4096 × 1) trains in full beside the adapters
+    assert common.parameter_counts(config, "score", common.Lora(lora_r=16))[1] == 39_976_960 + 4096
+    assert common.parameter_counts(config, "lm", common.Lora(lora_r=16, lora_targets="q_proj,v_proj"))[1] == 2 * 16 * 8192 * 32
+
+
+def test_activation_bytes_by_hand():
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16, vocab_size=10)
+    # 2 sequences of 4 tokens: per layer s·b·h·(34 + 5·a·s/h) = 8·8·(34 + 5·2·4/8) = 2496 bytes at 16 bits, 4992 in fp32;
+    # 2 layers 9984, plus fp32 logits of 6 scored positions 6·10·4 = 240
+    assert common.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False) == 9984 + 240
+    assert common.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False) == 4992 + 240
+    # checkpointing keeps each layer's input 2·(s·b·h) = 2·64 = 128 bytes (×2 in fp32) and one layer's full set
+    assert common.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=True) == 2 * 256 + 4992 + 240
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
+def test_memory_plan_matches_the_loaded_models(tokenizer, precision):
+    import ppo
+
+    policy = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision)
+    critic = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, head="score")
+    measured = ppo.memory_table({"policy": policy, "reference": common.frozen_copy(policy), "critic": critic}, {"policy", "critic"})
+    config = common.model_config("tiny", len(tokenizer))
+    plan = common.memory_plan([("policy", config, "lm", True), ("reference", config, "lm", False), ("critic", config, "score", True)],
+                              precision, common.Lora(), False, 2, 16, 8)["memory_plan"]
+    for planned, real in zip(plan, measured):
+        for key in ("parameters", "weights_gb", "gradients_gb", "optimizer_gb"):
+            assert planned[key] == pytest.approx(real[key], rel=1e-9), (planned["model"], key)
+
+
+@pytest.mark.parametrize("script, argv", [("grpo.py", []), ("dpo.py", []), ("ppo.py", ["--reward", "verifier"]), ("sft.py", []),
+                                          ("reward_model.py", []), ("variants.py", ["--algo", "kto"])])
+def test_memory_plan_option_prints_the_plan_and_starts_nothing(tmp_path, script, argv):
+    from conftest import run_script
+
+    proc = run_script(script, "--model", "tiny", "--memory-plan", "--output-dir", str(tmp_path), *argv)
+    assert proc.returncode == 0, proc.stderr
+    assert "memory plan: precision fp32" in proc.stdout and "policy" in proc.stdout.replace("reward model", "policy")
+    assert not list(tmp_path.iterdir())  # no run folder: nothing was started
