@@ -441,14 +441,15 @@ def parameter_counts(config: transformers.PretrainedConfig, head: str, lora: Lor
 def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, precision: str, checkpointing: bool) -> int:
     """What one micro-batch's forward keeps for the backward. A transformer layer keeps s·b·h·(34 + 5·a·s/h)
     bytes of 16-bit activations (Korthikanti et al. 2022, arXiv:2205.05198, eq. 1; float32 doubles it);
-    with checkpointing, only each layer's input (2·s·b·h bytes) and one layer's full set. Plus the float32
-    logits of the scored positions, logit_tokens·V·4 bytes. tokens = s·b positions in the forward."""
+    with checkpointing, only each layer's input (2·s·b·h bytes) and one layer's full set. Plus three float32
+    tensors of the scored positions' size, logit_tokens·V·4 bytes each, alive together when the backward
+    starts: the logits, their log-softmax (kept for its gradient) and the logits' gradient. tokens = s·b."""
     h, layers = config.hidden_size, config.num_hidden_layers
     heads, s = config.num_attention_heads, tokens / sequences
     scale = 2 if precision == "fp32" else 1  # float32 activations, or bfloat16 under autocast / bf16-true
     per_layer = tokens * h * (34 + 5 * heads * s / h) * scale
     kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer
-    return int(kept + logit_tokens * config.vocab_size * 4)
+    return int(kept + 3 * logit_tokens * config.vocab_size * 4)
 
 
 def memory_plan(models: list[tuple], precision: str, lora: Lora, checkpointing: bool, sequences: int, tokens: int,
@@ -461,7 +462,7 @@ def memory_plan(models: list[tuple], precision: str, lora: Lora, checkpointing: 
     width = 2 if precision == "bf16-true" else 4
     rows = []
     for name, config, head, trained in models:
-        params, trainable = parameter_counts(config, head, lora)
+        params, trainable = parameter_counts(config, head, lora if trained else Lora())  # a frozen model has no adapter
         trainable = trainable if trained else 0
         activations = activation_bytes(config, sequences, tokens, logit_tokens if head == "lm" else 0, precision, checkpointing) if trained else 0
         rows.append({"model": name, "parameters": params, "weights_gb": params * width / 2**30, "gradients_gb": trainable * width / 2**30,
@@ -473,8 +474,8 @@ def memory_plan(models: list[tuple], precision: str, lora: Lora, checkpointing: 
     print(f"{'model':<16}{'parameters':>15}{'weights':>10}{'gradients':>11}{'AdamW state':>13}{'activations':>13}   (GiB)")
     for r in rows:
         print(f"{r['model']:<16}{r['parameters']:>15,}" + "".join(f"{r[c]:>{w}.2f}" for c, w in zip(columns, (10, 11, 13, 13))))
-    print(f"{'total':<16}{total:>62.2f}\n(the process adds its own: on CPU about 0.5 GiB for Python, torch and transformers; "
-          "on CUDA the context and the allocator's cache)")
+    print(f"{'total':<16}{total:>62.2f}\n(the process adds its own: on CPU 0.25 GiB for Python, torch and transformers, plus freed memory "
+          "the allocator keeps; on CUDA the context and the caching allocator's reserve)")
     return {"memory_plan": rows, "total_gb": total}
 
 

@@ -257,11 +257,11 @@ def test_activation_bytes_by_hand():
 
     config = transformers.LlamaConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16, vocab_size=10)
     # 2 sequences of 4 tokens: per layer s·b·h·(34 + 5·a·s/h) = 8·8·(34 + 5·2·4/8) = 2496 bytes at 16 bits, 4992 in fp32;
-    # 2 layers 9984, plus fp32 logits of 6 scored positions 6·10·4 = 240
-    assert common.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False) == 9984 + 240
-    assert common.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False) == 4992 + 240
+    # 2 layers 9984, plus 3 fp32 tensors (logits, log-softmax, gradient) of 6 scored positions: 3·6·10·4 = 720
+    assert common.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False) == 9984 + 720
+    assert common.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False) == 4992 + 720
     # checkpointing keeps each layer's input 2·(s·b·h) = 2·64 = 128 bytes (×2 in fp32) and one layer's full set
-    assert common.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=True) == 2 * 256 + 4992 + 240
+    assert common.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=True) == 2 * 256 + 4992 + 720
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
