@@ -443,7 +443,9 @@ def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, pre
     bytes of 16-bit activations (Korthikanti et al. 2022, arXiv:2205.05198, eq. 1; float32 doubles it);
     with checkpointing, only each layer's input (2·s·b·h bytes) and one layer's full set. Plus three float32
     tensors of the scored positions' size, logit_tokens·V·4 bytes each, alive together when the backward
-    starts: the logits, their log-softmax (kept for its gradient) and the logits' gradient. tokens = s·b."""
+    starts: the logits, their log-softmax (kept for its gradient) and the logits' gradient. tokens = s·b.
+    An estimate: eq. 1 is for a GPT layer (GeLU MLP of 4h, dropout masks, attention scores kept); fused
+    attention (SDPA) keeps no s×s scores, and SwiGLU and grouped-query attention shift the constant."""
     h, layers = config.hidden_size, config.num_hidden_layers
     heads, s = config.num_attention_heads, tokens / sequences
     scale = 2 if precision == "fp32" else 1  # float32 activations, or bfloat16 under autocast / bf16-true

@@ -233,7 +233,7 @@ def main(args: Args) -> dict:
     if args.memory_plan:  # from the config alone, before any preference data is sampled; chosen and rejected in one forward
         config, S = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, tasks.heldout_problems(args.eval_size))
         T, B = args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens + 1), 2 * args.batch_size
-        models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (not args.lora_r)
+        models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (not args.precompute_ref_logprobs and not args.lora_r)
         return common.memory_plan(models, precision, args, args.gradient_checkpointing, B, B * (S + T), B * T)
     train_pairs, heldout_pairs, _ = tasks.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
                                                                  args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision)

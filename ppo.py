@@ -134,10 +134,10 @@ class Algorithm:
 
 @dataclass
 class RewardHacking:
-    """mitigations of reward over-optimisation, all off unless set (all but --kl-budget need --reward model)"""
+    """mitigations of reward over-optimisation, all off unless set (--ensemble, --reward-clip and --verifier-weight need --reward model)"""
 
     ensemble: tuple[str, ...] = ()
-    """more reward_model.py checkpoints (trained with other --seed values): with --reward-model they score as one ensemble"""
+    """more reward_model.py checkpoints (trained with other --seed values): with --reward-model they score as one ensemble, each model's score standardised by its mean and std on the starting policy's held-out answers"""
     ensemble_agg: Literal["min", "mean-std"] = "min"
     """how the ensemble's scores combine (Coste et al. 2024): min (worst case) or mean − k·std (population std over models)"""
     ensemble_std_coef: float = 1.0
@@ -147,7 +147,7 @@ class RewardHacking:
     length_penalty: float = 0.0
     """subtracted from the score per completion token"""
     verifier_weight: float = 0.0
-    """composite reward: add this times the verifier's 0/1 to the learned score"""
+    """composite reward: add this times the verifier's 0/1 to the learned score (after --reward-clip, so in its units when that is on)"""
     kl_budget: Annotated[Optional[float], common.none_means("off", "FLOAT")] = None
     """stop training, before the update, at the first batch whose KL per completion exceeds this"""
 
@@ -429,36 +429,48 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     print(f"{'total':<14}{sum(r['parameters'] for r in table):>12,}{sum(r['weights_gb'] + r['gradients_gb'] + r['optimizer_gb'] for r in table):>34.2f}")
 
     def score_completions(prompt_ids, prompt_mask, completion_ids, mask, answers) -> tuple[torch.Tensor, torch.Tensor]:
-        """(score used as reward (B,), verifier's 0/1 (B,)); the reward is the model's score or the verifier's."""
+        """(raw scores (M, B): each reward model's, or the verifier's as M = 1; the verifier's 0/1 (B,))."""
         texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         verified = torch.tensor([tasks.verify(t, a) for t, a in zip(texts, answers)], device=device)
         if args.reward == "verifier":
-            return torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device), verified
+            return torch.tensor([[reward_fn(t, a) for t, a in zip(texts, answers)]], device=device), verified
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, mask], dim=1)
-        scores = torch.stack([common.reward_scores(m, input_ids, attention_mask) for m in reward_models])  # (M, B)
-        return ensemble_score(scores, args.ensemble_agg, args.ensemble_std_coef), verified
+        return torch.stack([common.reward_scores(m, input_ids, attention_mask) for m in reward_models]), verified
+
+    ensemble_norm = {}  # each reward model's mean and std on the starting policy's held-out answers, set by the first evaluation
+
+    def learned_score(raw: torch.Tensor) -> torch.Tensor:
+        """(M, B) -> (B,). A Bradley-Terry score has an arbitrary offset and scale per model, so an ensemble's
+        members are compared in units of their own spread on the starting policy before min or mean − k·std."""
+        if len(raw) > 1:
+            raw = (raw - ensemble_norm["mean"][:, None]) / ensemble_norm["std"][:, None]
+        return ensemble_score(raw, args.ensemble_agg, args.ensemble_std_coef)
 
     @torch.no_grad()
     def evaluate(step: int, pass_k: int = 0) -> dict:
         """Greedy held-out accuracy by the verifier, beside the reward model's mean score of the same completions."""
         policy.eval()
-        scores, correct, samples = [], [], []
+        raws, correct, samples = [], [], []
         for start in range(0, len(heldout), 64):
             batch = heldout[start : start + 64]
             ids, pmask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in batch], device)
             completion_ids = common.sample_completions(policy, ids, pmask, 1, args.max_new_tokens, eos, pad, temperature=0)
             mask = common.completion_mask(completion_ids, eos)
-            score, verified = score_completions(ids, pmask, completion_ids, mask, [p.answer for p in batch])
-            scores.append(score)
+            raw, verified = score_completions(ids, pmask, completion_ids, mask, [p.answer for p in batch])
+            raws.append(raw)
             correct.append(verified)
             if not samples:  # a few to read
                 texts = tasks.decode_completions(tokenizer, completion_ids, mask)
-                samples = [{"prompt": p.prompt, "answer": p.answer, "completion": t, "correct": bool(v), "score": round(s.item(), 4)}
-                           for p, t, v, s in list(zip(batch, texts, verified, score))[:8]]
-        scores = torch.cat(scores)
-        result = {"accuracy": torch.cat(correct).mean().item(), "score": scores.mean().item(),
-                  "score_std": scores.std(unbiased=False).item(), "samples": samples}
+                samples = [{"prompt": p.prompt, "answer": p.answer, "completion": t, "correct": bool(v)} for p, t, v in list(zip(batch, texts, verified))[:8]]
+        raw = torch.cat(raws, dim=1)  # (M, N)
+        if not ensemble_norm:  # the starting policy
+            ensemble_norm.update(mean=raw.mean(1), std=raw.std(1, unbiased=False).clamp(min=1e-6))
+        scores = learned_score(raw)  # (N,)
+        for sample, score in zip(samples, scores):
+            sample["score"] = round(score.item(), 4)
+        result = {"accuracy": torch.cat(correct).mean().item(), "score": scores.mean().item(), "score_std": scores.std(unbiased=False).item(),
+                  "samples": samples, "ensemble_norm": {k: v.tolist() for k, v in ensemble_norm.items()}}
         if pass_k:
             result[f"pass@{pass_k}"] = tasks.evaluate_pass_at_k(policy, tokenizer, heldout, pass_k, args.max_new_tokens, args.seed)
             tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} ({pass_k} samples per problem at temperature 1)")
@@ -480,6 +492,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         for _ in range(resumed["step"] * args.batch_size):
             next(train_stream)
         kl_coef, before, evals, last_good, start = resumed["kl_coef"], resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
+        ensemble_norm.update({k: torch.tensor(v, device=device) for k, v in before["ensemble_norm"].items()})
     else:
         before = evaluate(0, args.pass_k)
         evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"], "score": before["score"]})], None, 1
@@ -501,7 +514,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         # ---- 2. score, and the frozen quantities of this batch -------------------------------------
         t1 = time.time()
         with torch.no_grad():
-            scores, verified = score_completions(prompt_ids, prompt_mask, completion_ids, mask, [p.answer for p in problems])  # (B,)
+            raw, verified = score_completions(prompt_ids, prompt_mask, completion_ids, mask, [p.answer for p in problems])  # (M, B), (B,)
+            scores = learned_score(raw)  # (B,)
             if not torch.isfinite(scores).all():  # caught here, it is not blamed on the loss and --lr
                 source = "reward model" if args.reward == "model" else "reward function"
                 raise InputError(f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: "
@@ -613,6 +627,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     bar.close()
 
     after = evaluate(stopped_at, args.pass_k)
+    if evals[-1]["step"] == stopped_at:  # --kl-budget stopped right after an evaluation (or before the first update)
+        evals.pop()
     evals.append(log.write_eval({"step": stopped_at, "accuracy": after["accuracy"], "score": after["score"]}))
     result = {
         **tasks.before_and_after(before, after),
@@ -631,7 +647,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
-        checkpoint(args.steps)
+        checkpoint(stopped_at)  # after a --kl-budget stop, a --resume starts at the batch that exceeded it and checks it again
         if args.lora_r and args.merge_lora:
             common.save_merged(policy, tokenizer, run_dir / "merged")
     log.close()

@@ -183,7 +183,7 @@ def main(args: Args) -> dict:
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
     if args.memory_plan:  # from the config alone; completions at their length bound
         config, S = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, tasks.heldout_problems(args.eval_size))
-        T, B = min(args.max_completion_tokens, args.max_new_tokens), args.batch_size
+        T, B = args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens), args.batch_size
         return common.memory_plan([("policy", config, "lm", True)], precision, args, args.gradient_checkpointing, B, B * (S + T), B * T)
     heldout_problems = tasks.heldout_problems(args.eval_size)
     policy = common.load_model(args.resume + "/model" if resumed else args.model, len(tokenizer), device, precision, args.seed, keep_adapter=bool(resumed))

@@ -123,6 +123,8 @@ VERIFIERS = {"last-number": verify, "strict": verify_strict}
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, eq. 1):
     1 − C(n−c, k) / C(n, k), as the stable product 1 − Π_{i=n−c+1..n} (1 − k/i)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, not {n}")
     if n - c < k:
         return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))

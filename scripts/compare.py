@@ -84,6 +84,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.budget = args.budget or (GPU_BUDGET if args.full else CPU_BUDGET)
     args.eval_size = args.eval_size or (200 if args.full else 100)
+    shape = [flag for flag in ("--batch-size", "--prompts-per-step", "--group-size", "--minibatch-size") if flag in args.extra.split()]
+    if shape:
+        parser.error(f"--extra {' '.join(shape)} changes the completions per step that the equal budget is counted in; leave it out")
     too_small = [slug for slug in args.algos if args.budget < ALGORITHMS[slug][2]]
     if too_small:
         parser.error(f"--budget {args.budget} is less than one step of {', '.join(too_small)} "

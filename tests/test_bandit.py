@@ -32,8 +32,8 @@ of the objective its own expected gradient follows, which is not always J's:
 (b) With k3, E_π[∇k3] = ∇KL(π_ref ‖ π) (the forward KL; see grpo.kl_estimate), so GRPO maximises
     c E_π[r] − β KL(π_ref ‖ π). On the simplex, ∂/∂π_a is the same for every arm:
     c r_a + β π_ref,a / π_a = λ, so  π_a = β π_ref,a / (λ − c r_a),  λ > c max r fixed by Σ π = 1.
-    A different policy, not a rescaled π*: the forward KL punishes dropping mass where π_ref has
-    it, so the bad arms keep more probability than under π*.
+    A different policy, not a rescaled π*: π_a ≥ β π_ref,a / λ keeps a floor under every arm π_ref
+    likes, and above it the policy is greedier for the best arm than the reverse-KL optimum (a).
 (c) Dividing Â by the group's std makes the reward scale vanish: r and 10 r give the same
     advantages, so the same policy, whereas π* at r and at 10 r are far apart. Where it lands: the
     expected gradient is Σ_a π_a ρ_a ∇log π_a − β ∇KL(π_ref ‖ π) with ρ_a = E[Â_g | y_g = a] over
@@ -178,6 +178,9 @@ def test_grpo_with_k2_reaches_the_optimum_of_a_shrunk_reward(reached):
 def test_grpo_with_k3_reaches_the_forward_kl_optimum(reached):
     policy, closed_form = reached["GRPO, k3 in the loss, no std scaling"]
     assert tv(policy, closed_form) < 1e-4
+    c = (G - 1) / G
+    lam = c * R + BETA * PI_REF / policy  # Σ_a π_a λ = c E_π[r] + β, so λ is known
+    assert (lam - (c * (policy * R).sum() + BETA)).abs().max().item() < 1e-6
     assert tv(policy, kl_optimum((G - 1) / G * R, PI_REF, BETA)) > 0.02  # not the reverse-KL optimum either
 
 
@@ -201,6 +204,7 @@ def test_grpo_with_std_scaling_lands_on_its_own_fixed_point():
     rho = torch.tensor(expected_standardised_advantage(reached_r.tolist(), R.tolist(), G), dtype=torch.float64)
     lam = rho + BETA * PI_REF / reached_r  # (b)'s stationarity with ρ(π) for c·r: the same λ for every arm
     assert (lam.max() - lam.min()).item() < 1e-6
+    assert lam.mean().item() == pytest.approx(BETA, abs=1e-6)  # Σ π λ = E[Â] + β Σ π_ref = β: each group's advantages sum to 0
     assert tv(reached_r, forward_kl_optimum((G - 1) / G * R, PI_REF, BETA)) > 0.05  # not (b)'s policy
     assert reached_r[1] < reached_r[3]  # the r = 0.7 arm below the r = 0 arm: ordered by π_ref, not by reward
 

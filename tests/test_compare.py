@@ -19,6 +19,20 @@ def test_mean_std_is_the_sample_std_over_seeds():
     assert compare.mean_std([0.25]) == "0.250"
 
 
+def test_completions_per_step_are_the_scripts_own_defaults():
+    import dpo, grpo, ppo, sft, variants
+
+    per_step = {slug: n for slug, (_, _, n) in compare.ALGORITHMS.items()}
+    assert per_step["grpo"] == grpo.Args().prompts_per_step * grpo.Args().group_size
+    assert per_step["ppo-verifier"] == per_step["ppo-rm"] == ppo.Args().batch_size
+    assert per_step["sft"] == sft.Args().batch_size and per_step["dpo"] == 2 * dpo.Args().batch_size
+    online = variants.Args(algo="rloo")
+    assert per_step["rloo"] == online.batch_size * online.group_size and per_step["remax"] == online.batch_size
+    assert all(per_step[a] == 2 * variants.Args(algo=a).batch_size for a in ("ipo", "kto", "simpo", "orpo"))
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--extra", "--batch-size 16"])  # would break the equal budget silently
+
+
 def test_every_algorithm_gets_the_same_budget_in_training_completions():
     args = compare.parse_args(["--budget", "320"])
     steps = {slug: args.budget // per_step for slug, (_, _, per_step) in compare.ALGORITHMS.items()}

@@ -262,15 +262,22 @@ def test_ensemble_score_by_hand():
     assert ensemble_score(scores[:1], "mean-std", 1.0).tolist() == [1.0, 2.0]  # one model: its score
 
 
-@pytest.mark.parametrize("agg, coef, expected", [("min", 1.0, 1.5), ("mean-std", 0.5, 2.25)])
-def test_ensemble_in_the_loop_scores_with_every_model(tmp_path, tiny_reward_model_path, monkeypatch, agg, coef, expected):
-    # the two models score [0, 1, 2, 3] and [0, 3, 6, 9]: min [0, 1, 2, 3] -> 1.5;
-    # mean [0, 2, 4, 6] − 0.5 · population std [0, 1, 2, 3] = [0, 1.5, 3, 4.5] -> 2.25
-    multipliers = itertools.cycle([1.0, 3.0])
-    monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: torch.arange(len(ids)).float() * next(multipliers))
+@pytest.mark.parametrize("agg, coef, expected", [("min", 1.0, -1.309307), ("mean-std", 0.5, -1.091089)])
+def test_ensemble_standardises_each_model_then_combines(tmp_path, tiny_reward_model_path, monkeypatch, agg, coef, expected):
+    # held-out (8 problems, the starting policy): both models score 0..7, mean 3.5, population std sqrt(63/12) = 2.291288.
+    # Training batch: model 1 scores [0, 1, 2, 3], model 2 [3, 2, 1, 0]; standardised z = (x − 3.5) / 2.291288 =
+    # [−1.527525, −1.091089, −0.654654, −0.218218] and its reverse. min per row [−1.5275, −1.0911, −1.0911, −1.5275]: mean −1.309307.
+    # mean − 0.5·std per row: rows 0, 3: −0.872872 − 0.5·0.654654; rows 1, 2: −0.872872 − 0.5·0.218218: mean −1.091089
+    calls = itertools.count()
+
+    def scores(model, ids, mask):  # every batch is scored by model 1, then model 2
+        x = torch.arange(len(ids)).float()
+        return x.flip(0) if next(calls) % 2 and len(ids) == 4 else x
+
+    monkeypatch.setattr(common, "reward_scores", scores)
     args = tiny_args(tmp_path, tiny_reward_model_path, steps=1, ensemble=(tiny_reward_model_path,), ensemble_agg=agg, ensemble_std_coef=coef)
     result = main(args)
-    assert metrics_of(result)[0]["score"] == pytest.approx(expected)
+    assert metrics_of(result)[0]["score"] == pytest.approx(expected, abs=1e-6)
     assert [r["model"] for r in result["memory_table"]][-2:] == ["reward model 1", "reward model 2"]
 
 
@@ -294,8 +301,11 @@ def test_composite_reward_and_length_penalty(tmp_path, tiny_reward_model_path, m
 
 def test_kl_budget_stops_before_the_update_that_would_exceed_it(tmp_path, tiny_reward_model_path):
     # step 1 samples from the reference itself (KL 0) and updates; step 2's samples are already off it
-    result = main(tiny_args(tmp_path, tiny_reward_model_path, steps=3, kl_budget=1e-9))
-    assert result["steps_trained"] == 1 and len(metrics_of(result)) == 1 and result["evals"][-1]["step"] == 1
+    result = main(tiny_args(tmp_path, tiny_reward_model_path, steps=3, eval_every=1, kl_budget=1e-9))
+    assert result["steps_trained"] == 1 and len(metrics_of(result)) == 1
+    assert [e["step"] for e in result["evals"]] == [0, 1]  # the final evaluation replaces step 1's, not a second row
+    state = torch.load(os.path.join(result["run_dir"], "model", "trainer_state.pt"), weights_only=False)
+    assert state["step"] == 1  # the checkpoint says what was trained: a --resume starts at step 2 and checks the budget again
 
 
 def test_entropy_bonus_raises_entropy_and_lowers_the_loss_by_coef_times_entropy(tmp_path, monkeypatch):

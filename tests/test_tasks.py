@@ -72,6 +72,11 @@ def test_pass_at_k_is_chens_unbiased_estimator(n, c, k, expected):
     assert tasks.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
 
+def test_pass_at_k_refuses_fewer_samples_than_k():
+    with pytest.raises(ValueError, match="pass@8 needs at least 8 samples"):
+        tasks.pass_at_k(4, 0, 8)
+
+
 def test_evaluate_pass_at_k_groups_each_problems_k_samples(tiny_model, tokenizer, monkeypatch):
     # a reward the random tiny model sometimes earns, tied to the problem: Σ ord(completion) ≡ answer (mod 5).
     # Checked against a plain recount of the same samples (same seed, temperature 1), the k samples of
