@@ -237,6 +237,10 @@ MUTATIONS = [
     # ---- ppo.py: mitigations of reward over-optimisation ---------------------------------------------------------
     Mutation("ppo.py", "        return scores.mean(0) - std_coef * scores.std(0, unbiased=False)", "        return scores.mean(0) - std_coef * scores.std(0)",
              "ensemble mean − k·std with the sample std", f"{PPO} -k ensemble"),
+    Mutation("ppo.py", "            raw = (raw - ensemble_norm[\"mean\"][:, None]) / ensemble_norm[\"std\"][:, None]\n", "",
+             "ensemble members combined on their raw, offset scores", f"{PPO} -k ensemble_standardises"),
+    Mutation("ppo.py", "        checkpoint(stopped_at)  #", "        checkpoint(args.steps)  #",
+             "--kl-budget stop checkpointed as if every step had trained", f"{PPO} -k kl_budget"),
     Mutation("ppo.py", "shaped = ((shaped - before[\"score\"]) / max(before[\"score_std\"], 1e-6)).clamp(", "shaped = shaped.clamp(",
              "reward clip on the raw score, not standardised", f"{PPO} -k reward_clip"),
     Mutation("ppo.py", "shaped = shaped + args.verifier_weight * verified - args.length_penalty * lengths",

@@ -23,24 +23,33 @@ python grpo.py --model "$SFT" --reward-model "$RM" --steps 10 --eval-every 0 --o
 python - "$OUT" <<'EOF'
 import glob, json, sys
 out = sys.argv[1]
-def result(stage):
-    return json.load(open(sorted(glob.glob(f"{out}/{stage}/*/eval.json"))[-1]))
+def result(stage):  # None for a stage that has not finished
+    found = sorted(glob.glob(f"{out}/{stage}/*/eval.json"))
+    return json.load(open(found[-1])) if found else None
 def metrics(stage):
-    return [json.loads(l) for l in open(sorted(glob.glob(f"{out}/{stage}/*/metrics.jsonl"))[-1])]
+    found = sorted(glob.glob(f"{out}/{stage}/*/metrics.jsonl"))
+    return [json.loads(l) for l in open(found[-1])] if found else []
+def passk(r):
+    return f"{r['pass@8_before']:.3f} -> {r['pass@8_after']:.3f}" if "pass@8_after" in r else ""
 sft, grpo, rm, ppo, grpo_rm = (result(s) for s in ("sft", "grpo", "rm", "ppo", "grpo-rm"))
-print("| stage | held-out accuracy | wall time |")
-print("| --- | --- | --- |")
-print(f"| base model, plain prompts | {sft['accuracy_before']:.3f} | |")
-print(f"| sft.py | {sft['accuracy_after']:.3f} | {sft['wall_time_s'] / 60:.1f} min |")
-print(f"| sft.py -> grpo.py (verifier) | {grpo['accuracy_after']:.3f} | {grpo['wall_time_s'] / 60:.1f} min |")
-print(f"| sft.py -> reward_model.py | pair accuracy {rm['pair_accuracy_after']:.3f} | {rm['wall_time_s'] / 60:.1f} min |")
-print(f"| sft.py -> reward_model.py -> ppo.py | {ppo['accuracy_after']:.3f} | {ppo['wall_time_s'] / 60:.1f} min |")
-print(f"| sft.py -> reward_model.py -> grpo.py --reward-model (PPO's 320 samples) | {grpo_rm['accuracy_after']:.3f} | {grpo_rm['wall_time_s'] / 60:.1f} min |")
+print("| stage | held-out accuracy | pass@8 | wall time |")
+print("| --- | --- | --- | --- |")
+if sft:
+    at = lambda key: f"{sft[key]:.3f}" if key in sft else ""
+    print(f"| base model, plain prompts | {sft['accuracy_before']:.3f} | {at('pass@8_before')} | |")
+    print(f"| sft.py | {sft['accuracy_after']:.3f} | {at('pass@8_after')} | {sft['wall_time_s'] / 60:.1f} min |")
+for name, r, key in (("sft.py -> grpo.py (verifier)", grpo, "accuracy"), ("sft.py -> reward_model.py", rm, "pair_accuracy"),
+                     ("sft.py -> reward_model.py -> ppo.py", ppo, "accuracy"),
+                     ("sft.py -> reward_model.py -> grpo.py --reward-model (PPO's 320 samples)", grpo_rm, "accuracy")):
+    if r:
+        label = "pair accuracy " if key == "pair_accuracy" else ""
+        print(f"| {name} | {label}{r[key + '_before']:.3f} -> {r[key + '_after']:.3f} | {passk(r)} | {r['wall_time_s'] / 60:.1f} min |")
 print()
 print("| on the learned reward, 320 samples | score, first -> last 2 steps | verifier, first -> last 2 steps | KL, last 2 steps (PPO: k1 per completion; GRPO: k3 per token) |")
 print("| --- | --- | --- | --- |")
 for name, rows in (("ppo.py", metrics("ppo")), ("grpo.py --reward-model", metrics("grpo-rm"))):
-    head, tail = rows[:2], rows[-2:]
-    mean = lambda rs, k: sum(r[k] for r in rs if k in r) / max(1, sum(k in r for r in rs))
-    print(f"| {name} | {mean(head, 'score'):.3f} -> {mean(tail, 'score'):.3f} | {mean(head, 'verifier'):.3f} -> {mean(tail, 'verifier'):.3f} | {mean(tail, 'kl'):.4f} |")
+    if rows:
+        head, tail = rows[:2], rows[-2:]
+        mean = lambda rs, k: sum(r[k] for r in rs if k in r) / max(1, sum(k in r for r in rs))
+        print(f"| {name} | {mean(head, 'score'):.3f} -> {mean(tail, 'score'):.3f} | {mean(head, 'verifier'):.3f} -> {mean(tail, 'verifier'):.3f} | {mean(tail, 'kl'):.4f} |")
 EOF
