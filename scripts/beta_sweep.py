@@ -88,12 +88,8 @@ def table(rows: list[dict], args) -> str:
 
 
 def picture(rows: list[dict], args, path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: sweep.png skipped (pip install matplotlib to draw it)", file=sys.stderr)
+    plt = compare.pyplot(path)
+    if plt is None:
         return
     panels = [("held-out accuracy", "accuracy", "accuracy_before")] + ([("learned score (held-out)", "score", "score_before")] if args.algo == "ppo" else [])
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)

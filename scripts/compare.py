@@ -202,14 +202,22 @@ def table(rows: list[dict], args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def picture(rows: list[dict], args, path: Path) -> None:
-    """Held-out accuracy against wall time, one point per algorithm (mean over seeds, bars = std)."""
+def pyplot(path: Path):
+    """matplotlib.pyplot drawing to files only, or None with a note that `path` is skipped (matplotlib is optional)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("note: comparison.png skipped (pip install matplotlib to draw it)", file=sys.stderr)
+        print(f"note: {path.name} skipped (pip install matplotlib to draw it)", file=sys.stderr)
+        return None
+    return plt
+
+
+def picture(rows: list[dict], args, path: Path) -> None:
+    """Held-out accuracy against wall time, one point per algorithm (mean over seeds, bars = std)."""
+    plt = pyplot(path)
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for slug in args.algos:
