@@ -237,7 +237,7 @@ MUTATIONS = [
     # ---- ppo.py: mitigations of reward over-optimisation ---------------------------------------------------------
     Mutation("ppo.py", "        return scores.mean(0) - std_coef * scores.std(0, unbiased=False)", "        return scores.mean(0) - std_coef * scores.std(0)",
              "ensemble mean − k·std with the sample std", f"{PPO} -k ensemble"),
-    Mutation("ppo.py", "            raw = (raw - ensemble_norm[\"mean\"][:, None]) / ensemble_norm[\"std\"][:, None]\n", "",
+    Mutation("ppo.py", "        if len(raw) > 1:", "        if False:",
              "ensemble members combined on their raw, offset scores", f"{PPO} -k ensemble_standardises"),
     Mutation("ppo.py", "        checkpoint(stopped_at)  #", "        checkpoint(args.steps)  #",
              "--kl-budget stop checkpointed as if every step had trained", f"{PPO} -k kl_budget"),
