@@ -263,6 +263,9 @@ MUTATIONS = [
     Mutation("common.py", "    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer",
              "    kept = (layers * 2 * tokens * h * scale) if checkpointing else layers * per_layer",
              "memory plan: checkpointing without the one recomputed layer", f"{COMMON} -k activation_bytes"),
+    Mutation("common.py", "    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer",
+             "    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else per_layer",
+             "memory plan: activations of one layer, not all", f"{COMMON} -k allocators_live_bytes"),
     # ---- the KL-regularised optimum on a bandit: each algorithm must reach its closed form ------------------
     Mutation("ppo.py", "rewards = -kl_coef * kl * mask", "rewards = -kl_coef * kl.clamp(min=0) * mask",
              "PPO's k1 penalty clipped at 0 (a plausible 'KL is never negative' fix)", f"{BANDIT} -k ppo"),

@@ -1,6 +1,8 @@
 """common.py: log-probs, masks, masked statistics, sampling, model loading and checkpoints."""
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -262,6 +264,32 @@ def test_activation_bytes_by_hand():
     assert common.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False) == 4992 + 720
     # checkpointing keeps each layer's input 2·(s·b·h) = 2·64 = 128 bytes (×2 in fp32) and one layer's full set
     assert common.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=True) == 2 * 256 + 4992 + 720
+
+
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_activation_plan_matches_the_allocators_live_bytes(tokenizer, share_prompt):
+    """The plan's activations + gradients against the peak of live bytes the CPU allocator reports (torch's
+    profiler) through one forward and backward. Measured here: 0.88 (shared prompt) and 0.81 of the plan. The
+    bound catches a factor-2 slip (fp32 activations counted as 16-bit, or the layers counted once)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from live_memory import peak_live_bytes
+
+    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
+    model.train()
+    P, G, S, T = 2, 4, 6, 10
+    generator = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(3, len(tokenizer), (P, S), generator=generator)
+    completion_ids = torch.randint(3, len(tokenizer), (P * G, T), generator=generator)
+
+    def forward_backward():
+        logprobs, _ = common.completion_logprobs(model, prompt_ids, torch.ones_like(prompt_ids), completion_ids, torch.full((P,), G),
+                                                 share_prompt=share_prompt)
+        logprobs.sum().backward()
+
+    peak = peak_live_bytes(forward_backward)
+    tokens = P * S + P * G * T if share_prompt else P * G * (S + T)
+    planned = common.activation_bytes(model.config, P * G, tokens, P * G * T, "fp32", False) + 4 * sum(p.numel() for p in model.parameters())
+    assert 0.75 < peak / planned < 1.25, peak / planned
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-true"])

@@ -1,0 +1,87 @@
+"""The memory plan against the tensors that are really alive: one GRPO-shaped training step, measured.
+
+Peak RSS overstates what a run needs on CPU: glibc keeps memory that freed tensors gave back, so
+RSS measures the allocator as much as the program. This script counts what the plan counts, the
+bytes of live tensors, from the CPU allocator's own events (torch's profiler with
+profile_memory=True, the CPU counterpart of torch.cuda.max_memory_allocated):
+- one warm-up step first, so that AdamW's moments exist, as from step 2 of a run;
+- then a profiled step: the reference's log-probs (with LoRA, the adapter switched off), the
+  policy's log-probs with entropy, backward and AdamW.
+Its peak above the step's start, plus the weights and the AdamW state already there, is compared
+with `grpo.py --memory-plan` at the same batch (P prompts of S tokens, G completions of T tokens).
+
+Run:
+    python scripts/live_memory.py                 # the embedded model, full fine-tuning
+    python scripts/live_memory.py --lora-r 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import common  # noqa: E402
+
+
+def peak_live_bytes(fn) -> int:
+    """The highest sum of live bytes the CPU allocator reaches while fn() runs, above where it started."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    allocations = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in allocations:  # +bytes on allocation, -bytes on free
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--lora-r", type=int, default=0)
+    parser.add_argument("--prompts", type=int, default=4, help="P (grpo.py's --prompts-per-step)")
+    parser.add_argument("--group-size", type=int, default=8, help="G")
+    parser.add_argument("--prompt-tokens", type=int, default=30, help="S: the task's longest chat prompt is 30 tokens")
+    parser.add_argument("--completion-tokens", type=int, default=32, help="T (--max-new-tokens)")
+    args = parser.parse_args(argv)
+    P, G, S, T = args.prompts, args.group_size, args.prompt_tokens, args.completion_tokens
+    tokenizer = common.load_tokenizer(args.model)
+    lora = common.Lora(lora_r=args.lora_r)
+    policy = common.load_model(args.model, len(tokenizer), torch.device("cpu"))
+    reference = None if args.lora_r else common.frozen_copy(policy)
+    if args.lora_r:
+        policy = common.add_lora(policy, args.model, lora)
+    policy.train()
+    optimizer, _ = common.make_optimizer(policy, 1e-6)
+    generator = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(0, len(tokenizer), (P, S), generator=generator)
+    completion_ids = torch.randint(0, len(tokenizer), (P * G, T), generator=generator)
+    batch = (prompt_ids, torch.ones_like(prompt_ids), completion_ids, torch.full((P,), G))
+
+    def step():
+        with torch.no_grad(), common.reference(policy, reference) as ref:
+            common.completion_logprobs(ref, *batch)
+        logprobs, _ = common.completion_logprobs(policy, *batch, with_entropy=True)
+        logprobs.mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    held = sum(t.numel() * t.element_size() for m in (policy, reference) if m is not None for t in m.parameters())
+    held += sum(s.numel() * s.element_size() for state in optimizer.state.values() for s in state.values() if torch.is_tensor(s))
+    live = held + peak_live_bytes(step)
+    config = common.model_config(args.model, len(tokenizer))
+    models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (not args.lora_r)
+    plan = common.memory_plan(models, "fp32", lora, False, P * G, P * S + P * G * T, P * G * T)["total_gb"]
+    print(f"live tensors at the peak: {live / 2**30:.2f} GiB; the plan: {plan:.2f} GiB ({(plan - live / 2**30) / (live / 2**30):+.0%})")
+    return {"live_gb": live / 2**30, "plan_gb": plan}
+
+
+if __name__ == "__main__":
+    main()
