@@ -476,9 +476,9 @@ def memory_plan(models: list[tuple], precision: str, lora: Lora, checkpointing: 
     print(f"{'model':<16}{'parameters':>15}{'weights':>10}{'gradients':>11}{'AdamW state':>13}{'activations':>13}   (GiB)")
     for r in rows:
         print(f"{r['model']:<16}{r['parameters']:>15,}" + "".join(f"{r[c]:>{w}.2f}" for c, w in zip(columns, (10, 11, 13, 13))))
-    print(f"{'total':<16}{total:>62.2f}\n(these are the tensors alive at the peak. The process adds its own: on CPU about 0.6 GiB for Python, "
-          "the libraries and the mapped checkpoint, plus the freed memory glibc keeps, up to 2 GiB here, which "
-          "MALLOC_MMAP_THRESHOLD_=65536 returns; on CUDA the context and the caching allocator's reserve)")
+    print(f"{'total':<16}{total:>62.2f}\n(these are the tensors alive at the peak. The process adds its own: on CPU about 0.25 GiB for "
+          "Python, torch and transformers, and up to 2 GiB of freed memory that glibc keeps (MALLOC_MMAP_THRESHOLD_=65536 "
+          "returns it, at some speed); on CUDA the context and the caching allocator's reserve)")
     return {"memory_plan": rows, "total_gb": total}
 
 
