@@ -8,7 +8,8 @@ profile_memory=True, the CPU counterpart of torch.cuda.max_memory_allocated):
 - then a profiled step: the reference's log-probs (with LoRA, the adapter switched off), the
   policy's log-probs with entropy, backward and AdamW.
 Its peak above the step's start, plus the weights and the AdamW state already there, is compared
-with `grpo.py --memory-plan` at the same batch (P prompts of S tokens, G completions of T tokens).
+with the memory plan (`common.memory_plan`, as `grpo.py --memory-plan` calls it) at this batch: P
+prompts of S tokens, G completions of T tokens.
 
 Run:
     python scripts/live_memory.py                 # the embedded model, full fine-tuning
@@ -47,7 +48,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--lora-r", type=int, default=0)
     parser.add_argument("--prompts", type=int, default=4, help="P (grpo.py's --prompts-per-step)")
     parser.add_argument("--group-size", type=int, default=8, help="G")
-    parser.add_argument("--prompt-tokens", type=int, default=30, help="S: the task's longest chat prompt is 30 tokens")
+    parser.add_argument("--prompt-tokens", type=int, default=30, help="S, prompt tokens (grpo.py's own plan pads to the longest held-out chat prompt, 40)")
     parser.add_argument("--completion-tokens", type=int, default=32, help="T (--max-new-tokens)")
     args = parser.parse_args(argv)
     P, G, S, T = args.prompts, args.group_size, args.prompt_tokens, args.completion_tokens
