@@ -8,8 +8,9 @@ The source documents say: "too small → hacking, too large → no learning". Th
 At the end of each run the sweep measures:
 - held-out accuracy: greedy, by the verifier;
 - the learned score: for PPO, the reward model's mean score of those same greedy answers;
-- the KL to the starting model, per completion. This is the same k1 estimate on temperature-1
-  samples that scripts/compare.py uses, so the x axis means the same for both sweeps.
+- the KL to the starting model, per completion: the k1 estimate on temperature-1 samples of
+  scripts/compare.py (one sample per held-out problem here, eight there), so the x axis means the
+  same for both sweeps and for the comparison.
 The runs' models are deleted after the KL is measured.
 
 Run (a finished β is read back from its eval.json, never rerun):
@@ -67,13 +68,13 @@ def one_beta(args, beta: float) -> dict:
         compare.run(command, folder / "log.txt")
         run_dir = compare.finished_run(folder)
     evaluation = json.loads((run_dir / "eval.json").read_text())
-    kl_file = run_dir / "kl.json"
-    if not kl_file.exists():
-        kl_file.write_text(json.dumps({"kl": compare.sequence_kl(run_dir / "model", args.model, args.eval_size, args.seed, args.device)}) + "\n")
+    max_new_tokens = json.loads((run_dir / "args.json").read_text())["max_new_tokens"]
+    kl = compare.measured(run_dir / "kl.json", lambda: {"kl": compare.sampled_measures(
+        str(run_dir / "model"), args.model, args.eval_size, args.seed, args.device, 1, max_new_tokens)["kl"]})["kl"]
     shutil.rmtree(run_dir / "model", ignore_errors=True)
     return {"beta": beta, "accuracy_before": evaluation["accuracy_before"], "accuracy": evaluation["accuracy_after"],
             "score_before": evaluation.get("score_before"), "score": evaluation.get("score_after"),
-            "kl": json.loads(kl_file.read_text())["kl"], "wall_time_s": evaluation["wall_time_s"]}
+            "kl": kl, "wall_time_s": evaluation["wall_time_s"]}
 
 
 def table(rows: list[dict], args) -> str:

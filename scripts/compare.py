@@ -12,13 +12,16 @@ Counting this way is reproducible on any machine, which equal wall time is not. 
 the table beside the counts, so both views are there.
 
 Every run starts from the same model with the script's own defaults. Each run:
-- is evaluated on the same held-out problems, greedy accuracy and pass@k before and after;
-- is then measured by this script for its KL to the starting model;
+- is evaluated by its own script for greedy held-out accuracy, before and after;
+- is then sampled by this script, k completions per held-out problem at temperature 1 (`--pass-k`),
+  which give both its pass@k and its KL to the starting model;
 - has its model deleted after that measurement (`--keep-models` keeps them).
+The starting model's pass@k is measured once per seed, from the same random numbers.
 
-The KL column is that measurement: a sequence-level KL(π ‖ π_ref) per completion, k1 averaged
-over one completion sampled at temperature 1 for each held-out prompt. The same estimator is used
-for every algorithm; the KL each script logs is defined differently from one algorithm to another.
+The KL column is a sequence-level KL(π ‖ π_ref) per completion: k1 = Σ_t log π − log π_ref,
+averaged over those k completions of every held-out prompt. The same estimator is used for every
+algorithm; the KL each script logs is defined differently from one algorithm to another.
+The wall-time column is the script's own run: training and its two greedy evaluations.
 Setup costs are counted separately from the runs:
 - PPO on the reward model first trains `reward_model.py` on the same seed. That wall time is
   added to the row.
@@ -63,7 +66,7 @@ ALGORITHMS = {
     "simpo": ("SimPO", ["variants.py", "--algo", "simpo"], 16),
     "orpo": ("ORPO", ["variants.py", "--algo", "orpo"], 16),
 }
-CPU_BUDGET, GPU_BUDGET = 320, 3200  # training completions per run
+CPU_BUDGET, GPU_BUDGET = 160, 3200  # training completions per run
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,18 +78,22 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"training completions per run (default: {CPU_BUDGET}, or {GPU_BUDGET} with --full)")
     parser.add_argument("--full", action="store_true", help=f"the GPU budget: {GPU_BUDGET} completions and 200 held-out problems")
     parser.add_argument("--model", default="smollm2", help="the starting model of every run (default: smollm2)")
-    parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (default: 100, or 200 with --full)")
-    parser.add_argument("--pass-k", type=int, default=8, help="k of pass@k (default 8)")
+    parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (default: 50, or 200 with --full)")
+    parser.add_argument("--pass-k", type=int, default=8, help="k of pass@k, also the samples per problem of the KL (default 8)")
     parser.add_argument("--device", default="auto", help="passed to every script (default: auto)")
     parser.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
     parser.add_argument("--keep-models", action="store_true", help="keep every run's model (about 0.5 GB each for SmolLM2-135M)")
     parser.add_argument("--extra", default="", help="more options for every script, one string (e.g. \"--precision bf16-mixed\")")
     args = parser.parse_args(argv)
     args.budget = args.budget or (GPU_BUDGET if args.full else CPU_BUDGET)
-    args.eval_size = args.eval_size or (200 if args.full else 100)
+    args.eval_size = args.eval_size or (200 if args.full else 50)
     shape = [flag for flag in ("--batch-size", "--prompts-per-step", "--group-size", "--minibatch-size") if flag in args.extra.split()]
     if shape:
         parser.error(f"--extra {' '.join(shape)} changes the completions per step that the equal budget is counted in; leave it out")
+    if args.pass_k < 1:
+        parser.error(f"--pass-k must be at least 1 (the samples per problem of pass@k and the KL), not {args.pass_k}")
+    if "--pass-k" in args.extra.split():
+        parser.error("--extra --pass-k: this script measures pass@k itself; give it as --pass-k")
     too_small = [slug for slug in args.algos if args.budget < ALGORITHMS[slug][2]]
     if too_small:
         parser.error(f"--budget {args.budget} is less than one step of {', '.join(too_small)} "
@@ -109,33 +116,49 @@ def finished_run(folder: Path):
     return done[-1] if done else None
 
 
-def sequence_kl(model_dir: Path, base: str, eval_size: int, seed: int, device: str, max_new_tokens: int = 32) -> float:
-    """KL(π ‖ π_ref) per completion, estimated with k1 = Σ_t log π − log π_ref on one completion per
-    held-out prompt, sampled at temperature 1 from the trained model π."""
+def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: str, k: int, max_new_tokens: int = 32) -> dict:
+    """pass@k and KL(π ‖ π_ref) per completion, both from one draw of k completions per held-out problem
+    at temperature 1 from `model` (a checkpoint folder, or `base` itself for the starting model).
+    - pass@k: Chen et al.'s unbiased estimator with n = k, the same as tasks.evaluate_pass_at_k.
+    - KL: k1 = Σ_t log π − log π_ref of each completion, averaged over all k·eval_size completions;
+      0 without scoring when `model` is `base`.
+    The generator is seeded by `seed`, so every model of a seed draws the same random numbers."""
     import torch
 
     import common
     import tasks
 
     dev = common.resolve_device(device)
-    tokenizer = common.load_tokenizer(str(model_dir))
-    policy = common.load_model(str(model_dir), len(tokenizer), dev).eval()
-    reference = common.load_model(base, len(tokenizer), dev, seed=seed).eval()  # a random tiny model is made from the seed
+    tokenizer = common.load_tokenizer(str(model) if model != base else base)
+    policy = common.load_model(str(model), len(tokenizer), dev, seed=seed).eval()  # a random tiny model is made from the seed
+    reference = common.load_model(base, len(tokenizer), dev, seed=seed).eval() if model != base else None
     problems = tasks.heldout_problems(eval_size)
     generator = torch.Generator(device=dev).manual_seed(seed)
-    total = 0.0
+    passed, kl, prompts_per_batch = 0.0, 0.0, max(1, 128 // k)
     with torch.no_grad():
-        for start in range(0, len(problems), 32):
-            batch = problems[start : start + 32]
+        for start in range(0, len(problems), prompts_per_batch):
+            batch = problems[start : start + prompts_per_batch]
             ids, mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in batch], dev)
-            completion_ids = common.sample_completions(policy, ids, mask, 1, max_new_tokens, tokenizer.eos_token_id,
-                                                       tokenizer.pad_token_id, 1.0, 1.0, generator)
+            completion_ids = common.sample_completions(policy, ids, mask, k, max_new_tokens, tokenizer.eos_token_id,
+                                                       tokenizer.pad_token_id, 1.0, 1.0, generator)  # (len(batch)·k, T)
             completion_mask = common.completion_mask(completion_ids, tokenizer.eos_token_id)
-            ones = torch.ones(len(batch), dtype=torch.long, device=dev)
-            logprobs, _ = common.completion_logprobs(policy, ids, mask, completion_ids, ones)
-            ref_logprobs, _ = common.completion_logprobs(reference, ids, mask, completion_ids, ones)
-            total += common.masked_sum(logprobs - ref_logprobs, completion_mask).item()
-    return total / len(problems)
+            texts = tasks.decode_completions(tokenizer, completion_ids, completion_mask)
+            for i, p in enumerate(batch):
+                passed += tasks.pass_at_k(k, int(sum(tasks.verify(t, p.answer) for t in texts[i * k : (i + 1) * k])), k)
+            if reference is not None:
+                repeats = torch.full((len(batch),), k, dtype=torch.long, device=dev)
+                logprobs, _ = common.completion_logprobs(policy, ids, mask, completion_ids, repeats)
+                ref_logprobs, _ = common.completion_logprobs(reference, ids, mask, completion_ids, repeats)
+                kl += common.masked_sum(logprobs - ref_logprobs, completion_mask).item()
+    return {f"pass@{k}": passed / len(problems), "kl": kl / (k * len(problems))}
+
+
+def measured(path: Path, measure) -> dict:
+    """The JSON at `path`, or measure() written there first: a rerun reads a measurement back."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(measure()) + "\n")
+    return json.loads(path.read_text())
 
 
 def one_run(args, slug: str, seed: int, out: Path) -> dict:
@@ -156,22 +179,22 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
     run_dir = finished_run(folder)
     if run_dir is None:
         run([*command, "--model", args.model, "--seed", str(seed), "--steps", str(steps), "--eval-every", "0",
-             "--eval-size", str(args.eval_size), "--pass-k", str(args.pass_k), "--device", args.device,
+             "--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device,  # pass@k is measured here, with the KL
              "--output-dir", str(folder), *args.extra.split()], folder / "log.txt")
         run_dir = finished_run(folder)
     evaluation = json.loads((run_dir / "eval.json").read_text())
-    kl_file = run_dir / "kl.json"
-    if not kl_file.exists():
-        kl = sequence_kl(run_dir / "model", args.model, args.eval_size, seed, args.device)
-        kl_file.write_text(json.dumps({"kl": kl}) + "\n")
+    max_new_tokens = json.loads((run_dir / "args.json").read_text())["max_new_tokens"]
+    k = args.pass_k
+    after = measured(run_dir / f"sampled-k{k}.json", lambda: sampled_measures(
+        str(run_dir / "model"), args.model, args.eval_size, seed, args.device, k, max_new_tokens))
+    start = measured(out / "starting-model" / f"seed-{seed}-k{k}-{args.eval_size}-problems-{max_new_tokens}-tokens.json", lambda: sampled_measures(
+        args.model, args.model, args.eval_size, seed, args.device, k, max_new_tokens))
     if not args.keep_models:
         shutil.rmtree(run_dir / "model", ignore_errors=True)
-    k = args.pass_k
     return {"algo": slug, "name": name, "seed": seed, "steps": steps, "completions": steps * per_step,
             "accuracy_before": evaluation["accuracy_before"], "accuracy": evaluation["accuracy_after"],
-            f"pass@{k}_before": evaluation.get(f"pass@{k}_before"), f"pass@{k}": evaluation.get(f"pass@{k}_after"),
-            "kl": json.loads(kl_file.read_text())["kl"], "wall_time_s": evaluation["wall_time_s"] + setup_s,
-            "peak_gb": evaluation["memory/peak_gb"], "run_dir": str(run_dir)}
+            f"pass@{k}_before": start[f"pass@{k}"], f"pass@{k}": after[f"pass@{k}"], "kl": after["kl"],
+            "wall_time_s": evaluation["wall_time_s"] + setup_s, "peak_gb": evaluation["memory/peak_gb"], "run_dir": str(run_dir)}
 
 
 def mean_std(values: list[float], digits: int = 3) -> str:

@@ -52,12 +52,15 @@ def test_table_rows(tmp_path):
     assert "DPO" not in text  # no run yet: no row
 
 
-def test_sequence_kl_of_a_model_to_itself_is_zero(tmp_path, tokenizer):
+def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokenizer):
     model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), seed=3)
     common.save_checkpoint(model, tokenizer, tmp_path / "model")
-    assert compare.sequence_kl(tmp_path / "model", "tiny", 8, seed=3, device="cpu", max_new_tokens=6) == 0.0
-    other = compare.sequence_kl(tmp_path / "model", "tiny", 8, seed=4, device="cpu", max_new_tokens=6)  # another random tiny model
-    assert other > 0.05  # 0.21: two unrelated near-uniform random models; the reversed sign would give about −0.2
+    itself = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=3, device="cpu", k=2, max_new_tokens=6)
+    assert itself == {"pass@2": 0.0, "kl": 0.0}  # the reference is scored too (a path is not the base name): exactly 0
+    one = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=1, max_new_tokens=6)["kl"]
+    four = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=4, max_new_tokens=6)["kl"]
+    assert one > 0.05  # 0.21: two unrelated near-uniform random tiny models; the reversed sign would give about −0.2
+    assert 0.5 < four / one < 2  # a mean per completion: summed over k samples but divided by the prompts only, it would be ~4×
 
 
 def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
@@ -68,7 +71,9 @@ def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
     row = json.loads((tmp_path / "results.jsonl").read_text())
     assert row["algo"] == "grpo" and row["steps"] == 1 and row["completions"] == 32 and "pass@2" in row
     run_dir = tmp_path / "grpo" / "seed-0"
-    assert not list(run_dir.glob("*/model")) and list(run_dir.glob("*/kl.json"))  # the model is measured, then deleted
+    assert not list(run_dir.glob("*/model")) and list(run_dir.glob("*/sampled-k2.json"))  # the model is measured, then deleted
+    assert json.loads(next(run_dir.glob("*/args.json")).read_text())["pass_k"] == 0  # the script does not sample pass@k twice
+    assert list((tmp_path / "starting-model").glob("seed-0-k2-4-problems-6-tokens.json"))  # measured once per seed
     log = (run_dir / "log.txt").stat().st_mtime
     again = run_script("scripts/compare.py", *argv)
     assert again.returncode == 0 and (run_dir / "log.txt").stat().st_mtime == log  # not rerun
