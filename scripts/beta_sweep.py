@@ -72,19 +72,24 @@ def one_beta(args, beta: float) -> dict:
     kl = compare.measured(run_dir / "kl.json", lambda: {"kl": compare.sampled_measures(
         str(run_dir / "model"), args.model, args.eval_size, args.seed, args.device, 1, max_new_tokens)["kl"]})["kl"]
     shutil.rmtree(run_dir / "model", ignore_errors=True)
+    last = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][-10:]  # the diversity β keeps: last 10 steps
     return {"beta": beta, "accuracy_before": evaluation["accuracy_before"], "accuracy": evaluation["accuracy_after"],
-            "score_before": evaluation.get("score_before"), "score": evaluation.get("score_after"),
-            "kl": kl, "wall_time_s": evaluation["wall_time_s"]}
+            "score_before": evaluation.get("score_before"), "score": evaluation.get("score_after"), "kl": kl,
+            "distinct": sum(r["completions/distinct"] for r in last) / len(last), "entropy": sum(r["entropy"] for r in last) / len(last),
+            "wall_time_s": evaluation["wall_time_s"]}
 
 
 def table(rows: list[dict], args) -> str:
     learned = args.algo == "ppo"
-    lines = [f"{args.algo}.py, seed {args.seed}, {args.steps or 'default'} steps; {args.eval_size} held-out problems.", "",
-             "| β | KL to start (per completion) | held-out accuracy |" + (" learned score (held-out, greedy) |" if learned else ""),
-             "| --- | --- | --- |" + (" --- |" if learned else ""),
-             f"| starting model | 0 | {rows[0]['accuracy_before']:.3f} |" + (f" {rows[0]['score_before']:.3f} |" if learned else "")]
+    lines = [f"{args.algo}.py, seed {args.seed}, {args.steps or 'default'} steps; {args.eval_size} held-out problems; "
+             "distinct and entropy are means over the last 10 training steps.", "",
+             "| β | KL to start (per completion) | held-out accuracy |" + (" learned score (held-out, greedy) |" if learned else "")
+             + " distinct completions | entropy (nats per token) |",
+             "| --- | --- | --- |" + (" --- |" if learned else "") + " --- | --- |",
+             f"| starting model | 0 | {rows[0]['accuracy_before']:.3f} |" + (f" {rows[0]['score_before']:.3f} |" if learned else "") + " | |"]
     for r in rows:
-        lines.append(f"| {r['beta']:g} | {r['kl']:.2f} | {r['accuracy']:.3f} |" + (f" {r['score']:.3f} |" if learned else ""))
+        lines.append(f"| {r['beta']:g} | {r['kl']:.2f} | {r['accuracy']:.3f} |" + (f" {r['score']:.3f} |" if learned else "")
+                     + f" {r['distinct']:.2f} | {r['entropy']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -95,7 +100,8 @@ def picture(rows: list[dict], args, path: Path) -> None:
     panels = [("held-out accuracy", "accuracy", "accuracy_before")] + ([("learned score (held-out)", "score", "score_before")] if args.algo == "ppo" else [])
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
     for ax, (title, key, start) in zip(axes[0], panels):
-        ax.plot([0] + [r["kl"] for r in rows], [rows[0][start]] + [r[key] for r in rows], "o-")
+        frontier = sorted([(0.0, rows[0][start])] + [(r["kl"], r[key]) for r in rows])  # joined in order of KL, not of β
+        ax.plot(*zip(*frontier), "o-")
         ax.annotate("start", (0, rows[0][start]), textcoords="offset points", xytext=(4, 4), fontsize=8)
         for r in rows:
             ax.annotate(f"β={r['beta']:g}", (r["kl"], r[key]), textcoords="offset points", xytext=(4, 4), fontsize=8)

@@ -29,7 +29,7 @@ Setup costs are counted separately from the runs:
   That sampling time is in the first offline run of the seed.
 
 Run (a finished (algorithm, seed) is read back from its eval.json, never rerun):
-    python scripts/compare.py                                    # every algorithm, 3 seeds, the CPU budget (about 2 h on 2 cores; see the README)
+    python scripts/compare.py                                    # every algorithm, 3 seeds, the CPU budget (see the README for its cost)
     python scripts/compare.py --full --device cuda               # the GPU budget
     python scripts/compare.py --algos grpo dpo --seeds 0 --budget 320 --out runs/compare-small
 

@@ -83,11 +83,11 @@ def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
 # ---- scripts/beta_sweep.py ------------------------------------------------------------------------------------------
 
 def test_beta_sweep_table_shows_the_learned_score_only_for_ppo():
-    rows = [{"beta": 0.04, "accuracy_before": 0.2, "accuracy": 0.6, "score_before": -1.0, "score": 2.5, "kl": 3.25}]
+    rows = [{"beta": 0.04, "accuracy_before": 0.2, "accuracy": 0.6, "score_before": -1.0, "score": 2.5, "kl": 3.25, "distinct": 0.5, "entropy": 0.75}]
     grpo = beta_sweep.table(rows, beta_sweep.parse_args(["grpo"]))
-    assert "| starting model | 0 | 0.200 |\n| 0.04 | 3.25 | 0.600 |" in grpo and "learned" not in grpo
+    assert "| starting model | 0 | 0.200 | | |\n| 0.04 | 3.25 | 0.600 | 0.50 | 0.75 |" in grpo and "learned" not in grpo
     ppo = beta_sweep.table(rows, beta_sweep.parse_args(["ppo", "--reward-model", "x"]))
-    assert "| starting model | 0 | 0.200 | -1.000 |\n| 0.04 | 3.25 | 0.600 | 2.500 |" in ppo
+    assert "| starting model | 0 | 0.200 | -1.000 | | |\n| 0.04 | 3.25 | 0.600 | 2.500 | 0.50 | 0.75 |" in ppo
     with pytest.raises(SystemExit):
         beta_sweep.parse_args(["ppo"])  # no reward model
 
