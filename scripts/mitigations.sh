@@ -47,10 +47,10 @@ for name, folder in (("no mitigation (the pipeline's ppo.py)", f"{pipe}/ppo"), (
     if found is None:
         continue
     result, rows = found
-    at20 = next((e["accuracy"] for e in result["evals"] if e["step"] == 20), float("nan"))
+    at20 = next((f"{e['accuracy']:.3f}" for e in result["evals"] if e["step"] == 20), "(stopped)")
     tail = rows[-5:]
     mean = lambda key: sum(r[key] for r in tail) / len(tail)
-    print(f"| {name} | {result['accuracy_before']:.3f} -> {at20:.3f} -> {result['accuracy_after']:.3f} | "
+    print(f"| {name} | {result['accuracy_before']:.3f} -> {at20} -> {result['accuracy_after']:.3f} | "
           f"{result['score_before']:.2f} -> {result['score_after']:.2f} | {mean('score'):.2f} | {mean('verifier'):.2f} | "
           f"{mean('kl'):.2f} | {mean('completion_length'):.1f} | {result['steps_trained']} |")
 EOF
