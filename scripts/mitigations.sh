@@ -25,6 +25,7 @@ run verifier-weight --verifier-weight 1        # composite reward: the learned s
 run kl-budget --kl-budget 1                    # stop at the first batch whose KL exceeds 1 nat per completion
 run reward-clip --reward-clip 1                # the score standardised on the starting policy, clipped to [-1, 1]
 run length-penalty --length-penalty 0.05       # 0.05 per completion token
+run clip-verifier --reward-clip 1 --verifier-weight 1   # both: the verifier's 1 against a score clipped to [-1, 1]
 for seed in 1 2; do
   ls "$OUT/rm-$seed"/*/eval.json > /dev/null 2>&1 || python reward_model.py --model "$SFT" --seed $seed --output-dir "$OUT/rm-$seed" "${EXTRA[@]}"
 done
@@ -42,7 +43,8 @@ print("| run | held-out accuracy, step 0 -> 20 -> end | learned score (held-out 
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for name, folder in (("no mitigation (the pipeline's ppo.py)", f"{pipe}/ppo"), ("--verifier-weight 1", f"{out}/verifier-weight"),
                      ("--kl-budget 1", f"{out}/kl-budget"), ("--reward-clip 1", f"{out}/reward-clip"),
-                     ("--length-penalty 0.05", f"{out}/length-penalty"), ("--ensemble (min of 3)", f"{out}/ensemble-min")):
+                     ("--length-penalty 0.05", f"{out}/length-penalty"), ("--reward-clip 1 --verifier-weight 1", f"{out}/clip-verifier"),
+                     ("--ensemble (min of 3)", f"{out}/ensemble-min")):
     found = run(folder)
     if found is None:
         continue
