@@ -129,7 +129,7 @@ def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: s
     import tasks
 
     dev = common.resolve_device(device)
-    tokenizer = common.load_tokenizer(str(model) if model != base else base)
+    tokenizer = common.load_tokenizer(str(model))
     policy = common.load_model(str(model), len(tokenizer), dev, seed=seed).eval()  # a random tiny model is made from the seed
     reference = common.load_model(base, len(tokenizer), dev, seed=seed).eval() if model != base else None
     problems = tasks.heldout_problems(eval_size)
