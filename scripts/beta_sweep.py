@@ -59,14 +59,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 def one_beta(args, beta: float) -> dict:
     folder = args.out / f"beta-{beta:g}"
     folder.mkdir(parents=True, exist_ok=True)
-    run_dir = compare.finished_run(folder)
+    expected = {"model": args.model, "seed": args.seed, "eval_size": args.eval_size, BETA_FLAG[args.algo][2:].replace("-", "_"): beta,
+                **({"steps": args.steps} if args.steps else {})}
+    run_dir = compare.finished_run(folder, expected)
     if run_dir is None:
         command = [f"{args.algo}.py", BETA_FLAG[args.algo], str(beta), "--model", args.model, "--seed", str(args.seed),
                    "--eval-every", "0", "--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device,
                    "--output-dir", str(folder), *(["--steps", str(args.steps)] if args.steps else []),
                    *(["--reward-model", args.reward_model] if args.algo == "ppo" else []), *args.extra.split()]
         compare.run(command, folder / "log.txt")
-        run_dir = compare.finished_run(folder)
+        run_dir = compare.finished_run(folder, expected)
     evaluation = json.loads((run_dir / "eval.json").read_text())
     max_new_tokens = json.loads((run_dir / "args.json").read_text())["max_new_tokens"]
     kl = compare.measured(run_dir / "kl.json", lambda: {"kl": compare.sampled_measures(

@@ -110,10 +110,19 @@ def run(command: list[str], log_path: Path) -> None:
         raise SystemExit(f"`python {' '.join(command)}` failed (exit {code}); the end of {log_path}:\n{tail}")
 
 
-def finished_run(folder: Path):
-    """The run folder under `folder` with an eval.json, or None."""
+def finished_run(folder: Path, expected: dict):
+    """The run folder under `folder` with an eval.json, or None. A run made with other settings
+    (another --budget, --model or --eval-size into the same --out) stops the comparison: reading it
+    back would put it in the table under this budget."""
     done = sorted(p.parent for p in folder.glob("*/eval.json"))
-    return done[-1] if done else None
+    if not done:
+        return None
+    made = json.loads((done[-1] / "args.json").read_text())
+    differ = {key: made.get(key) for key, value in expected.items() if made.get(key) != value}
+    if differ:
+        settings = ", ".join(f"{key}={value}" for key, value in differ.items())
+        raise SystemExit(f"error: {done[-1]} was run with {settings}, not this comparison's; give another --out, or delete it")
+    return done[-1]
 
 
 def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: str, k: int, max_new_tokens: int = 32) -> dict:
@@ -170,18 +179,20 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
     if slug == "ppo-rm":  # its reward model first, on the same seed
         rm_folder = out / "reward-model" / f"seed-{seed}"
         rm_folder.mkdir(parents=True, exist_ok=True)
-        if finished_run(rm_folder) is None:
+        rm_expected = {"model": args.model, "seed": seed}
+        if finished_run(rm_folder, rm_expected) is None:
             run(["reward_model.py", "--model", args.model, "--seed", str(seed), "--device", args.device,
                  "--output-dir", str(rm_folder), *args.extra.split()], rm_folder / "log.txt")
-        rm_run = finished_run(rm_folder)
+        rm_run = finished_run(rm_folder, rm_expected)
         setup_s = json.loads((rm_run / "eval.json").read_text())["wall_time_s"]
         command = [*command, "--reward-model", str(rm_run / "model")]
-    run_dir = finished_run(folder)
+    expected = {"model": args.model, "seed": seed, "steps": steps, "eval_size": args.eval_size}
+    run_dir = finished_run(folder, expected)
     if run_dir is None:
         run([*command, "--model", args.model, "--seed", str(seed), "--steps", str(steps), "--eval-every", "0",
              "--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device,  # pass@k is measured here, with the KL
              "--output-dir", str(folder), *args.extra.split()], folder / "log.txt")
-        run_dir = finished_run(folder)
+        run_dir = finished_run(folder, expected)
     evaluation = json.loads((run_dir / "eval.json").read_text())
     max_new_tokens = json.loads((run_dir / "args.json").read_text())["max_new_tokens"]
     k = args.pass_k

@@ -52,6 +52,17 @@ def test_table_rows(tmp_path):
     assert "DPO" not in text  # no run yet: no row
 
 
+def test_a_finished_run_is_read_back_only_if_made_with_this_comparisons_settings(tmp_path):
+    run_dir = tmp_path / "grpo-smollm2-0-20261122-000000"
+    run_dir.mkdir()
+    (run_dir / "args.json").write_text(json.dumps({"model": "smollm2", "seed": 0, "steps": 5, "eval_size": 50}))
+    assert compare.finished_run(tmp_path, {"model": "smollm2", "steps": 5}) is None  # not finished: no eval.json
+    (run_dir / "eval.json").write_text("{}")
+    assert compare.finished_run(tmp_path, {"model": "smollm2", "seed": 0, "steps": 5, "eval_size": 50}) == run_dir
+    with pytest.raises(SystemExit, match="was run with steps=5, not this comparison's"):
+        compare.finished_run(tmp_path, {"model": "smollm2", "steps": 10})  # another --budget into the same --out
+
+
 def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokenizer):
     model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), seed=3)
     common.save_checkpoint(model, tokenizer, tmp_path / "model")
