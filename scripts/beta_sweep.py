@@ -13,7 +13,7 @@ At the end of each run the sweep measures:
   same for both sweeps and for the comparison.
 The runs' models are deleted after the KL is measured.
 
-Run (a finished β is read back from its eval.json, never rerun):
+Run (a finished β is read back from its eval.json, never rerun, when its args.json agrees with every option given):
     python scripts/beta_sweep.py grpo                                        # β ∈ {0, 0.01, 0.04, 0.1, 0.4}, grpo.py's defaults
     python scripts/beta_sweep.py ppo --reward-model runs/rm-.../model        # β ∈ {0.005, 0.02, 0.05, 0.2, 0.5}
     python scripts/beta_sweep.py grpo --steps 40 --extra "--device cuda"
@@ -24,6 +24,7 @@ Writes OUT/sweep.md (the table) and OUT/sweep.png (accuracy, and for PPO the lea
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shutil
 import sys
@@ -52,6 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.algo == "ppo" and args.reward_model is None:
         parser.error("the ppo sweep needs --reward-model PATH (train one with `python reward_model.py`)")
     args.betas = args.betas or BETAS[args.algo]
+    args.steps = args.steps or importlib.import_module(args.algo).Args().steps  # always passed: a read-back run is checked against it
     args.out = Path(args.out or f"runs/beta-{args.algo}")
     return args
 
@@ -59,16 +61,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 def one_beta(args, beta: float) -> dict:
     folder = args.out / f"beta-{beta:g}"
     folder.mkdir(parents=True, exist_ok=True)
-    expected = {"model": args.model, "seed": args.seed, "eval_size": args.eval_size, BETA_FLAG[args.algo][2:].replace("-", "_"): beta,
-                **({"steps": args.steps} if args.steps else {})}
-    run_dir = compare.finished_run(folder, expected)
+    command = [f"{args.algo}.py", BETA_FLAG[args.algo], str(beta), "--model", args.model, "--seed", str(args.seed),
+               "--steps", str(args.steps), "--eval-every", "0", "--eval-size", str(args.eval_size), "--pass-k", "0",
+               "--device", args.device, "--output-dir", str(folder),
+               *(["--reward-model", args.reward_model] if args.algo == "ppo" else []), *args.extra.split()]
+    run_dir = compare.finished_run(folder, command)
     if run_dir is None:
-        command = [f"{args.algo}.py", BETA_FLAG[args.algo], str(beta), "--model", args.model, "--seed", str(args.seed),
-                   "--eval-every", "0", "--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device,
-                   "--output-dir", str(folder), *(["--steps", str(args.steps)] if args.steps else []),
-                   *(["--reward-model", args.reward_model] if args.algo == "ppo" else []), *args.extra.split()]
         compare.run(command, folder / "log.txt")
-        run_dir = compare.finished_run(folder, expected)
+        run_dir = compare.finished_run(folder, command)
     evaluation = json.loads((run_dir / "eval.json").read_text())
     max_new_tokens = json.loads((run_dir / "args.json").read_text())["max_new_tokens"]
     kl = compare.measured(run_dir / "kl.json", lambda: {"kl": compare.sampled_measures(
@@ -83,7 +83,7 @@ def one_beta(args, beta: float) -> dict:
 
 def table(rows: list[dict], args) -> str:
     learned = args.algo == "ppo"
-    lines = [f"{args.algo}.py, seed {args.seed}, {args.steps or 'default'} steps; {args.eval_size} held-out problems; "
+    lines = [f"{args.algo}.py, seed {args.seed}, {args.steps} steps; {args.eval_size} held-out problems; "
              "distinct and entropy are means over the last 10 training steps.", "",
              "| β | KL to start (per completion) | held-out accuracy |" + (" learned score (held-out, greedy) |" if learned else "")
              + " distinct completions | entropy (nats per token) |",

@@ -28,7 +28,7 @@ Setup costs are counted separately from the runs:
 - The offline algorithms share each seed's preference data, which is sampled once and cached.
   That sampling time is in the first offline run of the seed.
 
-Run (a finished (algorithm, seed) is read back from its eval.json, never rerun):
+Run (a finished (algorithm, seed) is read back from its eval.json, never rerun, when its args.json agrees with every option given):
     python scripts/compare.py                                    # every algorithm, 3 seeds, the CPU budget (see the README for its cost)
     python scripts/compare.py --full --device cuda               # the GPU budget
     python scripts/compare.py --algos grpo dpo --seeds 0 --budget 320 --out runs/compare-small
@@ -110,18 +110,42 @@ def run(command: list[str], log_path: Path) -> None:
         raise SystemExit(f"`python {' '.join(command)}` failed (exit {code}); the end of {log_path}:\n{tail}")
 
 
-def finished_run(folder: Path, expected: dict):
-    """The run folder under `folder` with an eval.json, or None. A run made with other settings
-    (another --budget, --model or --eval-size into the same --out) stops the comparison: reading it
-    back would put it in the table under this budget."""
+def command_settings(command: list[str]) -> dict:
+    """The settings a script's command line sets, under the names its args.json gives them:
+    `--eps-high 0.28` -> {"eps_high": "0.28"}, `--dynamic-sampling` -> True, `--no-scale-by-std` ->
+    {"scale_by_std": False}. The script's name and --output-dir (where, not what) are left out."""
+    options, settings, i = [a for a in command if not a.endswith(".py")], {}, 0
+    while i < len(options):
+        key = options[i][2:].replace("-", "_")
+        if i + 1 < len(options) and not options[i + 1].startswith("--"):  # a value (negative numbers have one dash)
+            settings[key], i = options[i + 1], i + 2
+        else:  # a switch
+            settings[key.removeprefix("no_")], i = not key.startswith("no_"), i + 1
+    settings.pop("output_dir", None)
+    return settings
+
+
+def same_setting(made, given) -> bool:
+    """args.json's value against the command line's text: 0.0 is "0", True is a switch."""
+    if isinstance(given, bool) or made is None:
+        return made == given
+    try:
+        return float(made) == float(given)
+    except (TypeError, ValueError):
+        return str(made) == given
+
+
+def finished_run(folder: Path, command: list[str]):
+    """The run folder under `folder` with an eval.json, or None. A run whose args.json disagrees with
+    a setting `command` gives (another --budget, --model, --extra or reward model into the same --out)
+    stops the comparison: reading it back would put it in the table as this command's result."""
     done = sorted(p.parent for p in folder.glob("*/eval.json"))
     if not done:
         return None
     made = json.loads((done[-1] / "args.json").read_text())
-    differ = {key: made.get(key) for key, value in expected.items() if made.get(key) != value}
+    differ = [f"{key}={made.get(key)} (not {value})" for key, value in command_settings(command).items() if not same_setting(made.get(key), value)]
     if differ:
-        settings = ", ".join(f"{key}={value}" for key, value in differ.items())
-        raise SystemExit(f"error: {done[-1]} was run with {settings}, not this comparison's; give another --out, or delete it")
+        raise SystemExit(f"error: {done[-1]} was run with {', '.join(differ)}; give another --out, or delete it")
     return done[-1]
 
 
@@ -179,20 +203,20 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
     if slug == "ppo-rm":  # its reward model first, on the same seed
         rm_folder = out / "reward-model" / f"seed-{seed}"
         rm_folder.mkdir(parents=True, exist_ok=True)
-        rm_expected = {"model": args.model, "seed": seed}
-        if finished_run(rm_folder, rm_expected) is None:
-            run(["reward_model.py", "--model", args.model, "--seed", str(seed), "--device", args.device,
-                 "--output-dir", str(rm_folder), *args.extra.split()], rm_folder / "log.txt")
-        rm_run = finished_run(rm_folder, rm_expected)
+        rm_command = ["reward_model.py", "--model", args.model, "--seed", str(seed), "--device", args.device,
+                      "--output-dir", str(rm_folder), *args.extra.split()]
+        if finished_run(rm_folder, rm_command) is None:
+            run(rm_command, rm_folder / "log.txt")
+        rm_run = finished_run(rm_folder, rm_command)
         setup_s = json.loads((rm_run / "eval.json").read_text())["wall_time_s"]
         command = [*command, "--reward-model", str(rm_run / "model")]
-    expected = {"model": args.model, "seed": seed, "steps": steps, "eval_size": args.eval_size}
-    run_dir = finished_run(folder, expected)
+    command = [*command, "--model", args.model, "--seed", str(seed), "--steps", str(steps), "--eval-every", "0",
+               "--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device,  # pass@k is measured here, with the KL
+               "--output-dir", str(folder), *args.extra.split()]
+    run_dir = finished_run(folder, command)
     if run_dir is None:
-        run([*command, "--model", args.model, "--seed", str(seed), "--steps", str(steps), "--eval-every", "0",
-             "--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device,  # pass@k is measured here, with the KL
-             "--output-dir", str(folder), *args.extra.split()], folder / "log.txt")
-        run_dir = finished_run(folder, expected)
+        run(command, folder / "log.txt")
+        run_dir = finished_run(folder, command)
     evaluation = json.loads((run_dir / "eval.json").read_text())
     max_new_tokens = json.loads((run_dir / "args.json").read_text())["max_new_tokens"]
     k = args.pass_k

@@ -1,6 +1,7 @@
 """scripts/compare.py and scripts/beta_sweep.py: the budget arithmetic, the tables, the uniform KL, tiny runs end to end."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -52,15 +53,30 @@ def test_table_rows(tmp_path):
     assert "DPO" not in text  # no run yet: no row
 
 
-def test_a_finished_run_is_read_back_only_if_made_with_this_comparisons_settings(tmp_path):
+def test_command_settings_are_named_as_args_json_names_them():
+    dapo = compare.ALGORITHMS["dapo"][1]  # grpo.py --loss-agg token-mean --eps-high 0.28 --dynamic-sampling --beta 0
+    assert compare.command_settings([*dapo, "--no-scale-by-std", "--kl-coef", "-1", "--output-dir", "x"]) == {
+        "loss_agg": "token-mean", "eps_high": "0.28", "dynamic_sampling": True, "beta": "0", "scale_by_std": False, "kl_coef": "-1"}
+    assert compare.same_setting(0.0, "0") and compare.same_setting(0.28, "0.28") and not compare.same_setting(0.04, "0.4")
+    assert compare.same_setting(False, False) and not compare.same_setting(None, "runs/rm/model")
+
+
+def test_a_finished_run_is_read_back_only_if_its_command_made_it(tmp_path):
     run_dir = tmp_path / "grpo-smollm2-0-20261122-000000"
     run_dir.mkdir()
-    (run_dir / "args.json").write_text(json.dumps({"model": "smollm2", "seed": 0, "steps": 5, "eval_size": 50}))
-    assert compare.finished_run(tmp_path, {"model": "smollm2", "steps": 5}) is None  # not finished: no eval.json
+    made = {"model": "smollm2", "seed": 0, "steps": 5, "eval_size": 50, "beta": 0.04, "verifier": "last-number", "scale_by_std": True,
+            "output_dir": "elsewhere"}
+    (run_dir / "args.json").write_text(json.dumps(made))
+    command = ["grpo.py", "--model", "smollm2", "--seed", "0", "--steps", "5", "--eval-size", "50", "--beta", "0.04", "--output-dir", str(tmp_path)]
+    assert compare.finished_run(tmp_path, command) is None  # not finished: no eval.json
     (run_dir / "eval.json").write_text("{}")
-    assert compare.finished_run(tmp_path, {"model": "smollm2", "seed": 0, "steps": 5, "eval_size": 50}) == run_dir
-    with pytest.raises(SystemExit, match="was run with steps=5, not this comparison's"):
-        compare.finished_run(tmp_path, {"model": "smollm2", "steps": 10})  # another --budget into the same --out
+    assert compare.finished_run(tmp_path, command) == run_dir  # the folder it was written to does not matter
+    for other, wrong in [(["--steps", "10"], "steps=5 (not 10)"),  # another --budget into the same --out
+                         (["--verifier", "strict"], "verifier=last-number (not strict)"),  # another --extra
+                         (["--no-scale-by-std"], "scale_by_std=True (not False)"),
+                         (["--reward-model", "runs/rm/model"], "reward_model=None (not runs/rm/model)")]:
+        with pytest.raises(SystemExit, match=re.escape(wrong)):
+            compare.finished_run(tmp_path, [*command, *other])
 
 
 def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokenizer):
