@@ -277,18 +277,18 @@ def picture(rows: list[dict], args, path: Path) -> None:
     plt = pyplot(path)
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for slug in args.algos:
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for i, slug in enumerate(args.algos):
         runs = [r for r in rows if r["algo"] == slug]
         if not runs:
             continue
         acc, minutes = [r["accuracy"] for r in runs], [r["wall_time_s"] / 60 for r in runs]
         spread = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
-        ax.errorbar(statistics.mean(minutes), statistics.mean(acc), xerr=spread(minutes), yerr=spread(acc), fmt="o", capsize=3, label=runs[0]["name"])
+        ax.errorbar(statistics.mean(minutes), statistics.mean(acc), xerr=spread(minutes), yerr=spread(acc), fmt="osD^vP*Xhp<>d"[i % 13], capsize=3, label=runs[0]["name"])  # 13 markers: colours repeat after 10
     ax.axhline(rows[0]["accuracy_before"], color="grey", linestyle="--", linewidth=1, label="starting model")
     ax.set(xlabel="wall time per run (min)", ylabel="held-out accuracy (greedy)", title=f"{args.budget} training completions per run")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: no point hidden
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
