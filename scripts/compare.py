@@ -25,8 +25,9 @@ The wall-time column is the script's own run: training and its two greedy evalua
 Setup costs are counted separately from the runs:
 - PPO on the reward model first trains `reward_model.py` on the same seed. That wall time is
   added to the row.
-- The offline algorithms share each seed's preference data, which is sampled once and cached.
-  That sampling time is in the first offline run of the seed.
+- The reward model and the offline algorithms share each seed's preference data, sampled once
+  and cached (also across comparisons). Its sampling time is in the first run of the seed that
+  needs it: PPO on the reward model's row, or the first offline row without it; none if cached.
 
 Run (a finished (algorithm, seed) is read back from its eval.json, never rerun, when its args.json agrees with every option given):
     python scripts/compare.py                                    # every algorithm, 3 seeds, the CPU budget (see the README for its cost)
