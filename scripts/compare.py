@@ -21,13 +21,13 @@ The starting model's pass@k is measured once per seed, from the same random numb
 The KL column is a sequence-level KL(π ‖ π_ref) per completion: k1 = Σ_t log π − log π_ref,
 averaged over those k completions of every held-out prompt. The same estimator is used for every
 algorithm; the KL each script logs is defined differently from one algorithm to another.
-The wall-time column is the script's own run: training and its two greedy evaluations.
-Setup costs are counted separately from the runs:
-- PPO on the reward model first trains `reward_model.py` on the same seed. That wall time is
-  added to the row.
+The wall-time column is the script's own run, timed from after its data and models are loaded:
+training and its two greedy evaluations. So:
+- PPO on the reward model first trains `reward_model.py` on the same seed. That run's wall time
+  is added to the row.
 - The reward model and the offline algorithms share each seed's preference data, sampled once
-  and cached (also across comparisons). Its sampling time is in the first run of the seed that
-  needs it: PPO on the reward model's row, or the first offline row without it; none if cached.
+  and cached (also across comparisons). Its sampling time is in no row, cached or not: about
+  8 min per seed on the 2-core CPU (7 min 55 s for seed 1).
 
 Run (a finished (algorithm, seed) is read back from its eval.json, never rerun, when its args.json agrees with every option given):
     python scripts/compare.py                                    # every algorithm, 3 seeds, the CPU budget (see the README for its cost)
