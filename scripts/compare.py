@@ -246,10 +246,11 @@ def table(rows: list[dict], args) -> str:
              f"{args.eval_size} held-out problems; mean ± sample std over seeds.", "",
              f"| algorithm | steps | held-out accuracy | pass@{k} | KL to start (per completion) | wall time (min) | peak memory (GiB) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
-    first = [r for r in rows if r["seed"] == args.seeds[0]]
-    if first:
-        lines.append(f"| starting model | | {mean_std([r['accuracy_before'] for r in first][:1])} | "
-                     f"{mean_std([r[f'pass@{k}_before'] for r in first if r[f'pass@{k}_before'] is not None][:1] or [float('nan')])} | 0 | | |")
+    starts = list({r["seed"]: r for r in rows}.values())  # one row per seed: the starting model is measured once per seed
+    if starts:
+        passes = [r[f"pass@{k}_before"] for r in starts if r[f"pass@{k}_before"] is not None]
+        lines.append(f"| starting model | | {mean_std([r['accuracy_before'] for r in starts])} | "
+                     f"{mean_std(passes) if passes else ''} | 0 | | |")
     for slug in args.algos:
         runs = [r for r in rows if r["algo"] == slug]
         if not runs:

@@ -46,11 +46,13 @@ def test_table_rows(tmp_path):
     args = compare.parse_args(["--algos", "grpo", "dpo", "--seeds", "0", "1", "--budget", "320"])
     row = dict(accuracy_before=0.2, steps=10, kl=1.0, wall_time_s=60.0, peak_gb=4.0, **{"pass@8_before": 0.5})
     rows = [{**row, "algo": "grpo", "name": "GRPO", "seed": 0, "accuracy": 0.5, "pass@8": 0.75},
-            {**row, "algo": "grpo", "name": "GRPO", "seed": 1, "accuracy": 0.7, "pass@8": 0.75, "kl": 3.0, "wall_time_s": 180.0}]
+            {**row, "algo": "grpo", "name": "GRPO", "seed": 1, "accuracy": 0.7, "pass@8": 0.75, "kl": 3.0, "wall_time_s": 180.0,
+             "pass@8_before": 0.7},  # the starting model's pass@8 is sampled with each seed's random numbers
+            {**row, "algo": "dpo", "name": "DPO", "seed": 1, "accuracy": 0.4, "pass@8": 0.6, "pass@8_before": 0.7}]
     text = compare.table(rows, args)
-    assert "| starting model | | 0.200 | 0.500 | 0 | | |" in text
+    assert "| starting model | | 0.200 ± 0.000 | 0.600 ± 0.141 | 0 | | |" in text  # one value per seed, not per run
     assert "| GRPO | 10 | 0.600 ± 0.141 | 0.750 ± 0.000 | 2.00 ± 1.41 | 2.0 ± 1.4 | 4.00 ± 0.00 |" in text
-    assert "DPO" not in text  # no run yet: no row
+    assert "| DPO | 10 | 0.400 | 0.600 | 1.00 | 1.0 | 4.00 |" in text  # one seed: no spread
 
 
 def test_command_settings_are_named_as_args_json_names_them():
