@@ -535,20 +535,74 @@ def save_merged(model, tokenizer, path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # Log-probs and masks
 # ---------------------------------------------------------------------------------------------
-def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
-    """log softmax(logits)[labels] = logits[labels] - logsumexp(logits), a chunk of rows at a time.
+def _slabs(B: int, T: int, V: int, slab: int):
+    """(b, positions) pieces of a (B, T, V) tensor, each a contiguous (t, V) view of about 2^20 entries."""
+    t = slab or max(1, 2**20 // V)
+    return [(b, slice(s, min(s + t, T))) for b in range(B) for s in range(0, T, t)]
 
-    logits (B, T, V), labels (B, T) -> (B, T). Never holds a full (B, T, V) log-softmax: only one
-    chunk's logsumexp temporaries are alive at once, which matters with V = 49k.
+
+class _TokenLogprobs(torch.autograd.Function):
+    """log p(y) and H(p), p = softmax(logits / temperature), in float32, a slab of positions at a time.
+
+    Forward and backward are written out so that neither holds a float32 (B, T, V) tensor: autograd
+    through logsumexp would save a float32 copy of the logits and allocate several more, and on a CPU
+    allocating them (page faults) costs more than the arithmetic. Saved: the logits as they are, and
+    logsumexp and entropy per position. With z = logits / τ and log p_k = z_k - logsumexp(z):
+        ∂ log p_y / ∂z_k = 1[k = y] - p_k           ∂H / ∂z_k = -p_k (log p_k + H)
     """
-    flat_logits = logits.reshape(-1, logits.shape[-1])  # (B*T, V)
-    flat_labels = labels.reshape(-1)  # (B*T,)
-    out = []
-    for start in range(0, flat_logits.shape[0], chunk_rows):
-        rows = flat_logits[start : start + chunk_rows].float()
-        picked = rows.gather(-1, flat_labels[start : start + chunk_rows, None]).squeeze(-1)
-        out.append(picked - torch.logsumexp(rows, dim=-1))
-    return torch.cat(out).view(labels.shape) if out else flat_logits.new_zeros(labels.shape, dtype=torch.float32)  # T = 0: one-token completions
+
+    @staticmethod
+    def forward(ctx, logits, labels, temperature: float, with_entropy: bool, slab: int):
+        B, T, V = logits.shape
+        logprobs, lse = logits.new_empty(B, T, dtype=torch.float32), logits.new_empty(B, T, dtype=torch.float32)
+        entropy = torch.zeros_like(lse)
+        for b, t in _slabs(B, T, V, slab):
+            z = logits[b, t].to(torch.float32, copy=True).div_(temperature)  # (t, V)
+            top = z.amax(-1, keepdim=True)  # (t, 1)
+            e = (z - top).exp_()  # (t, V) exp(z - max): no overflow
+            total = e.sum(-1)  # (t,)
+            lse[b, t] = top.squeeze(-1) + total.log()
+            logprobs[b, t] = z.gather(-1, labels[b, t, None]).squeeze(-1) - lse[b, t]
+            if with_entropy:  # H = logsumexp(z) - Σ_k p_k z_k
+                entropy[b, t] = lse[b, t] - e.mul_(z).sum(-1) / total
+        ctx.save_for_backward(logits, labels, lse, entropy)
+        ctx.temperature, ctx.slab = temperature, slab
+        ctx.set_materialize_grads(False)
+        return logprobs, (entropy if with_entropy else None)
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):
+        logits, labels, lse, entropy = ctx.saved_tensors
+        B, T, V = logits.shape
+        grad = torch.empty_like(logits)
+        g = grad_logprobs if grad_logprobs is not None else lse.new_zeros(B, T)
+        for b, t in _slabs(B, T, V, ctx.slab):
+            z = logits[b, t].to(torch.float32, copy=True).div_(ctx.temperature)  # (t, V) a copy, never the saved logits
+            log_p = z.sub_(lse[b, t, None])  # (t, V) log p_k, in z's memory
+            weight = g[b, t, None]  # (t, 1)
+            if grad_entropy is not None:  # g + h (log p_k + H)
+                weight = (log_p + entropy[b, t, None]).mul_(grad_entropy[b, t, None]).add_(weight)
+            dz = log_p.exp_().mul_(weight).neg_()  # (t, V) -p_k (g + h (log p_k + H))
+            dz.scatter_add_(-1, labels[b, t, None], g[b, t, None])  # + g 1[k = y]
+            grad[b, t] = dz / ctx.temperature
+        return grad, None, None, None, None
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
+                   slab: int = 0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """log softmax(logits / temperature)[labels] and, with_entropy, the entropy of that softmax.
+
+    logits (B, T, V) in any float dtype (a view whose rows are contiguous is not copied), labels
+    (B, T) -> logprobs (B, T) and entropy (B, T) or None, both float32 and differentiable. Never
+    holds a full (B, T, V) log-softmax: one slab of positions at a time (`slab` of them, 0 = about
+    2^20 logits).
+    """
+    return _TokenLogprobs.apply(logits, labels, temperature, with_entropy, slab)
+
+
+def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, slab: int = 0) -> torch.Tensor:
+    """log softmax(logits)[labels] = logits[labels] - logsumexp(logits). (B, T, V), (B, T) -> (B, T)"""
+    return token_logprobs(logits, labels, slab=slab)[0]
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -651,24 +705,16 @@ def completion_logprobs(
             input_ids = torch.cat([prompt_ids.repeat_interleave(repeats, dim=0), completion_ids], dim=1)  # (B, S+T)
             logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=completion_ids.shape[1] + 1).logits
             first_logits, rest_logits = logits[:, :1], logits[:, 1:-1]
-    if temperature != 1.0:  # the distribution the tokens were sampled from
-        first_logits, rest_logits = first_logits / temperature, rest_logits / temperature
-    # Two gathers, not one on a concatenation: a (B, T, V) copy costs as much as a layer here.
-    logprobs = torch.cat([gather_logprobs(first_logits, completion_ids[:, :1]), gather_logprobs(rest_logits, completion_ids[:, 1:])], dim=1)
+    # logits / temperature: the distribution the tokens were sampled from. Two calls, not one on a
+    # concatenation: a (B, T, V) copy costs as much as a layer here.
+    first, first_entropy = token_logprobs(first_logits, completion_ids[:, :1], temperature, with_entropy)
+    rest, rest_entropy = token_logprobs(rest_logits, completion_ids[:, 1:], temperature, with_entropy)
+    logprobs = torch.cat([first, rest], dim=1)
     entropy = None
     if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = torch.cat([_entropy(first_logits), _entropy(rest_logits)], dim=1)
+        entropy = torch.cat([first_entropy, rest_entropy], dim=1)
+        entropy = entropy if entropy_grad else entropy.detach()
     return logprobs, entropy
-
-
-def _entropy(logits: torch.Tensor) -> torch.Tensor:
-    """H = -Σ_v p_v log p_v per position, one sequence at a time to bound memory. (B, T, V) -> (B, T)"""
-    out = []
-    for row in logits:
-        logp = torch.log_softmax(row.float(), dim=-1)  # (T, V)
-        out.append(-(logp.exp() * logp).sum(-1))
-    return torch.stack(out)
 
 
 # ---------------------------------------------------------------------------------------------

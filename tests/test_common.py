@@ -20,11 +20,29 @@ def test_masked_mean_and_sum_by_hand():
 
 
 # ---- gather_logprobs and completion masks --------------------------------------------------------
-def test_gather_logprobs_matches_log_softmax_across_chunks():
+def test_gather_logprobs_matches_log_softmax_across_slabs():
     torch.manual_seed(0)
     logits, labels = torch.randn(3, 5, 11), torch.randint(0, 11, (3, 5))
     naive = torch.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
-    assert torch.allclose(common.gather_logprobs(logits, labels, chunk_rows=4), naive, atol=1e-6)  # 15 rows: 4 chunks
+    assert torch.allclose(common.gather_logprobs(logits, labels, slab=2), naive, atol=1e-6)  # 3 slabs of 2, 2, 1 per row
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_logprobs_values_and_gradients_match_autograd(dtype):
+    # The forward and backward are written by hand; autograd through log_softmax is the reference.
+    # A non-contiguous view (as completion_logprobs passes), temperature 0.7, slabs of 2 positions.
+    torch.manual_seed(0)
+    full = (torch.randn(3, 6, 11) * 3).to(dtype).requires_grad_()
+    labels, g, h = torch.randint(0, 11, (3, 4)), torch.randn(3, 4), torch.randn(3, 4)
+    logprobs, entropy = common.token_logprobs(full[:, 1:-1], labels, temperature=0.7, with_entropy=True, slab=2)
+    (logprobs * g + entropy * h).sum().backward()
+    ours, full.grad = full.grad, None
+    log_p = torch.log_softmax(full[:, 1:-1].float() / 0.7, -1)
+    naive_logprobs, naive_entropy = log_p.gather(-1, labels[..., None]).squeeze(-1), -(log_p.exp() * log_p).sum(-1)
+    (naive_logprobs * g + naive_entropy * h).sum().backward()
+    assert torch.allclose(logprobs, naive_logprobs, atol=1e-5) and torch.allclose(entropy, naive_entropy, atol=1e-5)
+    assert ours.dtype == dtype and torch.allclose(ours.float(), full.grad.float(), atol=1e-5)
+    assert (ours[:, [0, -1]] == 0).all()  # positions outside the view get no gradient
 
 
 def test_gather_logprobs_by_hand():
@@ -170,7 +188,12 @@ def test_one_token_completions_have_log_probs(tiny_model, tokenizer, prompts):
 
 def test_entropy_by_hand():
     # logits [0, ln 3]: p = [1/4, 3/4], H = 1/4 ln 4 + 3/4 ln(4/3) = 0.346574 + 0.215762 = 0.562335
-    assert common._entropy(torch.tensor([[[0.0, math.log(3.0)]]])).item() == pytest.approx(0.562335, abs=1e-6)
+    logprobs, entropy = common.token_logprobs(torch.tensor([[[0.0, math.log(3.0)]]]), torch.tensor([[1]]), with_entropy=True)
+    assert entropy.item() == pytest.approx(0.562335, abs=1e-6) and logprobs.item() == pytest.approx(math.log(0.75))
+    # at temperature 2 the logits are [0, ln 3 / 2]: p = [1/(1+√3), √3/(1+√3)] = [0.366025, 0.633975]
+    # H = -(0.366025 ln 0.366025 + 0.633975 ln 0.633975) = 0.367875 + 0.288932 = 0.656806
+    _, entropy = common.token_logprobs(torch.tensor([[[0.0, math.log(3.0)]]]), torch.tensor([[1]]), temperature=2.0, with_entropy=True)
+    assert entropy.item() == pytest.approx(0.656806, abs=1e-6)
 
 
 # ---- precision ------------------------------------------------------------------------------------------------
