@@ -35,7 +35,12 @@ from pathlib import Path
 from typing import Annotated, Callable, Literal, Optional
 
 import numpy as np
-import torch
+
+# Large CPU tensors on transparent huge pages (Linux; torch reads this at its first large allocation,
+# so it is set before any model is built): a fresh (V, H) gradient or slab of logits otherwise costs
+# more in page faults, one per 4 KiB, than in arithmetic. Measured in the README's speed section.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+import torch  # noqa: E402
 import transformers
 import tyro
 from tqdm.auto import tqdm
@@ -535,10 +540,9 @@ def save_merged(model, tokenizer, path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # Log-probs and masks
 # ---------------------------------------------------------------------------------------------
-def _slabs(B: int, T: int, V: int, slab: int):
-    """(b, positions) pieces of a (B, T, V) tensor, each a contiguous (t, V) view of about 2^20 entries."""
-    t = slab or max(1, 2**20 // V)
-    return [(b, slice(s, min(s + t, T))) for b in range(B) for s in range(0, T, t)]
+def _slabs(B: int, T: int, width: int):
+    """(b, positions) pieces of the first T positions of a (B, T', V) tensor, each (at most width, V)."""
+    return [(b, slice(s, min(s + width, T))) for b in range(B) for s in range(0, T, width)]
 
 
 class _TokenLogprobs(torch.autograd.Function):
@@ -546,45 +550,51 @@ class _TokenLogprobs(torch.autograd.Function):
 
     Forward and backward are written out so that neither holds a float32 (B, T, V) tensor: autograd
     through logsumexp would save a float32 copy of the logits and allocate several more, and on a CPU
-    allocating them (page faults) costs more than the arithmetic. Saved: the logits as they are, and
-    logsumexp and entropy per position. With z = logits / τ and log p_k = z_k - logsumexp(z):
+    allocating them (page faults) costs more than the arithmetic. Every slab reuses the same two
+    float32 buffers. Saved: the logits as they are, and logsumexp and entropy per position. With
+    z = logits / τ and log p_k = z_k - logsumexp(z):
         ∂ log p_y / ∂z_k = 1[k = y] - p_k           ∂H / ∂z_k = -p_k (log p_k + H)
     """
 
     @staticmethod
     def forward(ctx, logits, labels, temperature: float, with_entropy: bool, slab: int):
-        B, T, V = logits.shape
+        (B, _, V), T = logits.shape, labels.shape[1]
+        width = slab or max(1, 2**20 // V)
+        z_buffer = logits.new_empty(min(width, T), V, dtype=torch.float32)
+        e_buffer = torch.empty_like(z_buffer)
         logprobs, lse = logits.new_empty(B, T, dtype=torch.float32), logits.new_empty(B, T, dtype=torch.float32)
         entropy = torch.zeros_like(lse)
-        for b, t in _slabs(B, T, V, slab):
-            z = logits[b, t].to(torch.float32, copy=True).div_(temperature)  # (t, V)
+        for b, t in _slabs(B, T, width):
+            z = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(temperature)  # (t, V)
             top = z.amax(-1, keepdim=True)  # (t, 1)
-            e = (z - top).exp_()  # (t, V) exp(z - max): no overflow
+            e = torch.sub(z, top, out=e_buffer[: len(z)]).exp_()  # (t, V) exp(z - max): no overflow
             total = e.sum(-1)  # (t,)
             lse[b, t] = top.squeeze(-1) + total.log()
             logprobs[b, t] = z.gather(-1, labels[b, t, None]).squeeze(-1) - lse[b, t]
             if with_entropy:  # H = logsumexp(z) - Σ_k p_k z_k
                 entropy[b, t] = lse[b, t] - e.mul_(z).sum(-1) / total
         ctx.save_for_backward(logits, labels, lse, entropy)
-        ctx.temperature, ctx.slab = temperature, slab
+        ctx.temperature, ctx.width = temperature, width
         ctx.set_materialize_grads(False)
         return logprobs, (entropy if with_entropy else None)
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
         logits, labels, lse, entropy = ctx.saved_tensors
-        B, T, V = logits.shape
+        (B, _, V), T = logits.shape, labels.shape[1]
         grad = torch.empty_like(logits)
+        grad[:, T:] = 0  # positions past the labels predict nothing
         g = grad_logprobs if grad_logprobs is not None else lse.new_zeros(B, T)
-        for b, t in _slabs(B, T, V, ctx.slab):
-            z = logits[b, t].to(torch.float32, copy=True).div_(ctx.temperature)  # (t, V) a copy, never the saved logits
-            log_p = z.sub_(lse[b, t, None])  # (t, V) log p_k, in z's memory
+        z_buffer = logits.new_empty(min(ctx.width, T), V, dtype=torch.float32)
+        w_buffer = torch.empty_like(z_buffer)
+        for b, t in _slabs(B, T, ctx.width):
+            log_p = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(ctx.temperature).sub_(lse[b, t, None])  # (t, V)
             weight = g[b, t, None]  # (t, 1)
             if grad_entropy is not None:  # g + h (log p_k + H)
-                weight = (log_p + entropy[b, t, None]).mul_(grad_entropy[b, t, None]).add_(weight)
+                weight = torch.add(log_p, entropy[b, t, None], out=w_buffer[: len(log_p)]).mul_(grad_entropy[b, t, None]).add_(weight)
             dz = log_p.exp_().mul_(weight).neg_()  # (t, V) -p_k (g + h (log p_k + H))
             dz.scatter_add_(-1, labels[b, t, None], g[b, t, None])  # + g 1[k = y]
-            grad[b, t] = dz / ctx.temperature
+            grad[b, t] = dz.div_(ctx.temperature)
         return grad, None, None, None, None
 
 
@@ -592,16 +602,19 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
                    slab: int = 0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """log softmax(logits / temperature)[labels] and, with_entropy, the entropy of that softmax.
 
-    logits (B, T, V) in any float dtype (a view whose rows are contiguous is not copied), labels
-    (B, T) -> logprobs (B, T) and entropy (B, T) or None, both float32 and differentiable. Never
-    holds a full (B, T, V) log-softmax: one slab of positions at a time (`slab` of them, 0 = about
-    2^20 logits).
+    logits (B, T', V) in any float dtype, labels (B, T) with T <= T': position t predicts labels[:, t],
+    positions from T on are ignored (pass a model's logits whole: slicing off its last position
+    would cost a (B, T', V) zero-filled gradient). -> logprobs (B, T) and entropy (B, T) or None,
+    float32 and differentiable. Never holds a full (B, T, V) log-softmax: one slab of positions at a
+    time (`slab` of them, 0 = about 2^20 logits).
     """
+    if labels.shape[1] > logits.shape[1]:
+        raise ValueError(f"{labels.shape[1]} labels per row but logits for {logits.shape[1]} positions")
     return _TokenLogprobs.apply(logits, labels, temperature, with_entropy, slab)
 
 
 def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, slab: int = 0) -> torch.Tensor:
-    """log softmax(logits)[labels] = logits[labels] - logsumexp(logits). (B, T, V), (B, T) -> (B, T)"""
+    """log softmax(logits)[labels] = logits[labels] - logsumexp(logits). (B, T', V), (B, T) -> (B, T), T <= T'"""
     return token_logprobs(logits, labels, slab=slab)[0]
 
 
@@ -683,37 +696,33 @@ def completion_logprobs(
     With share_prompt, each prompt goes through the model once, not once per completion: its
     key/value cache is repeated for the G completions that share it and gradients flow back
     through it. That is the same function of the weights as one forward on the concatenated
-    [prompt, completion] rows (the other branch; the tests check they agree) and costs P*S + B*T
-    token-forwards instead of B*(S+T). Gradient checkpointing drops caches inside transformers,
-    so it takes the concatenated branch.
+    [prompt, completion] rows (the other branch; the tests check they agree) and costs P*(S-1) +
+    B*(T+1) token-forwards instead of B*(S+T). The prompt's last token, whose logits predict y_1,
+    starts each completion's forward, so both branches end in one (B, T+1, V) logits tensor.
+    Gradient checkpointing drops caches inside transformers, so it takes the concatenated branch.
     Returns logprobs (B, T) and entropy (B, T) or None; the entropy carries a gradient only with
     entropy_grad (an entropy bonus in the loss), else it is for logging.
     """
     _check_left_padded(prompt_mask)
-    S = prompt_ids.shape[1]
+    S, T = prompt_ids.shape[1], completion_ids.shape[1]
     full_mask = torch.cat([prompt_mask.repeat_interleave(repeats, dim=0), torch.ones_like(completion_ids)], dim=1)  # (B, S+T)
     positions = position_ids(full_mask)  # (B, S+T)
     with autocast(model):
         if share_prompt and not (model.is_activation_checkpointing and model.training):
-            prompt_out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask), use_cache=True, logits_to_keep=1)
-            cache = prompt_out.past_key_values
-            _repeat_cache(cache, repeats)
-            out = model(input_ids=completion_ids, attention_mask=full_mask, position_ids=positions[:, S:], past_key_values=cache, use_cache=True)
-            first_logits = prompt_out.logits.repeat_interleave(repeats, dim=0)  # (B, 1, V) predicts y_1
-            rest_logits = out.logits[:, :-1]  # (B, T-1, V) predicts y_2..y_T; y_T's own logits are unused
+            cache = None  # a one-token prompt has nothing to share
+            if S > 1:  # (its logits are not used: logits_to_keep=1 keeps that cheap)
+                cache = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], position_ids=position_ids(prompt_mask)[:, :-1],
+                              use_cache=True, logits_to_keep=1).past_key_values
+                _repeat_cache(cache, repeats)
+            input_ids = torch.cat([prompt_ids[:, -1:].repeat_interleave(repeats, dim=0), completion_ids], dim=1)  # (B, 1+T)
+            logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions[:, S - 1:], past_key_values=cache, use_cache=True).logits
         else:
             input_ids = torch.cat([prompt_ids.repeat_interleave(repeats, dim=0), completion_ids], dim=1)  # (B, S+T)
-            logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=completion_ids.shape[1] + 1).logits
-            first_logits, rest_logits = logits[:, :1], logits[:, 1:-1]
-    # logits / temperature: the distribution the tokens were sampled from. Two calls, not one on a
-    # concatenation: a (B, T, V) copy costs as much as a layer here.
-    first, first_entropy = token_logprobs(first_logits, completion_ids[:, :1], temperature, with_entropy)
-    rest, rest_entropy = token_logprobs(rest_logits, completion_ids[:, 1:], temperature, with_entropy)
-    logprobs = torch.cat([first, rest], dim=1)
-    entropy = None
-    if with_entropy:
-        entropy = torch.cat([first_entropy, rest_entropy], dim=1)
-        entropy = entropy if entropy_grad else entropy.detach()
+            logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=T + 1).logits
+    # logits (B, T+1, V) predict y_1..y_T, then nothing; divided by the temperature the tokens were sampled at
+    logprobs, entropy = token_logprobs(logits, completion_ids, temperature, with_entropy)
+    if entropy is not None and not entropy_grad:
+        entropy = entropy.detach()
     return logprobs, entropy
 
 

@@ -126,8 +126,8 @@ def completion_logprobs_and_hits(model, prompt_ids, prompt_mask, completion_ids)
     full_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # (B, S+T); completion padding is masked in the loss
     with common.autocast(model):
         logits = model(input_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=full_mask,
-                       position_ids=common.position_ids(full_mask), logits_to_keep=T + 1).logits[:, :-1]  # (B, T, V) predicts y_1..y_T
-    return common.gather_logprobs(logits, completion_ids), logits.argmax(-1) == completion_ids
+                       position_ids=common.position_ids(full_mask), logits_to_keep=T + 1).logits  # (B, T+1, V) predicts y_1..y_T, then nothing
+    return common.gather_logprobs(logits, completion_ids), logits[:, :-1].argmax(-1) == completion_ids
 
 
 def batch_logprobs(model, tokenizer, rows: list[dict], max_completion_tokens: int):

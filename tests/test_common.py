@@ -45,6 +45,21 @@ def test_token_logprobs_values_and_gradients_match_autograd(dtype):
     assert (ours[:, [0, -1]] == 0).all()  # positions outside the view get no gradient
 
 
+def test_token_logprobs_ignores_positions_past_the_labels():
+    # A model's logits passed whole, one position more than labels: that position gets no gradient.
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 4, 7, requires_grad=True), torch.randint(0, 7, (2, 3))
+    logprobs, entropy = common.token_logprobs(logits, labels, with_entropy=True, slab=2)
+    (logprobs.sum() + entropy.sum()).backward()
+    ours, logits.grad = logits.grad, None
+    log_p = torch.log_softmax(logits[:, :3], -1)
+    assert torch.allclose(logprobs, log_p.gather(-1, labels[..., None]).squeeze(-1), atol=1e-6)
+    (log_p.gather(-1, labels[..., None]).sum() - (log_p.exp() * log_p).sum()).backward()
+    assert torch.allclose(ours, logits.grad, atol=1e-6) and (ours[:, 3] == 0).all()
+    with pytest.raises(ValueError, match="4 labels per row but logits for 3 positions"):
+        common.token_logprobs(logits[:, :3], torch.zeros(2, 4, dtype=torch.long))
+
+
 def test_gather_logprobs_by_hand():
     # logits [0, ln 3]: softmax [1/4, 3/4]
     logits = torch.tensor([[[0.0, math.log(3.0)]]])
@@ -95,6 +110,19 @@ def test_completion_logprobs_ignore_padding_amount(tiny_model, tokenizer, prompt
     more_right = torch.cat([completions, torch.full((6, 4), pad)], 1)
     padded, _ = common.completion_logprobs(tiny_model, *more_left, more_right, torch.tensor([3, 3]))
     assert torch.allclose(padded[:, :5], base, atol=1e-5)
+
+
+def test_one_token_prompts_share_nothing_and_lose_nothing(tiny_model, tokenizer):
+    # The shared forward runs each prompt but its last token once; a one-token prompt beside a longer
+    # one is all padding there, and prompts of one token each (S = 1) skip that forward altogether.
+    pad, completions = tokenizer.pad_token_id, torch.randint(10, 60, (4, 5))
+    for ids, mask in [(torch.tensor([[pad, pad, 17], [21, 22, 23]]), torch.tensor([[0, 0, 1], [1, 1, 1]])),
+                      (torch.tensor([[17], [23]]), torch.tensor([[1], [1]]))]:
+        shared, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]), share_prompt=True)
+        concatenated, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]), share_prompt=False)
+        reference = one_token_at_a_time(tiny_model, ids[0][mask[0].bool()], completions[0], temperature=1.0)
+        assert torch.isfinite(shared).all() and torch.allclose(shared, concatenated, atol=1e-5)
+        assert torch.allclose(shared[0], reference, atol=1e-5)
 
 
 def test_right_padded_prompts_are_refused_not_silently_wrong(tiny_model, tokenizer, prompts):

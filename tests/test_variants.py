@@ -176,9 +176,12 @@ def test_online_kl_is_subtracted_from_the_reward_the_baseline_sees(tmp_path, alg
     for name in ("rloo_advantages", "remax_advantages"):
         real = getattr(variants, name)
         monkeypatch.setattr(variants, name, lambda rewards, *rest, real=real: seen.append(rewards.mean().item()) or real(rewards, *rest))
-    # β = 1 so that the KL term shows in the logged decimals; step 2 comes after one update, so its KL is not 0
-    rows = metrics_of(main(tiny_args(tmp_path, algo, beta=1.0, lr=1e-2, temperature=1.0), reward_fn=digit_fraction))
-    assert abs(rows[1]["kl"]) > 1e-3
+    # β = 1 so that the KL term shows in the logged decimals; step 2 comes after one update, so its KL is not 0.
+    # The reward is the completion's length: it differs between samples, and between a sample and the greedy
+    # answer, from step 1 on (the random model writes no digits, so digit_fraction would leave step 1 without
+    # a gradient, policy = reference, and step 2's KL exactly 0).
+    rows = metrics_of(main(tiny_args(tmp_path, algo, beta=1.0, lr=1e-2, temperature=1.0), reward_fn=lambda completion, answer: len(completion) / 100))
+    assert rows[0]["advantage_abs"] > 0 and abs(rows[1]["kl"]) > 1e-3
     # a penalty: mean(score - 1·KL) = mean score - mean KL; a bonus would give mean score + mean KL
     assert rows[1]["rlhf_reward"] == pytest.approx(rows[1]["reward"] - rows[1]["kl"], abs=1e-5)
     assert seen[1] == pytest.approx(rows[1]["reward"] - rows[1]["kl"], abs=1e-5)
