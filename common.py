@@ -35,12 +35,7 @@ from pathlib import Path
 from typing import Annotated, Callable, Literal, Optional
 
 import numpy as np
-
-# Large CPU tensors on transparent huge pages (Linux; torch reads this at its first large allocation,
-# so it is set before any model is built): a fresh (V, H) gradient or slab of logits otherwise costs
-# more in page faults, one per 4 KiB, than in arithmetic. Measured in the README's speed section.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-import torch  # noqa: E402
+import torch
 import transformers
 import tyro
 from tqdm.auto import tqdm
