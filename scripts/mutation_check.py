@@ -262,7 +262,7 @@ MUTATIONS = [
     # ---- scripts/compare.py ----------------------------------------------------------------------------------------
     Mutation("scripts/compare.py", "kl += common.masked_sum(logprobs - ref_logprobs, completion_mask).item()",
              "kl += common.masked_sum(ref_logprobs - logprobs, completion_mask).item()",
-             "comparison KL with the log-ratio reversed", "tests/test_compare.py -k sequence_kl"),
+             "comparison KL with the log-ratio reversed", "tests/test_compare.py -k sampled_kl"),
     Mutation("scripts/compare.py", "return f\"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}\"",
              "return f\"{statistics.mean(values):.{digits}f} ± {statistics.pstdev(values):.{digits}f}\"",
              "comparison spread as the population std over seeds", "tests/test_compare.py -k mean_std"),
