@@ -390,6 +390,11 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
                 raise InputError(f"{name} has no trained score head (is it a language model, not a reward_model.py checkpoint?); "
                                  "train one with `python reward_model.py`")
     model.bf16_mixed = precision == "bf16-mixed"
+    if device.type == "cpu" and precision != "fp32":
+        # PyTorch's CPU flash-attention kernel is slow in bfloat16: at GRPO's sizes its backward took 40 ms
+        # a layer against 12 ms for matmul + float32 softmax ("eager"), which saves 0.85 s of a 5 s training
+        # step. Sampling switches back to it (_cpu_bf16_decoding), where one query a row favours it.
+        model.set_attn_implementation("eager")
     return model.to(device=device, dtype=dtype)
 
 
@@ -754,8 +759,40 @@ def sample_completions(
     """
     _check_left_padded(prompt_mask)
     check_fits(model, prompt_ids.shape[1], max_new_tokens)
-    with autocast(model):
+    with autocast(model), _cpu_bf16_decoding(model, rows=prompt_ids.shape[0] * num_samples):
         return _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, generator)
+
+
+@contextlib.contextmanager
+def _cpu_bf16_decoding(model, rows: int):
+    """Sampling's fast path on a CPU computing in bfloat16; elsewhere (CUDA, float32) it does nothing.
+
+    Decoding multiplies `rows` rows by every weight once per token, against a key/value cache. Here:
+    - flash attention (sdpa) instead of load_model's eager attention: 0.8 s of a 3.4 s GRPO sampling;
+    - every nn.Linear multiplies by a bfloat16 copy of its weight laid out once in oneDNN's blocked
+      format, where a plain matmul re-blocks it on every call: the product is bit-identical (the
+      tests check it) and the decode step's matmuls 30 % faster, 13 % of a GRPO sampling.
+    Inference only: the packed product has no gradient.
+    """
+    bf16 = getattr(model, "bf16_mixed", False) or next(model.parameters()).dtype == torch.bfloat16
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    if not (bf16 and on_cpu and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        yield
+        return
+    attention = model.config._attn_implementation
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        model.set_attn_implementation("sdpa")
+        for linear in linears:
+            weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(torch.bfloat16), rows)
+            bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+            linear.forward = lambda x, weight=weight, bias=bias: torch.ops.mkldnn._linear_pointwise(
+                x.to(torch.bfloat16), weight, bias, "none", [], "")
+        yield
+    finally:
+        for linear in linears:
+            linear.__dict__.pop("forward", None)  # back to nn.Linear.forward
+        model.set_attn_implementation(attention)
 
 
 def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, generator):

@@ -163,6 +163,35 @@ def test_greedy_sampling_follows_argmax_and_pads_after_eos(tiny_model, tokenizer
             assert completions[b, t] == logits.argmax()
 
 
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no oneDNN bfloat16 matmul")
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer, prompts, precision):
+    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, seed=0)
+    assert model.config._attn_implementation == "eager"  # training and scoring
+    ids, mask = prompts
+    with torch.no_grad(), common.autocast(model):
+        model.set_attn_implementation("sdpa")
+        plain = model(input_ids=ids, attention_mask=mask).logits
+        sampled_plain = common._sample(model, ids, mask, 3, 8, tokenizer.eos_token_id, tokenizer.pad_token_id, 1.0, 1.0,
+                                       torch.Generator().manual_seed(0))
+        model.set_attn_implementation("eager")
+        with common._cpu_bf16_decoding(model, rows=2):
+            assert all("forward" in m.__dict__ for m in model.modules() if isinstance(m, torch.nn.Linear))
+            assert model.config._attn_implementation == "sdpa"
+            packed = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(packed, plain)
+    sampled = common.sample_completions(model, ids, mask, 3, 8, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                        generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sampled, sampled_plain)
+    with pytest.raises(RuntimeError), common._cpu_bf16_decoding(model, rows=2):
+        raise RuntimeError("sampling failed")
+    assert not any("forward" in m.__dict__ for m in model.modules())  # nn.Linear.forward again, even after an error
+    assert model.config._attn_implementation == "eager"
+    fp32 = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
+    with common._cpu_bf16_decoding(fp32, rows=2):  # float32: nothing to gain, nothing changed
+        assert not any("forward" in m.__dict__ for m in fp32.modules()) and fp32.config._attn_implementation == "sdpa"
+
+
 def test_inverse_cdf_sampling_has_the_right_distribution():
     logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]])).expand(20000, 3)
     tokens = common._sample_token(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
