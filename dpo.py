@@ -317,11 +317,11 @@ def main(args: Args) -> dict:
         common.check_finite(loss, step, last_good, run_dir)
 
         # ---- 4. update -------------------------------------------------------------------------
-        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
         common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: the model's size in float32, idle through the next forward
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
 

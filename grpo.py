@@ -456,7 +456,6 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         policy.train()
         sums, entropy_sum = {}, 0.0  # metric -> Σ over micro-batches and iterations of value × weight
         for iteration in range(args.num_iterations):
-            optimizer.zero_grad(set_to_none=True)
             for s in slices:
                 logprobs, entropy = logprobs_of(policy, s, with_entropy=iteration == 0)
                 loss, m = grpo_loss(
@@ -480,6 +479,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
             optimizer.step()
+            optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: the model's size in float32, idle through sampling
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
         time_train = time.time() - t1

@@ -565,13 +565,13 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 values = token_values(critic, prompt_ids[rows], prompt_mask[rows], completion_ids[rows])
                 vf_loss, vf_clip = ppo_value_loss(values, old_values[rows], returns[rows], mask[rows], args.value_clip)
                 common.check_finite(policy_loss + vf_loss, step, last_good, run_dir)
-                policy_optimizer.zero_grad(set_to_none=True)
-                critic_optimizer.zero_grad(set_to_none=True)
                 (policy_loss + args.vf_coef * vf_loss).backward()  # the two models share no parameters
                 common.check_finite(torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm), step, last_good, run_dir, "policy gradient norm")
                 common.check_finite(torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm), step, last_good, run_dir, "critic gradient norm")
                 policy_optimizer.step()
                 critic_optimizer.step()
+                policy_optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle memory through sampling
+                critic_optimizer.zero_grad(set_to_none=True)
                 step_metrics.append({**m, "pg_loss": pg_loss.item(), "policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "value_clip_ratio": vf_clip,
                                      "entropy": entropy_mean.item()})
         memory_update = common.peak_memory_gb(device)

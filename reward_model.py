@@ -291,11 +291,11 @@ def main(args: Args) -> dict:
         # ---- 2. Bradley-Terry loss and update ------------------------------------------------------
         loss = bradley_terry_loss(chosen, rejected, margin, args.center_rewards_coefficient or 0.0)
         common.check_finite(loss, step, last_good, run_dir)
-        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: the model's size in float32, idle through the next forward
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
 

@@ -415,11 +415,11 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
 
         # ---- update, log ---------------------------------------------------------------------------------
         common.check_finite(loss, step, last_good, run_dir)
-        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
         common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: the model's size in float32, idle through sampling
         stats.update({"grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0], "time/step": time.time() - t0,
                       "memory/peak_gb": common.peak_memory_gb(device)})
         scheduler.step()

@@ -288,6 +288,19 @@ MUTATIONS = [
     Mutation("grpo.py", "        centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)",
              "        centered = centered / (rewards.std(unbiased=False) + eps)",
              "std of the whole batch instead of each group's", f"{BANDIT} -k fixed_point"),
+    # Gradients are freed right after each optimizer step; without it they pile up across steps.
+    Mutation("grpo.py", "            optimizer.zero_grad(set_to_none=True)  # now, not at the next backward", "            pass  # now, not at the next backward",
+             "gradients accumulate across steps (never zeroed)", f"{GRPO} -k resume_continues_exactly"),
+    Mutation("dpo.py", "        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward", "        pass  # now, not at the next backward",
+             "gradients accumulate across steps (never zeroed)", f"{DPO} -k resume_continues_exactly"),
+    Mutation("sft.py", "        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward", "        pass  # now, not at the next backward",
+             "gradients accumulate across steps (never zeroed)", f"{SFT} -k resume_continues_exactly"),
+    Mutation("reward_model.py", "        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward", "        pass  # now, not at the next backward",
+             "gradients accumulate across steps (never zeroed)", f"{RM} -k resume_continues_exactly"),
+    Mutation("variants.py", "        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward", "        pass  # now, not at the next backward",
+             "gradients accumulate across steps (never zeroed)", f"{VARIANTS} -k resume_continues_exactly"),
+    Mutation("ppo.py", "                policy_optimizer.zero_grad(set_to_none=True)  # now, not at the next backward", "                pass  # now, not at the next backward",
+             "policy gradients accumulate across minibatches (never zeroed)", f"{PPO} -k resume_continues_exactly"),
 ]
 
 
