@@ -771,16 +771,18 @@ def _cpu_bf16_decoding(model, rows: int):
     - flash attention (sdpa) instead of load_model's eager attention: 0.8 s of a 3.4 s GRPO sampling;
     - every nn.Linear multiplies by a bfloat16 copy of its weight laid out once in oneDNN's blocked
       format, where a plain matmul re-blocks it on every call: the product is bit-identical (the
-      tests check it) and the decode step's matmuls 30 % faster, 13 % of a GRPO sampling.
+      tests check it) and the decode step's matmuls 30 % faster, 13 % of a GRPO sampling (where
+      oneDNN has bfloat16 matmuls: x86 CPUs with AVX512-BF16 or AMX).
     Inference only: the packed product has no gradient.
     """
     bf16 = getattr(model, "bf16_mixed", False) or next(model.parameters()).dtype == torch.bfloat16
     on_cpu = next(model.parameters()).device.type == "cpu"
-    if not (bf16 and on_cpu and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+    if not (bf16 and on_cpu):
         yield
         return
     attention = model.config._attn_implementation
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    packs = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)] if packs else []
     try:
         model.set_attn_implementation("sdpa")
         for linear in linears:
