@@ -364,8 +364,8 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
                keep_adapter: bool = False):
     """Load a causal LM (head="lm"), or a reward model (head="score": the same backbone with a scalar
     head, new if the checkpoint has none; head="trained-score" refuses a checkpoint without a trained
-    one, since a random head would score noise), with dropout off (dropout makes old and new log-probs
-    disagree at ratio 1, and a reward model score the same text differently). Weights are float32
+    one, since a random head would score noise), with dropout off (`switch_off_dropout`: dropout makes old
+    and new log-probs disagree at ratio 1, and a reward model score the same text differently). Weights are float32
     unless precision is bf16-true; a bf16-mixed model is marked so that `autocast(model)` applies.
     A LoRA checkpoint (an adapter folder) is loaded onto its base and merged, or kept as a trainable
     adapter with keep_adapter (--resume)."""
@@ -389,6 +389,7 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
             if head == "trained-score" and any(key.startswith("score.") for key in info["missing_keys"]):
                 raise InputError(f"{name} has no trained score head (is it a language model, not a reward_model.py checkpoint?); "
                                  "train one with `python reward_model.py`")
+    switch_off_dropout(model)
     model.bf16_mixed = precision == "bf16-mixed"
     if device.type == "cpu" and precision != "fp32":
         # PyTorch's CPU flash-attention kernel is slow in bfloat16: at GRPO's sizes its backward took 40 ms
@@ -396,6 +397,20 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
         # step. Sampling switches to flash attention ("sdpa") in _cpu_bf16_decoding: with one query a row, it is faster.
         model.set_attn_implementation("eager")
     return model.to(device=device, dtype=dtype)
+
+
+def switch_off_dropout(model: torch.nn.Module) -> None:
+    """Every dropout of `model` to 0, in train() mode too: each nn.Dropout's p, and every float `*dropout*` or
+    `*pdrop*` attribute of its modules and config, since some attention layers (Llama's) read a float, not a
+    module. The config is saved with the model, so a checkpoint reloads without dropout as well. peft's
+    --lora-dropout lives in the adapter's own modules, added later, and stays what the user asked for."""
+    configs = [m.config for m in model.modules() if isinstance(getattr(m, "config", None), transformers.PretrainedConfig)]
+    for obj in [*model.modules(), *configs]:
+        if isinstance(obj, torch.nn.Dropout):
+            obj.p = 0.0
+        for name, value in list(vars(obj).items()):
+            if isinstance(value, float) and ("dropout" in name or "pdrop" in name):
+                setattr(obj, name, 0.0)
 
 
 def load_reward_model(path: str, tokenizer, device: torch.device, precision: str = "fp32") -> torch.nn.Module:

@@ -32,6 +32,19 @@ def tiny_model(request, tokenizer):
     return common.load_model(request.param, len(tokenizer), torch.device("cpu"), "fp32", seed=0)
 
 
+@pytest.fixture(scope="session")
+def dropout_checkpoint(tmp_path_factory, tokenizer) -> str:
+    """A GPT-2-shaped checkpoint folder with GPT-2's own dropout (resid_pdrop = embd_pdrop = attn_pdrop = 0.1),
+    as `--model gpt2` loads: the tiny models have dropout 0 in their config, so they cannot show dropout left on."""
+    path = tmp_path_factory.mktemp("dropout-gpt2")
+    model = common.make_tiny_model(len(tokenizer), "gpt2")
+    model.config.resid_pdrop = model.config.embd_pdrop = model.config.attn_pdrop = 0.1
+    model.save_pretrained(path)
+    plain = common.load_tokenizer("tiny-gpt2")  # as gpt2: no chat template, pad = eos
+    plain.save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture
 def prompts(tokenizer):
     """Two prompts of different lengths, left-padded, and 3 sampled completions for each."""

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 import common
 
@@ -225,12 +226,29 @@ def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, tokenizer, mo
     assert (target / "model.safetensors").read_bytes() == good
 
 
-def test_dropout_is_off_in_loaded_models(tokenizer):
-    model = common.load_model("tiny-gpt2", len(tokenizer), torch.device("cpu"), "fp32")
-    model.train()
+def test_dropout_is_off_in_a_loaded_model_whose_config_has_dropout(dropout_checkpoint, tokenizer):
+    ids = torch.randint(5, 50, (2, 9))
+    torch.manual_seed(0)
+    as_transformers_loads_it = transformers.AutoModelForCausalLM.from_pretrained(dropout_checkpoint).train()
+    assert not torch.equal(as_transformers_loads_it(ids).logits, as_transformers_loads_it(ids).logits)  # it can show the bug
+    for head in ("lm", "score"):  # a policy, and a reward model or critic
+        model = common.load_model(dropout_checkpoint, len(tokenizer), torch.device("cpu"), "fp32", head=head).train()
+        output = (lambda: model(ids).logits) if head == "lm" else (lambda: common.reward_scores(model, ids, torch.ones_like(ids)))
+        first = output()
+        assert torch.equal(first, output())
+        model.eval()
+        assert torch.equal(first, output())
+        assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+
+
+def test_dropout_is_off_in_llama_attention_which_reads_a_float(tmp_path, tokenizer):
+    model = common.make_tiny_model(len(tokenizer), "llama")
+    model.config.attention_dropout = 0.5  # LlamaAttention has no nn.Dropout: it passes this float to attention
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model = common.load_model(str(tmp_path), len(tokenizer), torch.device("cpu"), "fp32").train()
     ids = torch.randint(5, 50, (2, 9))
     assert torch.equal(model(ids).logits, model(ids).logits)
-    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
 
 
 def test_one_token_completions_have_log_probs(tiny_model, tokenizer, prompts):

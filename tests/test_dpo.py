@@ -122,6 +122,12 @@ def test_first_step_has_loss_log_2_and_precomputed_reference_equals_on_the_fly(t
             assert a[key] == pytest.approx(b[key], abs=1e-4), key
 
 
+def test_first_step_has_loss_log_2_with_a_model_whose_config_has_dropout(tmp_path, dropout_checkpoint):
+    # with dropout left on, policy and reference disagree at step 1 (the loss was 0.688003 instead of ln 2)
+    rows = metrics_of(main(tiny_args(tmp_path, model=dropout_checkpoint, steps=1)))
+    assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+
+
 def test_dpo_raises_the_chosen_minus_rejected_log_ratio_on_the_tiny_model(tmp_path):
     result = main(tiny_args(tmp_path, steps=60, batch_size=8, lr=2e-3, beta=0.5))
     rows = metrics_of(result)
