@@ -931,10 +931,10 @@ class MetricsLog:
                                     dir=str(path.parent), config=asdict(args) if args is not None else None, mode=mode, resume="allow")
 
     def write(self, step: int, metrics: dict) -> None:
-        row = {"step": step, "time/elapsed": round(time.time() - self.start, 2)}
-        row.update({k: (round(v, 6) if isinstance(v, float) else v) for k, v in metrics.items()})
+        """metrics.jsonl gets 6 significant digits (an lr of 2e-7 stays 2e-7), the trackers the values as they are."""
+        row = {"step": step, "time/elapsed": round(time.time() - self.start, 2), **metrics}
         with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in row.items()}) + "\n")
         self.track(step, {f"train/{k}": v for k, v in row.items() if k != "step"})
 
     def track(self, step: int, metrics: dict) -> None:

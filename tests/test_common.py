@@ -1,5 +1,6 @@
 """common.py: log-probs, masks, masked statistics, sampling, model loading and checkpoints."""
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -414,3 +415,14 @@ def test_memory_plan_option_prints_the_plan_and_starts_nothing(tmp_path, script,
     assert proc.returncode == 0, proc.stderr
     assert "memory plan: precision fp32" in proc.stdout and "policy" in proc.stdout.replace("reward model", "policy")
     assert not list(tmp_path.iterdir())  # no run folder: nothing was started
+
+
+def test_metrics_keep_six_significant_digits_not_six_decimals(tmp_path):
+    # a warm-up from --lr 1e-6 logs 2e-7 at step 1; rounding to 6 decimal places wrote 0.0
+    log = common.MetricsLog(tmp_path / "metrics.jsonl")
+    tracked = []
+    log.track = lambda step, metrics: tracked.append(metrics)
+    log.write(1, {"lr": 2e-7, "loss": 123456.789, "kl": 0.000123456789, "skipped": 1})
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert (row["lr"], row["loss"], row["kl"], row["skipped"]) == (2e-7, 123457.0, 0.000123457, 1)
+    assert tracked[0]["train/kl"] == 0.000123456789  # the trackers get the value itself
