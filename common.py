@@ -586,8 +586,8 @@ class _TokenLogprobs(torch.autograd.Function):
             total = e.sum(-1)  # (t,)
             lse[b, t] = top.squeeze(-1) + total.log()
             logprobs[b, t] = z.gather(-1, labels[b, t, None]).squeeze(-1) - lse[b, t]
-            if with_entropy:  # H = logsumexp(z) - Σ_k p_k z_k
-                entropy[b, t] = lse[b, t] - e.mul_(z).sum(-1) / total
+            if with_entropy:  # H = logsumexp(z) - Σ_k p_k z_k; a -inf logit has p_k z_k = 0, not 0 · -inf = NaN
+                entropy[b, t] = lse[b, t] - e.mul_(z.clamp_(min=torch.finfo(z.dtype).min)).sum(-1) / total
         ctx.save_for_backward(logits, labels, lse, entropy)
         ctx.temperature, ctx.width = temperature, width
         ctx.set_materialize_grads(False)
@@ -604,6 +604,7 @@ class _TokenLogprobs(torch.autograd.Function):
         w_buffer = torch.empty_like(z_buffer)
         for b, t in _slabs(B, T, ctx.width):
             log_p = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(ctx.temperature).sub_(lse[b, t, None])  # (t, V)
+            log_p.clamp_(min=torch.finfo(log_p.dtype).min)  # a -inf logit: p_k = 0 and a zero gradient, not NaN
             weight = g[b, t, None]  # (t, 1)
             if grad_entropy is not None:  # g + h (log p_k + H)
                 weight = torch.add(log_p, entropy[b, t, None], out=w_buffer[: len(log_p)]).mul_(grad_entropy[b, t, None]).add_(weight)

@@ -426,3 +426,15 @@ def test_metrics_keep_six_significant_digits_not_six_decimals(tmp_path):
     row = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert (row["lr"], row["loss"], row["kl"], row["skipped"]) == (2e-7, 123457.0, 0.000123457, 1)
     assert tracked[0]["train/kl"] == 0.000123456789  # the trackers get the value itself
+
+
+def test_a_minus_infinity_logit_gives_a_finite_entropy_and_gradient():
+    # a vocabulary masked with -inf: logits [0, -inf, ln 3] have p = [1/4, 0, 3/4], H = 0.562335 as without it
+    logits = torch.tensor([[[0.0, -math.inf, math.log(3.0)]]], requires_grad=True)
+    logprobs, entropy = common.token_logprobs(logits, torch.tensor([[2]]), with_entropy=True)
+    assert entropy.item() == pytest.approx(0.562335, abs=1e-6) and logprobs.item() == pytest.approx(math.log(0.75))
+    (logprobs + entropy).sum().backward()
+    finite = torch.tensor([[[0.0, math.log(3.0)]]], requires_grad=True)
+    p = finite.softmax(-1)
+    (p.log()[..., 1] - (p * p.log()).sum(-1)).sum().backward()
+    assert torch.allclose(logits.grad[..., [0, 2]], finite.grad) and logits.grad[..., 1].item() == 0.0
