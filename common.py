@@ -377,8 +377,11 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
                                                name, is_trainable=keep_adapter)
         return model if keep_adapter else model.merge_and_unload()
     if name in ("tiny", "tiny-gpt2"):
-        torch.manual_seed(seed)
-        model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama", "lm" if head == "lm" else "score")
+        # One fixed random model whatever the seed, as a checkpoint is: a LoRA adapter trained on it at any seed
+        # reloads onto the same base. The global generator is left as it was, for what the seed drives next.
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama", "lm" if head == "lm" else "score")
     else:
         path = str(smollm2_checkpoint()) if name == "smollm2" else name
         if head == "lm":

@@ -90,6 +90,19 @@ def test_every_script_trains_with_lora_and_its_checkpoints_load(tmp_path):
         torch.testing.assert_close(logprobs(merged, tokenizer, prompts, completion_ids), logprobs(from_adapter, tokenizer, prompts, completion_ids))
 
 
+def test_a_lora_reward_model_trained_at_any_seed_reloads_onto_its_own_base(tmp_path, tokenizer):
+    import reward_model
+
+    args = reward_model.Args(model="tiny", seed=3, steps=2, lora_r=4, lora_alpha=8.0, dataset=PAIRS, batch_size=4,
+                             output_dir=str(tmp_path))
+    result = reward_model.main(args)
+    loaded = common.load_reward_model(os.path.join(result["run_dir"], "model"), tokenizer, torch.device("cpu"))
+    _, heldout_pairs, _ = tasks.load_preference_pairs(PAIRS, "tiny", tokenizer, 3, 0, 0, 0, 1.0, "cpu", "fp32")
+    with torch.no_grad():
+        again = reward_model.evaluate(loaded, tokenizer, heldout_pairs, [], args.max_completion_tokens)
+    assert again["eval/margin"] == pytest.approx(result["evals"][-1]["eval/margin"], abs=1e-5)  # as it scored when trained
+
+
 def test_resume_with_lora_continues_exactly(tmp_path):
     import grpo
 
