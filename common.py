@@ -28,6 +28,7 @@ import resource
 import shutil
 import socket
 import sys
+import tempfile
 import time
 import urllib.parse
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass, make_dataclass
@@ -175,9 +176,12 @@ def check_run_args(args) -> None:
     existing = Path(args.output_dir).absolute()
     while not existing.exists():  # created later, with the run folder; its nearest existing parent must take it
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        reason = "a file is in the way" if not existing.is_dir() else "no permission to write"
-        raise InputError(f"--output-dir {args.output_dir} is not a writable directory ({reason}: {existing})")
+    if not existing.is_dir():
+        raise InputError(f"--output-dir {args.output_dir} is not a writable directory (a file is in the way: {existing})")
+    try:  # try it: os.access says yes to root on read-only mounts and /proc
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as e:
+        raise InputError(f"--output-dir {args.output_dir} is not a writable directory ({e.strerror}: {existing})") from None
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

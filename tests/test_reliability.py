@@ -45,6 +45,7 @@ CASES = [
     ("ppo.py", ["--reward", "verifier", "--top-p", "0"], "--top-p must be in (0, 1]"),
     ("ppo.py", ["--reward", "verifier", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
     ("grpo.py", ["--output-dir", "{file}"], "is not a writable directory"),
+    ("dpo.py", ["--dataset", PAIRS, "--output-dir", "/proc/runs"], "is not a writable directory"),  # even for root
     ("grpo.py", ["--dataset", "{latin1}"], "not UTF-8 text"),
     ("grpo.py", ["--max-new-tokens", "5000"], "exceeds the model's 512 positions"),
     ("variants.py", ["--algo", "rloo", "--max-new-tokens", "5000"], "exceeds the model's 512 positions"),
