@@ -127,6 +127,8 @@ def run_cli(main: Callable, args) -> dict:
     try:
         return main(args)
     except InputError as e:
+        for bar in list(tqdm._instances):  # closed now, or it is redrawn below the error when collected
+            bar.close()
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)
     except KeyboardInterrupt:

@@ -72,6 +72,14 @@ def test_bad_input_is_one_line_exit_2_and_no_traceback(tmp_path, broken_checkpoi
     assert not (tmp_path / "runs").exists() or not os.listdir(tmp_path / "runs")  # no half-made run folder
 
 
+@pytest.mark.parametrize("script, argv", [("dpo.py", ["--dataset", PAIRS]), ("sft.py", ["--num-demonstrations", "40"])])
+def test_a_nan_stop_ends_the_screen_with_the_error_not_the_progress_bar(tmp_path, script, argv):
+    proc = run_script(script, *TINY, *argv, "--steps", "6", "--lr", "1e12", "--max-grad-norm", "1e30", "--eval-every", "0",
+                      "--eval-size", "4", "--max-new-tokens", "4", "--output-dir", str(tmp_path))
+    last = proc.stderr.rstrip("\n").split("\n")[-1].split("\r")[-1]  # what stays on the screen: \r redraws a line
+    assert proc.returncode == 2 and last.startswith("error: ") and "became nan" in last, proc.stderr
+
+
 def test_bom_and_numeric_answers_are_accepted(tmp_path):
     path = tmp_path / "data.jsonl"
     rows = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(12)]
