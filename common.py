@@ -807,7 +807,7 @@ def _cpu_bf16_decoding(model, rows: int):
         return
     attention = model.config._attn_implementation
     packs = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)] if packs else []
+    linears = [m for m in model.modules() if _packable(m, autocast_on=getattr(model, "bf16_mixed", False))] if packs else []
     try:
         model.set_attn_implementation("sdpa")
         for linear in linears:
@@ -820,6 +820,15 @@ def _cpu_bf16_decoding(model, rows: int):
         for linear in linears:
             linear.__dict__.pop("forward", None)  # back to nn.Linear.forward
         model.set_attn_implementation(attention)
+
+
+def _packable(module: torch.nn.Module, autocast_on: bool) -> bool:
+    """A layer whose packed bfloat16 product equals its own: a plain nn.Linear (not a subclass with its own
+    forward, such as an 8-bit or 4-bit layer), with no forward of its own already installed (accelerate's
+    hooks), that computes in bfloat16: under autocast, or with bfloat16 weights. A float32 Linear under
+    bf16-true, as peft keeps a LoRA adapter, computes in float32 and is left as it is."""
+    return (type(module).forward is torch.nn.Linear.forward and "forward" not in vars(module)
+            and (autocast_on or module.weight.dtype == torch.bfloat16))
 
 
 def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, generator):

@@ -165,11 +165,24 @@ def test_greedy_sampling_follows_argmax_and_pads_after_eos(tiny_model, tokenizer
             assert completions[b, t] == logits.argmax()
 
 
-@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no oneDNN bfloat16 matmul")
+NO_BF16_MATMUL = not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+@pytest.mark.skipif(NO_BF16_MATMUL, reason="this CPU has no oneDNN bfloat16 matmul")
+@pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
-def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer, prompts, precision):
+def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer, prompts, precision, lora):
     model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, seed=0)
     assert model.config._attn_implementation == "eager"  # training and scoring
+    if lora:  # peft keeps the adapter in float32; under bf16-true it computes in float32, so it must not be packed
+        pytest.importorskip("peft")
+        model = common.add_lora(model, "tiny", common.Lora(lora_r=4, lora_alpha=8.0))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:  # B = 0 at the start would hide any error in the adapter's product
+                    p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
+    adapters = [m for n, m in model.named_modules() if n.split(".")[-2:-1] in (["lora_A"], ["lora_B"])]
+    assert bool(adapters) == lora
     ids, mask = prompts
     with torch.no_grad(), common.autocast(model):
         model.set_attn_implementation("sdpa")
@@ -178,7 +191,9 @@ def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer
                                        torch.Generator().manual_seed(0))
         model.set_attn_implementation("eager")
         with common._cpu_bf16_decoding(model, rows=2):
-            assert all("forward" in m.__dict__ for m in model.modules() if isinstance(m, torch.nn.Linear))
+            packed_layers = [m for m in model.modules() if "forward" in vars(m)]
+            base_layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m not in adapters]
+            assert set(packed_layers) == set(base_layers + adapters * (precision == "bf16-mixed"))
             assert model.config._attn_implementation == "sdpa"
             packed = model(input_ids=ids, attention_mask=mask).logits
     assert torch.equal(packed, plain)
@@ -192,6 +207,24 @@ def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer
     fp32 = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
     with common._cpu_bf16_decoding(fp32, rows=2):  # float32: nothing to gain, nothing changed
         assert not any("forward" in m.__dict__ for m in fp32.modules()) and fp32.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.skipif(NO_BF16_MATMUL, reason="this CPU has no oneDNN bfloat16 matmul")
+def test_cpu_bf16_decoding_leaves_layers_with_a_forward_of_their_own_alone(tokenizer):
+    class QuantizedLinear(torch.nn.Linear):  # as an 8-bit or 4-bit layer: a subclass with its own product
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "bf16-true", seed=0)
+    mlp = model.model.layers[0].mlp
+    mlp.down_proj = QuantizedLinear(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False, dtype=torch.bfloat16)
+    hook = lambda x: torch.nn.Linear.forward(mlp.up_proj, x)  # noqa: E731 - as accelerate installs one
+    mlp.up_proj.forward = hook
+    mlp.gate_proj.float()  # kept in float32 on purpose: it computes in float32
+    with common._cpu_bf16_decoding(model, rows=2):
+        assert "forward" not in vars(mlp.down_proj) and mlp.up_proj.forward is hook and "forward" not in vars(mlp.gate_proj)
+        assert "forward" in vars(model.model.layers[0].self_attn.q_proj)
+    assert mlp.up_proj.forward is hook  # restored as it was, not popped
 
 
 def test_inverse_cdf_sampling_has_the_right_distribution():
