@@ -470,9 +470,12 @@ def parameter_counts(config: transformers.PretrainedConfig, head: str, lora: Lor
 def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, precision: str, checkpointing: bool) -> int:
     """What one micro-batch's forward keeps for the backward. A transformer layer keeps s·b·h·(34 + 5·a·s/h)
     bytes of 16-bit activations (Korthikanti et al. 2022, arXiv:2205.05198, eq. 1; float32 doubles it);
-    with checkpointing, only each layer's input (2·s·b·h bytes) and one layer's full set. Plus three float32
-    tensors of the scored positions' size, logit_tokens·V·4 bytes each, alive together when the backward
-    starts: the logits, their log-softmax (kept for its gradient) and the logits' gradient. tokens = s·b.
+    with checkpointing, only each layer's input (2·s·b·h bytes) and one layer's full set. Plus two tensors of
+    the scored positions' logits, logit_tokens·V each, in the compute dtype (float32, or bfloat16 under
+    autocast and bf16-true), alive together when the backward starts: the logits, which token_logprobs keeps
+    for its backward instead of a float32 log-softmax, and their gradient. Measured with the CPU allocator's
+    live bytes on a 49,152-token vocabulary, where the logits dominate: 2.03 float32 logits tensors in fp32,
+    1.05 under bf16 autocast (tests/test_common.py checks the plan against them). tokens = s·b.
     An estimate: eq. 1 is for a GPT layer (GeLU MLP of 4h, dropout masks, attention scores kept); fused
     attention (SDPA) keeps no s×s scores, and SwiGLU and grouped-query attention shift the constant."""
     h, layers = config.hidden_size, config.num_hidden_layers
@@ -480,7 +483,7 @@ def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, pre
     scale = 2 if precision == "fp32" else 1  # float32 activations, or bfloat16 under autocast / bf16-true
     per_layer = tokens * h * (34 + 5 * heads * s / h) * scale
     kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer
-    return int(kept + 3 * logit_tokens * config.vocab_size * 4)
+    return int(kept + 2 * logit_tokens * config.vocab_size * 2 * scale)
 
 
 def memory_plan(models: list[tuple], precision: str, lora: Lora, checkpointing: bool, sequences: int, tokens: int,
