@@ -235,8 +235,9 @@ def main(args: Args) -> dict:
         T, B = args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens + 1), 2 * args.batch_size
         models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (not args.precompute_ref_logprobs and not args.lora_r)
         return common.memory_plan(models, precision, args, args.gradient_checkpointing, B, B * (S + T), B * T)
-    train_pairs, heldout_pairs, _ = tasks.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
-                                                                 args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision)
+    train_pairs, heldout_pairs, _ = tasks.load_preference_pairs(
+        args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens,
+        args.temperature, device, precision, args.eval_size)
     heldout_problems = tasks.heldout_problems(args.eval_size)
     policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)

@@ -15,10 +15,12 @@ completion weighs more than a short one (a per-sequence mean would weigh every e
 
 Data. By default, demonstrations generated from the task: the correct, short worked answer to each
 of `--num-demonstrations` training problems (`47 + 38 = 85`, tasks.demonstration), never one of
-the held-out problems. `--dataset demos.jsonl` with TRL's fields prompt, completion trains on your
-own. Either way a tenth (at most 64) is held out for `eval/loss`. Prompts get the chat template
-(or the plain `Question: ...\\nAnswer:` with `--prompt-format plain`); completions are tokenised
-apart from the prompt and end with EOS, exactly as DPO's pairs are.
+the `--eval-size` held-out problems the accuracy is measured on (nor of the default 200, so the
+demonstrations are the same at any --eval-size up to 200). `--dataset demos.jsonl` with TRL's
+fields prompt, completion trains on your own. Either way a tenth (at most 64) is held out for
+`eval/loss`. Prompts get the chat template (or the plain `Question: ...\\nAnswer:` with
+`--prompt-format plain`); completions are tokenised apart from the prompt and end with EOS,
+exactly as DPO's pairs are.
 
 Run:
     python sft.py                        # SmolLM2-135M-Instruct (embedded), demonstrations of the task
@@ -139,13 +141,14 @@ def batch_logprobs(model, tokenizer, rows: list[dict], max_completion_tokens: in
     return logprobs, hits, mask, int(prompt_mask.sum() + mask.sum())
 
 
-def load_demonstrations(dataset: Optional[str], num_demonstrations: int, seed: int) -> tuple[list[dict], list[dict]]:
+def load_demonstrations(dataset: Optional[str], num_demonstrations: int, seed: int,
+                        eval_size: int) -> tuple[list[dict], list[dict]]:
     """(train rows, held-out rows) of {prompt, completion}: the task's own demonstrations (distinct
-    training problems, never a held-out one) or the user's JSONL; shuffled by the seed, a tenth
-    (at most 64) held out."""
+    training problems, never one of the `eval_size` accuracy problems: tasks.training_exclusion) or
+    the user's JSONL; shuffled by the seed, a tenth (at most 64) held out."""
     if dataset is None:
         rows, seen = [], set()
-        for p in tasks.train_problems(seed, tasks.heldout_problems()):
+        for p in tasks.train_problems(seed, tasks.training_exclusion(eval_size)):
             if p.prompt not in seen:
                 seen.add(p.prompt)
                 rows.append({"prompt": p.prompt, "completion": tasks.demonstration(p)})
@@ -179,7 +182,7 @@ def main(args: Args) -> dict:
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
-    train_rows, heldout_rows = load_demonstrations(args.dataset, args.num_demonstrations, args.seed)
+    train_rows, heldout_rows = load_demonstrations(args.dataset, args.num_demonstrations, args.seed, args.eval_size)
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
     if args.memory_plan:  # from the config alone; completions at their length bound
         config, S = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, tasks.heldout_problems(args.eval_size))

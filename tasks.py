@@ -6,13 +6,23 @@ so the algorithms can be compared on one number.
 
 Your own task: change this file only. A task provides three functions, and the algorithm
 files use nothing else of it beyond the generic data helpers below them:
-    heldout_problems(n)                -> list[Problem]   fixed, the same for every run
+    heldout_problems(n)                -> list[Problem]   fixed, the same for every run; a larger n only appends
     train_problems(seed, exclude)      -> Iterator[Problem]   endless, never a held-out prompt
     verify(completion, answer)         -> float           the reward (1.0 correct, 0.0 not)
 SFT's default demonstrations need a fourth, `demonstration(problem) -> str` (the worked answer).
 A Problem is a prompt and a reference answer; format_prompt decides how a question is shown to
 the model (its chat template, or `Question: ...\\nAnswer:` when it has none). A user's JSONL file
 (`--dataset`) replaces the generated problems without touching the code.
+
+No script trains on a problem it measures accuracy on: `--eval-size n` evaluates heldout_problems(n),
+and the online scripts' stream (load_problems) excludes exactly those; SFT's demonstrations and the
+preference prompts exclude training_exclusion(n) = heldout_problems(max(n, 200)), so that up to the
+default 200 their data (and its cache) is the same at every n. heldout_problems(n) for n > 200 starts
+with heldout_problems(200), so the larger set contains the default one.
+
+`verify_strict` (grpo.py --verifier strict; `unearned` in evaluate_accuracy) pays only a result stated
+as one: after '=', 'is', 'equals', 'equal to', 'answer' or "it's" / "that's", perhaps with ':', '**'
+or '$' between; a restated question ("0 + 24", "the sum of 0 and 24") earns 0.0 there.
 
 Preference data (DPO, the reward model, the offline variants) is the reference model's own
 samples labelled by `verify` and paired correct-with-incorrect, cached as JSONL.
@@ -48,6 +58,7 @@ class Problem:
 
 # (digits of a, digits of b): one-digit sums are mostly solved, two-digit ones mostly not.
 DIFFICULTIES = [(1, 1), (2, 1), (2, 2)]
+DEFAULT_EVAL_SIZE = 200  # every script's --eval-size
 _NUMBER = re.compile(r"(?<![\d.])-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -60,13 +71,22 @@ def make_problem(rng: random.Random) -> Problem:
     return Problem(prompt=f"What is {a} + {b}?", answer=str(a + b))
 
 
-def heldout_problems(n: int = 200, seed: int = 1234) -> list[Problem]:
-    """A fixed held-out set, distinct problems, the same for every algorithm and run seed."""
+def heldout_problems(n: int = DEFAULT_EVAL_SIZE, seed: int = 1234) -> list[Problem]:
+    """A fixed held-out set, distinct problems, the same for every algorithm and run seed; heldout_problems(n)
+    starts with heldout_problems(m) for every m < n (training_exclusion relies on it)."""
     rng, problems = random.Random(seed), {}
     while len(problems) < n:
         p = make_problem(rng)
         problems.setdefault(p.prompt, p)
     return list(problems.values())
+
+
+def training_exclusion(eval_size: int) -> list[Problem]:
+    """The problems the offline data (SFT's demonstrations, the preference prompts) must never train on: the
+    `eval_size` evaluated ones, and never fewer than the default 200, so that data built at --eval-size <= 200 is
+    the same whatever the size, as it was before the size reached it (a superset: heldout_problems(n) starts with
+    heldout_problems(200))."""
+    return heldout_problems(max(eval_size, DEFAULT_EVAL_SIZE))
 
 
 def train_problems(seed: int, exclude: list[Problem]) -> Iterator[Problem]:
@@ -98,15 +118,18 @@ def verify(completion: str, answer: str) -> float:
     return float(value is not None and target is not None and math.isclose(value, target, abs_tol=1e-9))
 
 
-# The number stated as a result: right after '=', 'is', 'equals' or 'answer' (optionally 'answer is', '**' bold).
-_STATED_RESULT = re.compile(r"(?:=|\bis\b|\bequals\b|\banswer\b:?(?:\s*is\b)?)\s*\**\s*(" + _NUMBER.pattern + ")", re.IGNORECASE)
+# The number stated as a result: right after a marker ('=', 'is', 'equals', 'equal to', 'answer', 'answer is', or the
+# 's of "it's" / "that's", straight or curly apostrophe), then an optional ':' and any '**' bold or '$' sign.
+_RESULT_MARKER = r"(?:=|\bis\b|\bequals\b|\bequal\s+to\b|\banswer\b(?:\s*is\b)?|['\u2019]s\b)"
+_STATED_RESULT = re.compile(_RESULT_MARKER + r"\s*:?[\s*$]*(" + _NUMBER.pattern + ")", re.IGNORECASE)
 
 
 def verify_strict(completion: str, answer: str) -> float:
-    """1.0 only if the answer is *stated as a result*: the last number that follows '=', 'is', 'equals'
-    or 'answer' must equal it. `verify` pays for the last number anywhere, so `What is 0 + 24?` answered
-    "…the sum of 0 and 24." earns 1.0 by restating an operand; here it earns 0.0, while "0 + 24 = 24"
-    and "The sum is 24." still earn 1.0. A bare "24" earns 0.0 too: strict means the result is stated."""
+    """1.0 only if the answer is *stated as a result*: the last number that follows '=', 'is', 'equals',
+    'equal to', 'answer' or "it's"/"that's" (then perhaps ':', '**' or '$') must equal it. `verify` pays for
+    the last number anywhere, so `What is 0 + 24?` answered "…the sum of 0 and 24." or "0 + 24" earns 1.0
+    by restating an operand; here it earns 0.0, while "0 + 24 = 24", "The sum is 24.", "The answer is: 24",
+    "The total is $24." and "It's 24" earn 1.0. A bare "24" earns 0.0 too: strict means the result is stated."""
     matches, target = _STATED_RESULT.findall(completion), extract_final_number(answer)
     if not matches or target is None:
         return 0.0
@@ -284,24 +307,28 @@ def pair_completions(pairs: list[dict]) -> tuple[list[str], list[bool]]:
 
 
 def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int, max_new_tokens: int,
-                    temperature: float, device: torch.device, precision: str) -> tuple[dict[str, list[dict]], Path]:
+                    temperature: float, device: torch.device, precision: str,
+                    eval_size: int = DEFAULT_EVAL_SIZE) -> tuple[dict[str, list[dict]], Path]:
     """Train pairs, held-out pairs and held-out samples from the reference model, built once and cached as JSONL.
 
-    `num_prompts` distinct arithmetic problems (never one of the accuracy problems) are each sampled
-    `samples_per_prompt` times; the first eighth of the prompts are held out, so no held-out pair
-    shares a prompt with a training pair. The folder is keyed by everything that changes the data
-    and written whole or not at all; delete it to rebuild. Returns ({"train", "heldout",
-    "heldout_samples"}, folder).
+    `num_prompts` distinct arithmetic problems (never one of the `eval_size` accuracy problems, nor of the
+    default 200: training_exclusion) are each sampled `samples_per_prompt` times; the first eighth of the
+    prompts are held out, so no held-out pair shares a prompt with a training pair. The folder is keyed by
+    everything that changes the data (eval_size only above 200, where it does) and written whole or not
+    at all; delete it to rebuild. Returns ({"train", "heldout", "heldout_samples"}, folder).
     """
     # v2: samples record whether they finished (v1 gave every sample an EOS, truncated ones too)
     # A checkpoint folder is keyed by its full path too (every run's is called .../model); plain prompts by "-plain".
     model_key = Path(model_name).name + (f"-{hashlib.sha1(str(Path(model_name).resolve()).encode()).hexdigest()[:8]}" if os.path.isdir(model_name) else "")
     prompt_key = "" if tokenizer.chat_template else "-plain"
-    key = f"v2-{model_key}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}-temp{temperature:g}-{precision}{prompt_key}"
+    # Up to 200 held-out problems the data is the same, so only a larger --eval-size names its own folder.
+    eval_key = f"-eval{eval_size}" if eval_size > DEFAULT_EVAL_SIZE else ""
+    key = (f"v2-{model_key}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}"
+           f"-temp{temperature:g}-{precision}{prompt_key}{eval_key}")
     folder = common.CACHE_DIR / "preference-data" / key
     if not folder.exists():
         problems, seen = [], set()
-        for p in train_problems(seed, heldout_problems()):
+        for p in train_problems(seed, training_exclusion(eval_size)):
             if p.prompt not in seen:
                 seen.add(p.prompt)
                 problems.append(p)
@@ -330,15 +357,18 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
 
 
 def load_preference_pairs(dataset: Optional[str], model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int,
-                          max_new_tokens: int, temperature: float, device, precision: str) -> tuple[list[dict], list[dict], list[dict]]:
+                          max_new_tokens: int, temperature: float, device, precision: str,
+                          eval_size: int = DEFAULT_EVAL_SIZE) -> tuple[list[dict], list[dict], list[dict]]:
     """(train pairs, held-out pairs, held-out labelled samples) for the offline scripts.
 
-    Without a dataset: the reference model's own verifier-labelled samples (preference_data). With
+    Without a dataset: the reference model's own verifier-labelled samples (preference_data), none of them on
+    one of the `eval_size` problems the script measures accuracy on. With
     one: the user's JSONL with prompt, chosen, rejected, shuffled by the seed, a tenth (at most 64)
     held out; it has no labelled samples.
     """
     if dataset is None:
-        data, folder = preference_data(model_name, tokenizer, seed, num_prompts, samples_per_prompt, max_new_tokens, temperature, device, precision)
+        data, folder = preference_data(model_name, tokenizer, seed, num_prompts, samples_per_prompt, max_new_tokens,
+                                       temperature, device, precision, eval_size)
         print(f"preference pairs: {len(data['train'])} train, {len(data['heldout'])} held-out, from {folder}")
         return data["train"], data["heldout"], data["heldout_samples"]
     pairs = read_jsonl(dataset, ("prompt", "chosen", "rejected"))

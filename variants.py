@@ -318,8 +318,9 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (args.algo in ("ipo", "kto", "rloo", "remax") and not args.lora_r)
         return common.memory_plan(models, precision, args, args.gradient_checkpointing, B, args.batch_size * S * (per_prompt if offline else 1) + B * T, B * T)
     if offline:
-        train_pairs, _, _ = tasks.load_preference_pairs(args.dataset, args.model, tokenizer, args.seed, args.num_prompts,
-                                                         args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision)
+        train_pairs, _, _ = tasks.load_preference_pairs(
+            args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt,
+            args.max_new_tokens, args.temperature, device, precision, args.eval_size)
         batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run only appends batches
         heldout = tasks.heldout_problems(args.eval_size)
     else:

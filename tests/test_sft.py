@@ -47,7 +47,7 @@ def test_only_completion_tokens_are_targets_whatever_the_padding(tiny_model, tok
 
 
 def test_default_demonstrations_never_touch_the_heldout_problems():
-    train, heldout = load_demonstrations(None, 500, seed=0)
+    train, heldout = load_demonstrations(None, 500, seed=0, eval_size=200)
     assert len(train) + len(heldout) == 500 and len(heldout) == 50
     held_prompts = {p.prompt for p in tasks.heldout_problems()}
     assert not held_prompts & {r["prompt"] for r in train + heldout}

@@ -51,6 +51,21 @@ def test_verifier_reads_the_answer_the_same_way():
         ("24 is the sum of 0 and 24", 1.0, 0.0),
         ("0 plus 24 equals 24.0", 1.0, 1.0),
         ("0 + 24 = 42", 0.0, 0.0),
+        # common ways of stating the result: a colon, a currency sign, a contraction, 'equal to'
+        ("The answer is: 24", 1.0, 1.0),
+        ("The total is $24.", 1.0, 1.0),
+        ("It's 24", 1.0, 1.0),
+        ("That\u2019s 24.", 1.0, 1.0),  # curly apostrophe
+        ("0 + 24 is equal to 24", 1.0, 1.0),
+        ("**Answer:** $24", 1.0, 1.0),
+        ("The total is $25.", 0.0, 0.0),
+        # a restated question is still no stated result: the marker is followed by an operand, or by none
+        ("0 + 24", 1.0, 0.0),
+        ("What is 0 + 24?", 1.0, 0.0),  # 'is 0' is the stated number
+        ("It's 0 + 24", 1.0, 0.0),
+        ("The answer is: 0 + 24", 1.0, 0.0),
+        ("the sum of 0 and 24", 1.0, 0.0),
+        ("It's the sum of 0 and 24.", 1.0, 0.0),
     ],
 )
 def test_strict_verifier_pays_only_a_stated_result(completion, last_number, strict):
