@@ -31,7 +31,9 @@ Where this file departs from the papers, and why:
 - The std in Â is the population std (divide by G) plus eps = 1e-4; TRL uses the sample std
   (divide by G-1), which makes |Â| smaller by sqrt((G-1)/G).
 - Dynamic sampling drops zero-variance groups but does not sample more prompts to refill the
-  batch as DAPO does; the batch shrinks instead (`frac_reward_zero_std` says by how much).
+  batch as DAPO does; the batch shrinks instead (`frac_reward_zero_std` says by how much). A batch
+  left with no group makes no update but still counts as a step: it is logged (`skipped`), it
+  advances the warm-up, and it is evaluated and saved on schedule.
 - β defaults to 0.04 (DeepSeekMath). With `--beta 0` the reference model is not loaded at all.
 - The learning rate warms up linearly and then stays constant.
 
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Annotated, Callable, Literal, Optional
 
@@ -86,7 +89,7 @@ class Algorithm:
     """GRPO, and the DAPO / Dr. GRPO options"""
 
     steps: int = 100
-    """training batches, each freshly sampled (a batch gives num_iterations optimizer steps; warm-up counts batches)"""
+    """training batches, each freshly sampled (μ optimizer steps each, none if skipped; warm-up counts batches)"""
     prompts_per_step: int = 4
     """prompts per batch (P)"""
     group_size: int = 8
@@ -106,7 +109,7 @@ class Algorithm:
     scale_by_std: bool = True
     """divide advantages by the group's reward std (off in Dr. GRPO)"""
     dynamic_sampling: bool = False
-    """drop groups whose rewards are all equal (they have zero advantage) (DAPO)"""
+    """drop groups whose rewards are all equal (zero advantage) (DAPO); a batch left with none still counts as a step"""
     overlong_buffer: int = 0
     """DAPO soft overlong punishment: the last this-many tokens before max_new_tokens are penalised linearly (0 = off)"""
     overlong_penalty: float = 1.0
@@ -132,7 +135,7 @@ class Optimisation:
     lr: float = 1e-5
     """AdamW learning rate"""
     warmup_steps: int = 10
-    """linear learning-rate warm-up, in batches"""
+    """linear learning-rate warm-up, in batches (a batch that dynamic sampling skips counts too)"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
@@ -422,87 +425,97 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # no EOS: cut at max_new_tokens
         }
         t1 = time.time()
-        if not keep.any():
-            log.write(step, {**stats, "skipped": 1, "time/generate": time_generate, "memory/peak_gb": common.peak_memory_gb(device)})
-            bar.update(1)
-            bar.set_postfix(reward=f"{stats['reward']:.3f}", skipped="all groups equal")
-            continue
-        prompt_ids, prompt_mask = prompt_ids[keep_groups], prompt_mask[keep_groups]
-        completion_ids, mask, advantages = completion_ids[keep], mask[keep], advantages[keep]
-        width = int(mask.sum(1).max())  # drop columns that are padding in every row
-        completion_ids, mask = completion_ids[:, :width], mask[:, :width]
-        B = completion_ids.shape[0]
-        micro = min(args.batch_size or B, B)  # dynamic sampling may have shrunk this batch
-        slices = [slice(i, min(i + micro, B)) for i in range(0, B, micro)]
-        group_of_row = torch.arange(B, device=device) // G  # (B,) which kept prompt each row belongs to
-
-        def logprobs_of(model, rows: slice, with_entropy: bool = False):
-            prompts, repeats = torch.unique_consecutive(group_of_row[rows], return_counts=True)
-            return common.completion_logprobs(
-                model, prompt_ids[prompts], prompt_mask[prompts], completion_ids[rows], repeats, args.temperature, with_entropy
-            )
+        # dynamic sampling may leave no group: no update then, but the batch still counts (warm-up, log, evaluate, save)
+        update = bool(keep.any())
 
         # ---- 4. old and reference log-probs, once per batch -------------------------------------
-        with torch.no_grad():
-            # With μ = 1 the sampling policy *is* the current one, so old = current.detach() below and
-            # ratio is exactly 1 (no extra forward); with μ > 1 they must be frozen before the first update.
-            old_logprobs = torch.cat([logprobs_of(policy, s)[0] for s in slices]) if args.num_iterations > 1 else None
-            ref_logprobs = None
-            if args.beta != 0.0:
-                with common.reference(policy, ref_model) as ref:
-                    ref_logprobs = torch.cat([logprobs_of(ref, s)[0] for s in slices])
+        if update:
+            prompt_ids, prompt_mask = prompt_ids[keep_groups], prompt_mask[keep_groups]
+            completion_ids, mask, advantages = completion_ids[keep], mask[keep], advantages[keep]
+            width = int(mask.sum(1).max())  # drop columns that are padding in every row
+            completion_ids, mask = completion_ids[:, :width], mask[:, :width]
+            B = completion_ids.shape[0]
+            micro = min(args.batch_size or B, B)  # dynamic sampling may have shrunk this batch
+            slices = [slice(i, min(i + micro, B)) for i in range(0, B, micro)]
+            group_of_row = torch.arange(B, device=device) // G  # (B,) which kept prompt each row belongs to
+
+            def logprobs_of(model, rows: slice, with_entropy: bool = False):
+                prompts, repeats = torch.unique_consecutive(group_of_row[rows], return_counts=True)
+                return common.completion_logprobs(
+                    model, prompt_ids[prompts], prompt_mask[prompts], completion_ids[rows], repeats, args.temperature,
+                    with_entropy,
+                )
+
+            with torch.no_grad():
+                # With μ = 1 the sampling policy *is* the current one, so old = current.detach() below and
+                # ratio is exactly 1 (no extra forward); with μ > 1 they must be frozen before the first update.
+                old_logprobs = None
+                if args.num_iterations > 1:
+                    old_logprobs = torch.cat([logprobs_of(policy, s)[0] for s in slices])
+                ref_logprobs = None
+                if args.beta != 0.0:
+                    with common.reference(policy, ref_model) as ref:
+                        ref_logprobs = torch.cat([logprobs_of(ref, s)[0] for s in slices])
 
         # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
-        policy.train()
-        sums, entropy_sum = {}, 0.0  # metric -> Σ over micro-batches and iterations of value × weight
-        for iteration in range(args.num_iterations):
-            for s in slices:
-                logprobs, entropy = logprobs_of(policy, s, with_entropy=iteration == 0)
-                loss, m = grpo_loss(
-                    logprobs,
-                    old_logprobs[s] if old_logprobs is not None else logprobs.detach(),
-                    ref_logprobs[s] if ref_logprobs is not None else None,
-                    advantages[s], mask[s], args.eps_low, args.eps_high, args.beta,
-                    args.loss_agg, args.max_new_tokens, args.kl_estimator,
-                )
-                common.check_finite(loss, step, last_good, run_dir)
-                weight = micro_batch_weight(args.loss_agg, mask[s], mask)
-                (loss * weight).backward()
-                # kl, clip_ratio and entropy are token means over the whole batch, whatever the micro-batch:
-                # each micro-batch counts by its share of the batch's tokens, the loss by its weight.
-                token_share = (mask[s].sum() / mask.sum()).item()
-                if entropy is not None:  # iteration 0 only: the sampling policy's entropy
-                    entropy_sum += masked_mean(entropy, mask[s]).item() * token_share
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v * token_share
-                sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
-            common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: the model's size in float32, idle through sampling
-        lr = scheduler.get_last_lr()[0]  # the rate this step used
-        scheduler.step()
+        if update:
+            policy.train()
+            sums, entropy_sum = {}, 0.0  # metric -> Σ over micro-batches and iterations of value × weight
+            for iteration in range(args.num_iterations):
+                for s in slices:
+                    logprobs, entropy = logprobs_of(policy, s, with_entropy=iteration == 0)
+                    loss, m = grpo_loss(
+                        logprobs,
+                        old_logprobs[s] if old_logprobs is not None else logprobs.detach(),
+                        ref_logprobs[s] if ref_logprobs is not None else None,
+                        advantages[s], mask[s], args.eps_low, args.eps_high, args.beta,
+                        args.loss_agg, args.max_new_tokens, args.kl_estimator,
+                    )
+                    common.check_finite(loss, step, last_good, run_dir)
+                    weight = micro_batch_weight(args.loss_agg, mask[s], mask)
+                    (loss * weight).backward()
+                    # kl, clip_ratio and entropy are token means over the whole batch, whatever the micro-batch:
+                    # each micro-batch counts by its share of the batch's tokens, the loss by its weight.
+                    token_share = (mask[s].sum() / mask.sum()).item()
+                    if entropy is not None:  # iteration 0 only: the sampling policy's entropy
+                        entropy_sum += masked_mean(entropy, mask[s]).item() * token_share
+                    for k, v in m.items():
+                        sums[k] = sums.get(k, 0.0) + v * token_share
+                    sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight
+                grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+                common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
+                optimizer.step()
+                # now, not at the next backward: the model's size in float32, idle through sampling
+                optimizer.zero_grad(set_to_none=True)
+        lr = scheduler.get_last_lr()[0]  # the rate this step used, or would have: warm-up counts batches, skipped too
+        with warnings.catch_warnings():  # torch warns when a skipped first batch steps the schedule first; it is meant
+            warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")
+            scheduler.step()
         time_train = time.time() - t1
 
         # ---- 6. log -------------------------------------------------------------------------------
-        # each iteration's token shares (and loss weights) sum to 1: dividing by μ averages the iterations
         step_time = time.time() - t0
-        stats.update({k: v / args.num_iterations for k, v in sums.items()})
+        if update:
+            # each iteration's token shares (and loss weights) sum to 1: dividing by μ averages the iterations
+            stats.update({k: v / args.num_iterations for k, v in sums.items()})
+            stats.update({"entropy": entropy_sum, "grad_norm": grad_norm.item()})
+        else:
+            stats["skipped"] = 1
         stats.update({
-            "entropy": entropy_sum,
-            "grad_norm": grad_norm.item(),
             "lr": lr,
             "time/generate": time_generate,
             "time/train": time_train,
             "time/step": step_time,
             "tokens_per_second": lengths.sum().item() / step_time,
             "tokens_per_second/generate": lengths.sum().item() / time_generate,
-            "tokens_per_second/train": mask.sum().item() * args.num_iterations / time_train,
+            **({"tokens_per_second/train": mask.sum().item() * args.num_iterations / time_train} if update else {}),
             "memory/peak_gb": common.peak_memory_gb(device),
         })
         log.write(step, stats)
         bar.update(1)
-        bar.set_postfix(reward=f"{stats['reward']:.3f}", len=f"{stats['completion_length']:.1f}", **({"kl": f"{stats['kl']:.4f}"} if "kl" in stats else {}))
+        bar.set_postfix(reward=f"{stats['reward']:.3f}", len=f"{stats['completion_length']:.1f}",
+                        **({"kl": f"{stats['kl']:.4f}"} if "kl" in stats else {}),
+                        **({} if update else {"skipped": "all groups equal"}))
 
         # ---- 7. evaluate and checkpoint -----------------------------------------------------------
         if args.eval_every and step % args.eval_every == 0 and step < args.steps:

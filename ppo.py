@@ -149,7 +149,7 @@ class RewardHacking:
     verifier_weight: float = 0.0
     """composite reward: add this times the verifier's 0/1 to the learned score (after --reward-clip, so in its units when that is on)"""
     kl_budget: Annotated[Optional[float], common.none_means("off", "FLOAT")] = None
-    """stop training, before the update, at the first batch whose KL per completion exceeds this"""
+    """stop before the update at the first batch whose KL per completion exceeds this (--resume redraws that batch)"""
 
 
 @dataclass
@@ -500,6 +500,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     for step in range(start, args.steps + 1):
         # ---- 1. sample one completion per prompt from the policy --------------------------------
         t0 = time.time()
+        rng_before_sampling = common.rng_state(generator)  # what a --kl-budget stop saves, to sample this batch again
         problems = [next(train_stream) for _ in range(args.batch_size)]
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in problems], device)
         policy.eval()
@@ -541,6 +542,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             advantages = masked_whiten(advantages, mask) * mask
         if args.kl_budget is not None and kl.sum(1).mean().item() > args.kl_budget:
             stopped_at = step - 1
+            common.set_rng_state(rng_before_sampling, generator)  # rewound, the checkpoint below resumes at this batch
             tqdm.write(f"step {step}: KL per completion {kl.sum(1).mean().item():.3f} > --kl-budget {args.kl_budget}: stopped before this update")
             break
         memory_score = common.peak_memory_gb(device)
@@ -647,7 +649,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
     common.plot_curves(run_dir, evals)
     if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
-        checkpoint(stopped_at)  # after a --kl-budget stop, a --resume starts at the batch that exceeded it and checks it again
+        # after a --kl-budget stop, the RNG states are from before the batch that exceeded it: a --resume draws that
+        # same batch (same problems, same completions, same KL) and checks it against its own --kl-budget
+        checkpoint(stopped_at)
         if args.lora_r and args.merge_lora:
             common.save_merged(policy, tokenizer, run_dir / "merged")
     log.close()

@@ -324,6 +324,35 @@ def test_dynamic_sampling_skips_batches_whose_groups_are_all_equal(tmp_path):
     assert all(row["skipped"] == 1 and row["frac_reward_zero_std"] == 1.0 for row in metrics_of(result))
 
 
+def test_a_skipped_batch_still_counts_for_the_warm_up_evaluation_and_checkpoint(tmp_path, monkeypatch, recwarn):
+    saved, real_save = [], common.save_checkpoint
+    monkeypatch.setattr(common, "save_checkpoint", lambda model, tokenizer, path, state=None, **k:
+                        (saved.append(state["step"]), real_save(model, tokenizer, path, state, **k))[1])
+    args = tiny_args(tmp_path, steps=4, eval_every=2, dynamic_sampling=True, lr=1e-3, warmup_steps=4)
+    result = main(args, reward_fn=lambda completion, answer: 1.0)  # every group equal: every batch is skipped
+    rows = metrics_of(result)
+    assert [row["skipped"] for row in rows] == [1, 1, 1, 1]
+    assert [e["step"] for e in json.load(open(os.path.join(result["run_dir"], "eval.json")))["evals"]] == [0, 2, 4]
+    assert saved == [2, 4]  # the step-2 checkpoint, then the final one
+    assert [row["lr"] for row in rows] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])  # 1e-3 × step / 4 warm-up
+    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]  # stepping it before any update is meant
+
+
+def test_resume_is_exact_across_a_skipped_batch(tmp_path):
+    # step 2's two prompts get a constant reward: dynamic sampling skips the batch the split run stops and resumes at
+    stream, _ = tasks.load_problems(None, 0, 8, 2)
+    answers = [next(stream).answer for _ in range(8)]  # the prompts of steps 1-4, two each
+    assert not set(answers[2:4]) & set(answers[:2] + answers[4:])
+
+    def reward_fn(completion: str, answer: str) -> float:
+        return 0.0 if answer in answers[2:4] else digit_fraction(completion, answer)
+
+    make_args = lambda out, **kw: tiny_args(out, dynamic_sampling=True, eval_every=2, **kw)  # noqa: E731
+    assert_resume_is_exact(tmp_path, main, make_args, reward_fn=reward_fn)
+    rows = metrics_of({"run_dir": str(next((tmp_path / "straight").iterdir()))})
+    assert [row.get("skipped", 0) for row in rows] == [0, 1, 0, 0]  # a skip at the checkpoint, updates after it
+
+
 def test_grpo_raises_a_dense_reward_on_the_tiny_model(tmp_path):
     args = tiny_args(tmp_path, steps=40, prompts_per_step=4, group_size=8, lr=3e-3, beta=0.0, warmup_steps=1, save_model=False)
     rewards = [row["reward"] for row in metrics_of(main(args, reward_fn=digit_fraction))]
