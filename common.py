@@ -41,6 +41,8 @@ import transformers
 import tyro
 from tqdm.auto import tqdm
 
+import kernels
+
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards": only this project's bars
 
@@ -84,6 +86,8 @@ class Run:
     """continue the run in this folder from its last checkpoint, exactly (pass the same options; a larger --steps extends it)"""
     report_to: ReportTo = "none"
     """also log the metrics to TensorBoard (pip install tensorboard) or Weights & Biases (pip install wandb; offline without a network)"""
+    kernels: Literal["auto", "on", "off"] = "auto"
+    """kernels.py's faster versions of log-probs and sampling, the same numbers: auto (on for a CPU, off for CUDA)"""
     memory_plan: bool = False
     """print what each model will hold (weights, gradients, AdamW state, activations of one micro-batch) from its config alone, without loading weights, and exit"""
 
@@ -184,6 +188,13 @@ def check_run_args(args) -> None:
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as e:
         raise InputError(f"--output-dir {args.output_dir} is not a writable directory ({e.strerror}: {existing})") from None
+
+
+def resolve_kernels(kernels: str, device: torch.device) -> bool:
+    """auto -> on for a CPU (where they save most of a step), off for CUDA (where the plain code is what runs)."""
+    if kernels not in ("auto", "on", "off"):
+        raise InputError(f"--kernels must be auto, on or off, not {kernels!r}")
+    return kernels == "on" or (kernels == "auto" and device.type == "cpu")
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -367,7 +378,7 @@ def load_tokenizer(name: str, prompt_format: str = "auto") -> transformers.PreTr
 
 
 def load_model(name: str, vocab_size: int, device: torch.device, precision: str = "fp32", seed: int = 0, head: str = "lm",
-               keep_adapter: bool = False):
+               keep_adapter: bool = False, use_kernels: bool = False):
     """Load a causal LM (head="lm"), or a reward model (head="score": the same backbone with a scalar
     head, new if the checkpoint has none; head="trained-score" refuses a checkpoint without a trained
     one, since a random head would score noise), with dropout off (`switch_off_dropout`: dropout makes old
@@ -379,8 +390,8 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
     if os.path.isfile(os.path.join(name, "adapter_config.json")):  # a LoRA run's checkpoint: its base, then the adapter
         peft = _peft()
         base = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
-        model = peft.PeftModel.from_pretrained(load_model(base, vocab_size, device, precision, seed, "score" if head != "lm" else "lm"),
-                                               name, is_trainable=keep_adapter)
+        base_model = load_model(base, vocab_size, device, precision, seed, "score" if head != "lm" else "lm", use_kernels=use_kernels)
+        model = peft.PeftModel.from_pretrained(base_model, name, is_trainable=keep_adapter)
         return model if keep_adapter else model.merge_and_unload()
     if name in ("tiny", "tiny-gpt2"):
         # One fixed random model whatever the seed, as a checkpoint is: a LoRA adapter trained on it at any seed
@@ -400,11 +411,9 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
                                  "train one with `python reward_model.py`")
     switch_off_dropout(model)
     model.bf16_mixed = precision == "bf16-mixed"
-    if device.type == "cpu" and precision != "fp32":
-        # PyTorch's CPU flash-attention kernel is slow in bfloat16: at GRPO's sizes its backward took 40 ms
-        # a layer against 12 ms for matmul + float32 softmax ("eager"), which saves 0.85 s of a 5 s training
-        # step. Sampling switches to flash attention ("sdpa") in _cpu_bf16_decoding: with one query a row, it is faster.
-        model.set_attn_implementation("eager")
+    model.fast_kernels = use_kernels  # read by completion_logprobs and sample_completions (not `use_kernels`: transformers has one)
+    if use_kernels:
+        kernels.choose_attention(model, device, precision)
     return model.to(device=device, dtype=dtype)
 
 
@@ -422,12 +431,14 @@ def switch_off_dropout(model: torch.nn.Module) -> None:
                 setattr(obj, name, 0.0)
 
 
-def load_reward_model(path: str, tokenizer, device: torch.device, precision: str = "fp32") -> torch.nn.Module:
+def load_reward_model(path: str, tokenizer, device: torch.device, precision: str = "fp32",
+                      use_kernels: bool = False) -> torch.nn.Module:
     """A frozen reward_model.py checkpoint that scores the policy's own token ids (read it with reward_scores).
 
     It must share the policy's tokenizer: re-tokenising the text would work, but would score a
     different sequence than the one the policy is updated on."""
-    model = load_model(path, len(tokenizer), device, precision, head="trained-score").eval().requires_grad_(False)
+    model = load_model(path, len(tokenizer), device, precision, head="trained-score", use_kernels=use_kernels)
+    model.eval().requires_grad_(False)
     if load_tokenizer(path).get_vocab() != tokenizer.get_vocab():
         raise InputError(f"--reward-model {path} was trained with a different tokenizer than the policy; train the reward model from the same base model")
     return model
@@ -467,15 +478,17 @@ def parameter_counts(config: transformers.PretrainedConfig, head: str, lora: Lor
     return total + adapters, adapters + score
 
 
-def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, precision: str, checkpointing: bool) -> int:
+def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, precision: str, checkpointing: bool,
+                     fast_kernels: bool = False) -> int:
     """What one micro-batch's forward keeps for the backward. A transformer layer keeps s·b·h·(34 + 5·a·s/h)
     bytes of 16-bit activations (Korthikanti et al. 2022, arXiv:2205.05198, eq. 1; float32 doubles it);
-    with checkpointing, only each layer's input (2·s·b·h bytes) and one layer's full set. Plus two tensors of
-    the scored positions' logits, logit_tokens·V each, in the compute dtype (float32, or bfloat16 under
-    autocast and bf16-true), alive together when the backward starts: the logits, which token_logprobs keeps
-    for its backward instead of a float32 log-softmax, and their gradient. Measured with the CPU allocator's
-    live bytes on a 49,152-token vocabulary, where the logits dominate: 2.03 float32 logits tensors in fp32,
-    1.05 under bf16 autocast (tests/test_common.py checks the plan against them). tokens = s·b.
+    with checkpointing, only each layer's input (2·s·b·h bytes) and one layer's full set. tokens = s·b.
+    Plus the scored positions' logits, logit_tokens·V numbers a tensor, alive together when the backward starts:
+    - plain token_logprobs: four float32 tensors (logits / τ, their log-softmax, its gradient, the logits' gradient);
+    - with kernels.token_logprobs: two in the compute dtype (float32, or bfloat16 under autocast and bf16-true),
+      the logits and their gradient.
+    Measured with the CPU allocator's live bytes on a 32,768-token vocabulary, in units of one float32 logits
+    tensor: plain 4.3 (fp32) and 4.1 (bf16 autocast), kernels 1.8 and 1.0 (tests/test_common.py checks them).
     An estimate: eq. 1 is for a GPT layer (GeLU MLP of 4h, dropout masks, attention scores kept); fused
     attention (SDPA) keeps no s×s scores, and SwiGLU and grouped-query attention shift the constant."""
     h, layers = config.hidden_size, config.num_hidden_layers
@@ -483,11 +496,12 @@ def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, pre
     scale = 2 if precision == "fp32" else 1  # float32 activations, or bfloat16 under autocast / bf16-true
     per_layer = tokens * h * (34 + 5 * heads * s / h) * scale
     kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer
-    return int(kept + 2 * logit_tokens * config.vocab_size * 2 * scale)
+    logits = 2 * logit_tokens * config.vocab_size * 2 * scale if fast_kernels else 4 * logit_tokens * config.vocab_size * 4
+    return int(kept + logits)
 
 
 def memory_plan(models: list[tuple], precision: str, lora: Lora, checkpointing: bool, sequences: int, tokens: int,
-                logit_tokens: int) -> dict:
+                logit_tokens: int, fast_kernels: bool = False) -> dict:
     """Print and return the plan: one row per model (name, config, head "lm" or "score", trained?) with its
     parameters and GiB of weights, and for a trained model its gradients, AdamW state (two moments in the
     weights' dtype) and one micro-batch's activations (`activation_bytes`; a score head has no vocabulary
@@ -498,7 +512,8 @@ def memory_plan(models: list[tuple], precision: str, lora: Lora, checkpointing: 
     for name, config, head, trained in models:
         params, trainable = parameter_counts(config, head, lora if trained else Lora())  # a frozen model has no adapter
         trainable = trainable if trained else 0
-        activations = activation_bytes(config, sequences, tokens, logit_tokens if head == "lm" else 0, precision, checkpointing) if trained else 0
+        activations = activation_bytes(config, sequences, tokens, logit_tokens if head == "lm" else 0, precision, checkpointing,
+                                       fast_kernels) if trained else 0
         rows.append({"model": name, "parameters": params, "weights_gb": params * width / 2**30, "gradients_gb": trainable * width / 2**30,
                      "optimizer_gb": 2 * trainable * width / 2**30, "activations_gb": activations / 2**30})
     columns = ("weights_gb", "gradients_gb", "optimizer_gb", "activations_gb")
@@ -567,83 +582,29 @@ def save_merged(model, tokenizer, path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 # Log-probs and masks
 # ---------------------------------------------------------------------------------------------
-def _slabs(B: int, T: int, width: int):
-    """(b, positions) pieces of the first T positions of a (B, T', V) tensor, each (at most width, V)."""
-    return [(b, slice(s, min(s + width, T))) for b in range(B) for s in range(0, T, width)]
-
-
-class _TokenLogprobs(torch.autograd.Function):
-    """log p(y) and H(p), p = softmax(logits / temperature), in float32, a slab of positions at a time.
-
-    Forward and backward are written out so that neither holds a float32 (B, T, V) tensor: autograd
-    through logsumexp would save a float32 copy of the logits and allocate several more, and on a CPU
-    allocating them (page faults) costs more than the arithmetic. Every slab reuses the same two
-    float32 buffers. Saved: the logits as they are, and logsumexp and entropy per position. With
-    z = logits / τ and log p_k = z_k - logsumexp(z):
-        ∂ log p_y / ∂z_k = 1[k = y] - p_k           ∂H / ∂z_k = -p_k (log p_k + H)
-    """
-
-    @staticmethod
-    def forward(ctx, logits, labels, temperature: float, with_entropy: bool, slab: int):
-        (B, _, V), T = logits.shape, labels.shape[1]
-        width = slab or max(1, 2**20 // V)
-        z_buffer = logits.new_empty(min(width, T), V, dtype=torch.float32)
-        e_buffer = torch.empty_like(z_buffer)
-        logprobs, lse = logits.new_empty(B, T, dtype=torch.float32), logits.new_empty(B, T, dtype=torch.float32)
-        entropy = torch.zeros_like(lse)
-        for b, t in _slabs(B, T, width):
-            z = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(temperature)  # (t, V)
-            top = z.amax(-1, keepdim=True)  # (t, 1)
-            e = torch.sub(z, top, out=e_buffer[: len(z)]).exp_()  # (t, V) exp(z - max): no overflow
-            total = e.sum(-1)  # (t,)
-            lse[b, t] = top.squeeze(-1) + total.log()
-            logprobs[b, t] = z.gather(-1, labels[b, t, None]).squeeze(-1) - lse[b, t]
-            if with_entropy:  # H = logsumexp(z) - Σ_k p_k z_k; a -inf logit has p_k z_k = 0, not 0 · -inf = NaN
-                entropy[b, t] = lse[b, t] - e.mul_(z.clamp_(min=torch.finfo(z.dtype).min)).sum(-1) / total
-        ctx.save_for_backward(logits, labels, lse, entropy)
-        ctx.temperature, ctx.width = temperature, width
-        ctx.set_materialize_grads(False)
-        return logprobs, (entropy if with_entropy else None)
-
-    @staticmethod
-    def backward(ctx, grad_logprobs, grad_entropy):
-        logits, labels, lse, entropy = ctx.saved_tensors
-        (B, _, V), T = logits.shape, labels.shape[1]
-        grad = torch.empty_like(logits)
-        grad[:, T:] = 0  # positions past the labels predict nothing
-        g = grad_logprobs if grad_logprobs is not None else lse.new_zeros(B, T)
-        z_buffer = logits.new_empty(min(ctx.width, T), V, dtype=torch.float32)
-        w_buffer = torch.empty_like(z_buffer)
-        for b, t in _slabs(B, T, ctx.width):
-            log_p = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(ctx.temperature).sub_(lse[b, t, None])  # (t, V)
-            log_p.clamp_(min=torch.finfo(log_p.dtype).min)  # a -inf logit: p_k = 0 and a zero gradient, not NaN
-            weight = g[b, t, None]  # (t, 1)
-            if grad_entropy is not None:  # g + h (log p_k + H)
-                weight = torch.add(log_p, entropy[b, t, None], out=w_buffer[: len(log_p)]).mul_(grad_entropy[b, t, None]).add_(weight)
-            dz = log_p.exp_().mul_(weight).neg_()  # (t, V) -p_k (g + h (log p_k + H))
-            dz.scatter_add_(-1, labels[b, t, None], g[b, t, None])  # + g 1[k = y]
-            grad[b, t] = dz.div_(ctx.temperature)
-        return grad, None, None, None, None
-
-
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
-                   slab: int = 0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """log softmax(logits / temperature)[labels] and, with_entropy, the entropy of that softmax.
+                   fast: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """log softmax(logits / temperature)[labels] and, with_entropy, the entropy H = -Σ_k p_k log p_k of that softmax.
 
     logits (B, T', V) in any float dtype, labels (B, T) with T <= T': position t predicts labels[:, t],
-    positions from T on are ignored (pass a model's logits whole: slicing off its last position
-    would cost a (B, T', V) zero-filled gradient). -> logprobs (B, T) and entropy (B, T) or None,
-    float32 and differentiable. Never holds a full (B, T, V) log-softmax: one slab of positions at a
-    time (`slab` of them, 0 = about 2^20 logits).
+    positions from T on are ignored. -> logprobs (B, T) and entropy (B, T) or None, float32, differentiable.
     """
     if labels.shape[1] > logits.shape[1]:
         raise ValueError(f"{labels.shape[1]} labels per row but logits for {logits.shape[1]} positions")
-    return _TokenLogprobs.apply(logits, labels, temperature, with_entropy, slab)
+    if fast:  # the same numbers, slab by slab, without float32 (B, T, V) copies (a CPU's page faults cost more)
+        return kernels.token_logprobs(logits, labels, temperature, with_entropy)
+    log_p = torch.log_softmax(logits[:, : labels.shape[1]].float() / temperature, dim=-1)  # (B, T, V)
+    logprobs = log_p.gather(-1, labels[..., None]).squeeze(-1)  # (B, T)
+    if not with_entropy:
+        return logprobs, None
+    # A -inf logit (a masked vocabulary) has p_k log p_k = 0, not 0 · -inf = NaN. exp(-1e4) is 0 in float32 as
+    # exp(-inf) is, so the clamp changes no p_k, and keeps the gradient finite (0, not 0 · inf).
+    return logprobs, -(log_p.exp() * log_p.clamp(min=-1e4)).sum(-1)
 
 
-def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, slab: int = 0) -> torch.Tensor:
-    """log softmax(logits)[labels] = logits[labels] - logsumexp(logits). (B, T', V), (B, T) -> (B, T), T <= T'"""
-    return token_logprobs(logits, labels, slab=slab)[0]
+def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, fast: bool = False) -> torch.Tensor:
+    """log softmax(logits)[labels]. (B, T', V), (B, T) -> (B, T), T <= T'"""
+    return token_logprobs(logits, labels, fast=fast)[0]
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -748,7 +709,7 @@ def completion_logprobs(
             input_ids = torch.cat([prompt_ids.repeat_interleave(repeats, dim=0), completion_ids], dim=1)  # (B, S+T)
             logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=T + 1).logits
     # logits (B, T+1, V) predict y_1..y_T, then nothing; divided by the temperature the tokens were sampled at
-    logprobs, entropy = token_logprobs(logits, completion_ids, temperature, with_entropy)
+    logprobs, entropy = token_logprobs(logits, completion_ids, temperature, with_entropy, getattr(model, "fast_kernels", False))
     if entropy is not None and not entropy_grad:
         entropy = entropy.detach()
     return logprobs, entropy
@@ -787,51 +748,10 @@ def sample_completions(
     """
     _check_left_padded(prompt_mask)
     check_fits(model, prompt_ids.shape[1], max_new_tokens)
-    with autocast(model), _cpu_bf16_decoding(model, rows=prompt_ids.shape[0] * num_samples):
+    fast = kernels.cpu_bf16_decoding(model, rows=prompt_ids.shape[0] * num_samples) if getattr(model, "fast_kernels", False) \
+        else contextlib.nullcontext()  # the same tokens, faster on a CPU in bfloat16
+    with autocast(model), fast:
         return _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, generator)
-
-
-@contextlib.contextmanager
-def _cpu_bf16_decoding(model, rows: int):
-    """Sampling's fast path on a CPU computing in bfloat16; elsewhere (CUDA, float32) it does nothing.
-
-    Decoding multiplies `rows` rows by every weight once per token, against a key/value cache. Here:
-    - flash attention (sdpa) instead of load_model's eager attention: 0.8 s of a 3.4 s GRPO sampling;
-    - every nn.Linear multiplies by a bfloat16 copy of its weight laid out once in oneDNN's blocked
-      format, where a plain matmul re-blocks it on every call: the product is bit-identical (the
-      tests check it) and the decode step's matmuls 30 % faster, 13 % of a GRPO sampling (where
-      oneDNN has bfloat16 matmuls: x86 CPUs with AVX512-BF16 or AMX).
-    Inference only: the packed product has no gradient.
-    """
-    bf16 = getattr(model, "bf16_mixed", False) or next(model.parameters()).dtype == torch.bfloat16
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    if not (bf16 and on_cpu):
-        yield
-        return
-    attention = model.config._attn_implementation
-    packs = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    linears = [m for m in model.modules() if _packable(m, autocast_on=getattr(model, "bf16_mixed", False))] if packs else []
-    try:
-        model.set_attn_implementation("sdpa")
-        for linear in linears:
-            weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(torch.bfloat16), rows)
-            bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
-            linear.forward = lambda x, weight=weight, bias=bias: torch.ops.mkldnn._linear_pointwise(
-                x.to(torch.bfloat16), weight, bias, "none", [], "")
-        yield
-    finally:
-        for linear in linears:
-            linear.__dict__.pop("forward", None)  # back to nn.Linear.forward
-        model.set_attn_implementation(attention)
-
-
-def _packable(module: torch.nn.Module, autocast_on: bool) -> bool:
-    """A layer whose packed bfloat16 product equals its own: a plain nn.Linear (not a subclass with its own
-    forward, such as an 8-bit or 4-bit layer), with no forward of its own already installed (accelerate's
-    hooks), that computes in bfloat16: under autocast, or with bfloat16 weights. A float32 Linear under
-    bf16-true, as peft keeps a LoRA adapter, computes in float32 and is left as it is."""
-    return (type(module).forward is torch.nn.Linear.forward and "forward" not in vars(module)
-            and (autocast_on or module.weight.dtype == torch.bfloat16))
 
 
 def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, generator):

@@ -228,18 +228,19 @@ def main(args: Args) -> dict:
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
+    kernels = common.resolve_kernels(args.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
     if args.memory_plan:  # from the config alone, before any preference data is sampled; chosen and rejected in one forward
         config, S = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, tasks.heldout_problems(args.eval_size))
         T, B = args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens + 1), 2 * args.batch_size
         models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (not args.precompute_ref_logprobs and not args.lora_r)
-        return common.memory_plan(models, precision, args, args.gradient_checkpointing, B, B * (S + T), B * T)
+        return common.memory_plan(models, precision, args, args.gradient_checkpointing, B, B * (S + T), B * T, kernels)
     train_pairs, heldout_pairs, _ = tasks.load_preference_pairs(
         args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens,
         args.temperature, device, precision, args.eval_size)
     heldout_problems = tasks.heldout_problems(args.eval_size)
-    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
+    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=kernels)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
     batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run only appends batches
     run_dir = common.make_run_dir(args.output_dir, "dpo", args.model, args.seed, args)
@@ -261,7 +262,7 @@ def main(args: Args) -> dict:
     if not args.precompute_ref_logprobs and not args.lora_r:
         ref_model = common.frozen_copy(policy)  # the starting model, also when resuming; with LoRA: the policy, adapter off
     if resumed:
-        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True)
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True, use_kernels=kernels)
     elif args.lora_r:
         policy = common.add_lora(policy, args.model, args)
 

@@ -325,6 +325,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
+    kernels = common.resolve_kernels(args.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
@@ -332,14 +333,16 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         config, S, T = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens
         micro = args.batch_size or args.prompts_per_step * args.group_size
         models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (args.beta != 0 and not args.lora_r)
-        return common.memory_plan(models, precision, args, args.gradient_checkpointing, micro, -(-micro // args.group_size) * S + micro * T, micro * T)
-    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
+        if args.reward_model:
+            models.append(("reward model", common.model_config(args.reward_model, len(tokenizer)), "score", False))
+        return common.memory_plan(models, precision, args, args.gradient_checkpointing, micro, -(-micro // args.group_size) * S + micro * T, micro * T, kernels)
+    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=kernels)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    reward_model = common.load_reward_model(args.reward_model, tokenizer, device, precision) if args.reward_model else None
+    reward_model = common.load_reward_model(args.reward_model, tokenizer, device, precision, use_kernels=kernels) if args.reward_model else None
     # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
     ref_model = common.frozen_copy(policy) if args.beta != 0.0 and not args.lora_r else None
     if resumed:
-        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True)
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True, use_kernels=kernels)
     elif args.lora_r:
         policy = common.add_lora(policy, args.model, args)
     if args.gradient_checkpointing:

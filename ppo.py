@@ -376,6 +376,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
+    kernels = common.resolve_kernels(args.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
@@ -386,23 +387,23 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         models = [("policy", config, "lm", True), *[("reference", config, "lm", False)] * (not args.lora_r),
                   *[(f"reward model {i + 1}" if len(rm_configs) > 1 else "reward model", c, "score", False) for i, c in enumerate(rm_configs)],
                   ("critic", critic_config, "score", True)]
-        return common.memory_plan(models, precision, args, args.gradient_checkpointing, m, m * (S + T), m * T)
+        return common.memory_plan(models, precision, args, args.gradient_checkpointing, m, m * (S + T), m * T, kernels)
 
     # ---- the four models ----------------------------------------------------------------------
-    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
+    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=kernels)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     ref_model = common.frozen_copy(policy) if not args.lora_r else None  # with LoRA: the policy with its adapter off
     reward_models = []  # frozen; the policy's tokenizer. One, or an ensemble with --ensemble
     if args.reward_model is not None:
-        reward_models = [common.load_reward_model(path, tokenizer, device, precision) for path in (args.reward_model, *args.ensemble)]
+        reward_models = [common.load_reward_model(path, tokenizer, device, precision, use_kernels=kernels) for path in (args.reward_model, *args.ensemble)]
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
     critic_source = args.reward_model if critic_init == "reward-model" else args.model
     # With LoRA the critic is its own model with its own adapter and a fully trained head (not a second adapter on
     # the policy's weights: the value head would then read features the policy's adapter keeps moving).
     critic = common.load_model(f"{args.resume}/model/critic" if resumed else critic_source, len(tokenizer), device, precision, args.seed,
-                               head="score", keep_adapter=bool(resumed))
+                               head="score", keep_adapter=bool(resumed), use_kernels=kernels)
     if resumed:  # the reference stays the starting model
-        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True)
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True, use_kernels=kernels)
     elif args.lora_r:
         policy, critic = common.add_lora(policy, args.model, args), common.add_lora(critic, critic_source, args)
     models = {"policy": policy, **({"reference": ref_model} if ref_model is not None else {}), "critic": critic}

@@ -229,19 +229,20 @@ def main(args: Args) -> dict:
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
+    kernels = common.resolve_kernels(args.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
     if args.memory_plan:  # from the config alone, before any preference data is sampled; chosen and rejected in one forward
         config, S = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, tasks.heldout_problems())
         T, B = args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens + 1), 2 * args.batch_size
-        return common.memory_plan([("reward model", config, "score", True)], precision, args, args.gradient_checkpointing, B, B * (S + T), 0)
+        return common.memory_plan([("reward model", config, "score", True)], precision, args, args.gradient_checkpointing, B, B * (S + T), 0, kernels)
     train_pairs, heldout_pairs, heldout_samples = tasks.load_preference_pairs(
         args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision
     )
     for pair in train_pairs + heldout_pairs:  # TRL's optional per-pair margin
         if "margin" in pair and not (isinstance(pair["margin"], (int, float)) and math.isfinite(pair["margin"])):
             raise InputError(f"{args.dataset}: margin {pair['margin']!r} of prompt {pair['prompt']!r} is not a finite number")
-    model = common.load_model(f"{args.resume}/model" if resumed else args.model, len(tokenizer), device, precision, args.seed, head="score", keep_adapter=bool(resumed))
+    model = common.load_model(f"{args.resume}/model" if resumed else args.model, len(tokenizer), device, precision, args.seed, head="score", keep_adapter=bool(resumed), use_kernels=kernels)
     if args.lora_r and not resumed:
         model = common.add_lora(model, args.model, args)  # the score head stays fully trainable
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers' own forward needs it for batches

@@ -129,7 +129,8 @@ def completion_logprobs_and_hits(model, prompt_ids, prompt_mask, completion_ids)
     with common.autocast(model):
         logits = model(input_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=full_mask,
                        position_ids=common.position_ids(full_mask), logits_to_keep=T + 1).logits  # (B, T+1, V) predicts y_1..y_T, then nothing
-    return common.gather_logprobs(logits, completion_ids), logits[:, :-1].argmax(-1) == completion_ids
+    logprobs = common.gather_logprobs(logits, completion_ids, getattr(model, "fast_kernels", False))
+    return logprobs, logits[:, :-1].argmax(-1) == completion_ids
 
 
 def batch_logprobs(model, tokenizer, rows: list[dict], max_completion_tokens: int):
@@ -181,15 +182,16 @@ def main(args: Args) -> dict:
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
+    kernels = common.resolve_kernels(args.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     train_rows, heldout_rows = load_demonstrations(args.dataset, args.num_demonstrations, args.seed, args.eval_size)
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
     if args.memory_plan:  # from the config alone; completions at their length bound
         config, S = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, tasks.heldout_problems(args.eval_size))
         T, B = args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens), args.batch_size
-        return common.memory_plan([("policy", config, "lm", True)], precision, args, args.gradient_checkpointing, B, B * (S + T), B * T)
+        return common.memory_plan([("policy", config, "lm", True)], precision, args, args.gradient_checkpointing, B, B * (S + T), B * T, kernels)
     heldout_problems = tasks.heldout_problems(args.eval_size)
-    policy = common.load_model(args.resume + "/model" if resumed else args.model, len(tokenizer), device, precision, args.seed, keep_adapter=bool(resumed))
+    policy = common.load_model(args.resume + "/model" if resumed else args.model, len(tokenizer), device, precision, args.seed, keep_adapter=bool(resumed), use_kernels=kernels)
     if args.lora_r and not resumed:
         policy = common.add_lora(policy, args.model, args)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)

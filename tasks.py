@@ -334,7 +334,8 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
                 problems.append(p)
             if len(problems) == num_prompts:
                 break
-        model = common.load_model(model_name, len(tokenizer), device, precision, seed).eval()
+        kernels = common.resolve_kernels("auto", device)  # the same samples either way; faster on a CPU
+        model = common.load_model(model_name, len(tokenizer), device, precision, seed, use_kernels=kernels).eval()
         samples = label_samples(model, tokenizer, problems, samples_per_prompt, max_new_tokens, temperature, seed)
         n_heldout = samples_per_prompt * max(1, num_prompts // 8)
         splits = {"heldout_samples": samples[:n_heldout], "train_samples": samples[n_heldout:],

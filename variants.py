@@ -307,6 +307,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     common.set_seed(args.seed)
     device = common.resolve_device(args.device)
     precision = common.resolve_precision(args.precision, device)
+    kernels = common.resolve_kernels(args.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
     tokenizer = common.load_tokenizer(args.model, args.prompt_format)
     offline = args.algo in OFFLINE
@@ -316,7 +317,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         per_prompt = 2 if offline else (args.group_size if args.algo == "rloo" else 1)
         B = args.batch_size * per_prompt
         models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (args.algo in ("ipo", "kto", "rloo", "remax") and not args.lora_r)
-        return common.memory_plan(models, precision, args, args.gradient_checkpointing, B, args.batch_size * S * (per_prompt if offline else 1) + B * T, B * T)
+        return common.memory_plan(models, precision, args, args.gradient_checkpointing, B, args.batch_size * S * (per_prompt if offline else 1) + B * T, B * T, kernels)
     if offline:
         train_pairs, _, _ = tasks.load_preference_pairs(
             args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt,
@@ -325,13 +326,13 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         heldout = tasks.heldout_problems(args.eval_size)
     else:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
-    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed)
+    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=kernels)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     # SimPO and ORPO are reference-free: no second model is loaded. The reference is the starting model, also
     # when resuming; with LoRA it is the policy with its adapter off.
     ref_model = common.frozen_copy(policy) if args.algo in ("ipo", "kto", "rloo", "remax") and not args.lora_r else None
     if resumed:
-        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True)
+        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True, use_kernels=kernels)
     elif args.lora_r:
         policy = common.add_lora(policy, args.model, args)
     if args.gradient_checkpointing:

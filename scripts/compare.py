@@ -164,8 +164,9 @@ def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: s
 
     dev = common.resolve_device(device)
     tokenizer = common.load_tokenizer(str(model))
-    policy = common.load_model(str(model), len(tokenizer), dev, seed=seed).eval()  # a random tiny model is made from the seed
-    reference = common.load_model(base, len(tokenizer), dev, seed=seed).eval() if model != base else None
+    kernels = common.resolve_kernels("auto", dev)
+    policy = common.load_model(str(model), len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
+    reference = common.load_model(base, len(tokenizer), dev, seed=seed, use_kernels=kernels).eval() if model != base else None
     problems = tasks.heldout_problems(eval_size)
     generator = torch.Generator(device=dev).manual_seed(seed)
     passed, kl, prompts_per_batch = 0.0, 0.0, max(1, 128 // k)

@@ -82,13 +82,17 @@ def test_a_finished_run_is_read_back_only_if_its_command_made_it(tmp_path):
 
 
 def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokenizer):
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), seed=3)
+    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
+    common.save_checkpoint(model, tokenizer, tmp_path / "same")
+    with torch.no_grad():  # a model trained away from the base "tiny"
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.5)
     common.save_checkpoint(model, tokenizer, tmp_path / "model")
-    itself = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=3, device="cpu", k=2, max_new_tokens=6)
+    itself = compare.sampled_measures(str(tmp_path / "same"), "tiny", 8, seed=3, device="cpu", k=2, max_new_tokens=6)
     assert itself == {"pass@2": 0.0, "kl": 0.0}  # the reference is scored too (a path is not the base name): exactly 0
     one = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=1, max_new_tokens=6)["kl"]
     four = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=4, max_new_tokens=6)["kl"]
-    assert one > 0.05  # 0.21: two unrelated near-uniform random tiny models; the reversed sign would give about −0.2
+    assert one > 0.05  # two different near-uniform random tiny models; the reversed sign would give < 0
     assert 0.5 < four / one < 2  # a mean per completion: summed over k samples but divided by the prompts only, it would be ~4×
 
 
