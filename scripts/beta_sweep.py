@@ -13,8 +13,10 @@ At the end of each run the sweep measures:
   same for both sweeps and for the comparison.
 The runs' models are deleted after the KL is measured.
 
-Run (a finished β is read back from its eval.json, never rerun, when its args.json agrees with every option given):
-    python scripts/beta_sweep.py grpo                                        # β ∈ {0, 0.01, 0.04, 0.1, 0.4}, grpo.py's defaults
+Run (a finished β is read back from its eval.json, never rerun, when its args.json agrees with every
+option given):
+    python scripts/beta_sweep.py grpo                                        # β ∈ {0, 0.01, 0.04, 0.1, 0.4},
+                                                                             # grpo.py's defaults
     python scripts/beta_sweep.py ppo --reward-model runs/rm-.../model        # β ∈ {0.005, 0.02, 0.05, 0.2, 0.5}
     python scripts/beta_sweep.py grpo --steps 40 --extra "--device cuda"
 
@@ -38,9 +40,12 @@ BETA_FLAG = {"grpo": "--beta", "ppo": "--kl-coef"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("algo", choices=["grpo", "ppo"], help="grpo: the task's verifier; ppo: a learned reward model (--reward-model)")
-    parser.add_argument("--betas", nargs="+", type=float, default=None, help="the β values (default: grpo 0 0.01 0.04 0.1 0.4; ppo 0.005 0.02 0.05 0.2 0.5)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("algo", choices=["grpo", "ppo"],
+                        help="grpo: the task's verifier; ppo: a learned reward model (--reward-model)")
+    parser.add_argument("--betas", nargs="+", type=float, default=None,
+                        help="the β values (default: grpo 0 0.01 0.04 0.1 0.4; ppo 0.005 0.02 0.05 0.2 0.5)")
     parser.add_argument("--reward-model", default=None, help="ppo: a reward_model.py checkpoint (runs/rm-.../model)")
     parser.add_argument("--model", default="smollm2", help="the starting model (default: smollm2)")
     parser.add_argument("--seed", type=int, default=0)
@@ -53,7 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.algo == "ppo" and args.reward_model is None:
         parser.error("the ppo sweep needs --reward-model PATH (train one with `python reward_model.py`)")
     args.betas = args.betas or BETAS[args.algo]
-    args.steps = args.steps or importlib.import_module(args.algo).Args().steps  # always passed: a read-back run is checked against it
+    # --steps is always passed: a read-back run is checked against it
+    args.steps = args.steps or importlib.import_module(args.algo).Args().steps
     args.out = Path(args.out or f"runs/beta-{args.algo}")
     return args
 
@@ -77,7 +83,8 @@ def one_beta(args, beta: float) -> dict:
     last = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][-10:]  # the diversity β keeps: last 10 steps
     return {"beta": beta, "accuracy_before": evaluation["accuracy_before"], "accuracy": evaluation["accuracy_after"],
             "score_before": evaluation.get("score_before"), "score": evaluation.get("score_after"), "kl": kl,
-            "distinct": sum(r["completions/distinct"] for r in last) / len(last), "entropy": sum(r["entropy"] for r in last) / len(last),
+            "distinct": sum(r["completions/distinct"] for r in last) / len(last),
+            "entropy": sum(r["entropy"] for r in last) / len(last),
             "wall_time_s": evaluation["wall_time_s"]}
 
 
@@ -85,12 +92,15 @@ def table(rows: list[dict], args) -> str:
     learned = args.algo == "ppo"
     lines = [f"{args.algo}.py, seed {args.seed}, {args.steps} steps; {args.eval_size} held-out problems; "
              "distinct and entropy are means over the last 10 training steps.", "",
-             "| β | KL to start (per completion) | held-out accuracy |" + (" learned score (held-out, greedy) |" if learned else "")
+             "| β | KL to start (per completion) | held-out accuracy |"
+             + (" learned score (held-out, greedy) |" if learned else "")
              + " distinct completions | entropy (nats per token) |",
              "| --- | --- | --- |" + (" --- |" if learned else "") + " --- | --- |",
-             f"| starting model | 0 | {rows[0]['accuracy_before']:.3f} |" + (f" {rows[0]['score_before']:.3f} |" if learned else "") + " | |"]
+             f"| starting model | 0 | {rows[0]['accuracy_before']:.3f} |"
+             + (f" {rows[0]['score_before']:.3f} |" if learned else "") + " | |"]
     for r in rows:
-        lines.append(f"| {r['beta']:g} | {r['kl']:.2f} | {r['accuracy']:.3f} |" + (f" {r['score']:.3f} |" if learned else "")
+        lines.append(f"| {r['beta']:g} | {r['kl']:.2f} | {r['accuracy']:.3f} |"
+                     + (f" {r['score']:.3f} |" if learned else "")
                      + f" {r['distinct']:.2f} | {r['entropy']:.2f} |")
     return "\n".join(lines) + "\n"
 
@@ -99,10 +109,12 @@ def picture(rows: list[dict], args, path: Path) -> None:
     plt = compare.pyplot(path)
     if plt is None:
         return
-    panels = [("held-out accuracy", "accuracy", "accuracy_before")] + ([("learned score (held-out)", "score", "score_before")] if args.algo == "ppo" else [])
+    panels = ([("held-out accuracy", "accuracy", "accuracy_before")]
+              + ([("learned score (held-out)", "score", "score_before")] if args.algo == "ppo" else []))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
     for ax, (title, key, start) in zip(axes[0], panels):
-        frontier = sorted([(0.0, rows[0][start])] + [(r["kl"], r[key]) for r in rows])  # joined in order of KL, not of β
+        # joined in order of KL, not of β
+        frontier = sorted([(0.0, rows[0][start])] + [(r["kl"], r[key]) for r in rows])
         ax.plot(*zip(*frontier), "o-")
         ax.annotate("start", (0, rows[0][start]), textcoords="offset points", xytext=(4, 4), fontsize=8)
         for r in rows:

@@ -29,8 +29,10 @@ training and its two greedy evaluations. So:
   and cached (also across comparisons). Its sampling time is in no row, cached or not: about
   8 min per seed on the 2-core CPU (7 min 55 s for seed 1).
 
-Run (a finished (algorithm, seed) is read back from its eval.json, never rerun, when its args.json agrees with every option given):
-    python scripts/compare.py                                    # every algorithm, 3 seeds, the CPU budget (see the README for its cost)
+Run (a finished (algorithm, seed) is read back from its eval.json, never rerun, when its args.json
+agrees with every option given):
+    python scripts/compare.py                                    # every algorithm, 3 seeds, the CPU budget
+                                                                 # (see the README for its cost)
     python scripts/compare.py --full --device cuda               # the GPU budget
     python scripts/compare.py --algos grpo dpo --seeds 0 --budget 320 --out runs/compare-small
 
@@ -55,8 +57,10 @@ sys.path.insert(0, str(REPO))
 ALGORITHMS = {
     "sft": ("SFT", ["sft.py"], 16),
     "grpo": ("GRPO", ["grpo.py"], 32),
-    "dapo": ("GRPO, DAPO settings", ["grpo.py", "--loss-agg", "token-mean", "--eps-high", "0.28", "--dynamic-sampling", "--beta", "0"], 32),
-    "dr-grpo": ("GRPO, Dr. GRPO settings", ["grpo.py", "--no-scale-by-std", "--loss-agg", "seq-mean-token-sum-norm"], 32),
+    "dapo": ("GRPO, DAPO settings",
+             ["grpo.py", "--loss-agg", "token-mean", "--eps-high", "0.28", "--dynamic-sampling", "--beta", "0"], 32),
+    "dr-grpo": ("GRPO, Dr. GRPO settings",
+                ["grpo.py", "--no-scale-by-std", "--loss-agg", "seq-mean-token-sum-norm"], 32),
     "rloo": ("RLOO", ["variants.py", "--algo", "rloo"], 32),
     "remax": ("ReMax", ["variants.py", "--algo", "remax"], 8),
     "ppo-verifier": ("PPO, verifier", ["ppo.py", "--reward", "verifier"], 8),
@@ -71,26 +75,34 @@ CPU_BUDGET, GPU_BUDGET = 160, 3200  # training completions per run
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS), metavar="ALGO",
                         help=f"which algorithms (default: all): {', '.join(ALGORITHMS)}")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds, one run each (default: 0 1 2)")
     parser.add_argument("--budget", type=int, default=None,
                         help=f"training completions per run (default: {CPU_BUDGET}, or {GPU_BUDGET} with --full)")
-    parser.add_argument("--full", action="store_true", help=f"the GPU budget: {GPU_BUDGET} completions and 200 held-out problems")
+    parser.add_argument("--full", action="store_true",
+                        help=f"the GPU budget: {GPU_BUDGET} completions and 200 held-out problems")
     parser.add_argument("--model", default="smollm2", help="the starting model of every run (default: smollm2)")
-    parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (default: 50, or 200 with --full)")
-    parser.add_argument("--pass-k", type=int, default=8, help="k of pass@k, also the samples per problem of the KL (default 8)")
+    parser.add_argument("--eval-size", type=int, default=None,
+                        help="held-out problems (default: 50, or 200 with --full)")
+    parser.add_argument("--pass-k", type=int, default=8,
+                        help="k of pass@k, also the samples per problem of the KL (default 8)")
     parser.add_argument("--device", default="auto", help="passed to every script (default: auto)")
     parser.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
-    parser.add_argument("--keep-models", action="store_true", help="keep every run's model (about 0.5 GB each for SmolLM2-135M)")
-    parser.add_argument("--extra", default="", help="more options for every script, one string (e.g. \"--precision bf16-mixed\")")
+    parser.add_argument("--keep-models", action="store_true",
+                        help="keep every run's model (about 0.5 GB each for SmolLM2-135M)")
+    parser.add_argument("--extra", default="",
+                        help="more options for every script, one string (e.g. \"--precision bf16-mixed\")")
     args = parser.parse_args(argv)
     args.budget = args.budget or (GPU_BUDGET if args.full else CPU_BUDGET)
     args.eval_size = args.eval_size or (200 if args.full else 50)
-    shape = [flag for flag in ("--batch-size", "--prompts-per-step", "--group-size", "--minibatch-size") if flag in args.extra.split()]
+    shape = [flag for flag in ("--batch-size", "--prompts-per-step", "--group-size", "--minibatch-size")
+             if flag in args.extra.split()]
     if shape:
-        parser.error(f"--extra {' '.join(shape)} changes the completions per step that the equal budget is counted in; leave it out")
+        parser.error(f"--extra {' '.join(shape)} changes the completions per step that the equal budget is counted in; "
+                     "leave it out")
     if args.pass_k < 1:
         parser.error(f"--pass-k must be at least 1 (the samples per problem of pass@k and the KL), not {args.pass_k}")
     if "--pass-k" in args.extra.split():
@@ -143,14 +155,17 @@ def finished_run(folder: Path, command: list[str]):
     done = sorted(p.parent for p in folder.glob("*/eval.json"))
     if not done:
         return None
-    made = json.loads((done[-1] / "args.json").read_text())
-    differ = [f"{key}={made.get(key)} (not {value})" for key, value in command_settings(command).items() if not same_setting(made.get(key), value)]
+    saved = json.loads((done[-1] / "args.json").read_text())  # a script's own options, and its groups run and lora
+    made = {k: v for group in (saved, saved.get("run", {}), saved.get("lora", {})) for k, v in group.items()}
+    differ = [f"{key}={made.get(key)} (not {value})" for key, value in command_settings(command).items()
+              if not same_setting(made.get(key), value)]
     if differ:
         raise SystemExit(f"error: {done[-1]} was run with {', '.join(differ)}; give another --out, or delete it")
     return done[-1]
 
 
-def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: str, k: int, max_new_tokens: int = 32) -> dict:
+def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: str, k: int,
+                     max_new_tokens: int = 32) -> dict:
     """pass@k and KL(π ‖ π_ref) per completion, both from one draw of k completions per held-out problem
     at temperature 1 from `model` (a checkpoint folder, or `base` itself for the starting model).
     - pass@k: Chen et al.'s unbiased estimator with n = k, the same as tasks.evaluate_pass_at_k.
@@ -166,16 +181,18 @@ def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: s
     tokenizer = common.load_tokenizer(str(model))
     kernels = common.resolve_kernels("auto", dev)
     policy = common.load_model(str(model), len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
-    reference = common.load_model(base, len(tokenizer), dev, seed=seed, use_kernels=kernels).eval() if model != base else None
+    reference = (common.load_model(base, len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
+                 if model != base else None)
     problems = tasks.heldout_problems(eval_size)
     generator = torch.Generator(device=dev).manual_seed(seed)
     passed, kl, prompts_per_batch = 0.0, 0.0, max(1, 128 // k)
     with torch.no_grad():
         for start in range(0, len(problems), prompts_per_batch):
             batch = problems[start : start + prompts_per_batch]
-            ids, mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in batch], dev)
+            ids, mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in batch], dev)
+            # completion_ids: (len(batch)·k, T)
             completion_ids = common.sample_completions(policy, ids, mask, k, max_new_tokens, tokenizer.eos_token_id,
-                                                       tokenizer.pad_token_id, 1.0, 1.0, generator)  # (len(batch)·k, T)
+                                                       tokenizer.pad_token_id, 1.0, 1.0, generator)
             completion_mask = common.completion_mask(completion_ids, tokenizer.eos_token_id)
             texts = tasks.decode_completions(tokenizer, completion_ids, completion_mask)
             for i, p in enumerate(batch):
@@ -212,8 +229,9 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
         rm_run = finished_run(rm_folder, rm_command)
         setup_s = json.loads((rm_run / "eval.json").read_text())["wall_time_s"]
         command = [*command, "--reward-model", str(rm_run / "model")]
+    # --pass-k 0: pass@k is measured here, with the KL
     command = [*command, "--model", args.model, "--seed", str(seed), "--steps", str(steps), "--eval-every", "0",
-               "--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device,  # pass@k is measured here, with the KL
+               "--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device,
                "--output-dir", str(folder), *args.extra.split()]
     run_dir = finished_run(folder, command)
     if run_dir is None:
@@ -224,14 +242,16 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
     k = args.pass_k
     after = measured(run_dir / f"sampled-k{k}.json", lambda: sampled_measures(
         str(run_dir / "model"), args.model, args.eval_size, seed, args.device, k, max_new_tokens))
-    start = measured(out / "starting-model" / f"seed-{seed}-k{k}-{args.eval_size}-problems-{max_new_tokens}-tokens.json", lambda: sampled_measures(
-        args.model, args.model, args.eval_size, seed, args.device, k, max_new_tokens))
+    start = measured(
+        out / "starting-model" / f"seed-{seed}-k{k}-{args.eval_size}-problems-{max_new_tokens}-tokens.json",
+        lambda: sampled_measures(args.model, args.model, args.eval_size, seed, args.device, k, max_new_tokens))
     if not args.keep_models:
         shutil.rmtree(run_dir / "model", ignore_errors=True)
     return {"algo": slug, "name": name, "seed": seed, "steps": steps, "completions": steps * per_step,
             "accuracy_before": evaluation["accuracy_before"], "accuracy": evaluation["accuracy_after"],
             f"pass@{k}_before": start[f"pass@{k}"], f"pass@{k}": after[f"pass@{k}"], "kl": after["kl"],
-            "wall_time_s": evaluation["wall_time_s"] + setup_s, "peak_gb": evaluation["memory/peak_gb"], "run_dir": str(run_dir)}
+            "wall_time_s": evaluation["wall_time_s"] + setup_s, "peak_gb": evaluation["memory/peak_gb"],
+            "run_dir": str(run_dir)}
 
 
 def mean_std(values: list[float], digits: int = 3) -> str:
@@ -243,11 +263,14 @@ def mean_std(values: list[float], digits: int = 3) -> str:
 
 def table(rows: list[dict], args) -> str:
     k = args.pass_k
-    lines = [f"Budget {args.budget} training completions per run; {len(args.seeds)} seed(s) ({' '.join(map(str, args.seeds))}); "
+    lines = [f"Budget {args.budget} training completions per run; "
+             f"{len(args.seeds)} seed(s) ({' '.join(map(str, args.seeds))}); "
              f"{args.eval_size} held-out problems; mean ± sample std over seeds.", "",
-             f"| algorithm | steps | held-out accuracy | pass@{k} | KL to start (per completion) | wall time (min) | peak memory (GiB) |",
+             f"| algorithm | steps | held-out accuracy | pass@{k} | KL to start (per completion) | wall time (min) | "
+             "peak memory (GiB) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
-    starts = list({r["seed"]: r for r in rows}.values())  # one row per seed: the starting model is measured once per seed
+    # one row per seed: the starting model is measured once per seed
+    starts = list({r["seed"]: r for r in rows}.values())
     if starts:
         passes = [r[f"pass@{k}_before"] for r in starts if r[f"pass@{k}_before"] is not None]
         lines.append(f"| starting model | | {mean_std([r['accuracy_before'] for r in starts])} | "
@@ -259,7 +282,8 @@ def table(rows: list[dict], args) -> str:
         passes = [r[f"pass@{k}"] for r in runs if r[f"pass@{k}"] is not None]
         lines.append(f"| {runs[0]['name']} | {runs[0]['steps']} | {mean_std([r['accuracy'] for r in runs])} | "
                      f"{mean_std(passes) if passes else ''} | {mean_std([r['kl'] for r in runs], 2)} | "
-                     f"{mean_std([r['wall_time_s'] / 60 for r in runs], 1)} | {mean_std([r['peak_gb'] for r in runs], 2)} |")
+                     f"{mean_std([r['wall_time_s'] / 60 for r in runs], 1)} | "
+                     f"{mean_std([r['peak_gb'] for r in runs], 2)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -287,9 +311,12 @@ def picture(rows: list[dict], args, path: Path) -> None:
             continue
         acc, minutes = [r["accuracy"] for r in runs], [r["wall_time_s"] / 60 for r in runs]
         spread = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
-        ax.errorbar(statistics.mean(minutes), statistics.mean(acc), xerr=spread(minutes), yerr=spread(acc), fmt="osD^vP*Xhp<>d"[i % 13], capsize=3, label=runs[0]["name"])  # 13 markers: colours repeat after 10
+        # 13 markers: colours repeat after 10
+        ax.errorbar(statistics.mean(minutes), statistics.mean(acc), xerr=spread(minutes), yerr=spread(acc),
+                    fmt="osD^vP*Xhp<>d"[i % 13], capsize=3, label=runs[0]["name"])
     ax.axhline(rows[0]["accuracy_before"], color="grey", linestyle="--", linewidth=1, label="starting model")
-    ax.set(xlabel="wall time per run (min)", ylabel="held-out accuracy (greedy)", title=f"{args.budget} training completions per run")
+    ax.set(xlabel="wall time per run (min)", ylabel="held-out accuracy (greedy)",
+           title=f"{args.budget} training completions per run")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: no point hidden
     fig.tight_layout()

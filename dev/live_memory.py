@@ -8,12 +8,12 @@ profile_memory=True, the CPU counterpart of torch.cuda.max_memory_allocated):
 - then a profiled step: the reference's log-probs (with LoRA, the adapter switched off), the
   policy's log-probs with entropy, backward and AdamW.
 Its peak above the step's start, plus the weights and the AdamW state already there, is compared
-with the memory plan (`common.memory_plan`, as `grpo.py --memory-plan` calls it) at this batch: P
+with the memory plan (scripts/memory_plan.py, as `python scripts/memory_plan.py grpo` prints it) at this batch: P
 prompts of S tokens, G completions of T tokens.
 
 Run:
-    python scripts/live_memory.py                 # the embedded model, full fine-tuning
-    python scripts/live_memory.py --lora-r 16
+    python dev/live_memory.py                 # the embedded model, full fine-tuning
+    python dev/live_memory.py --lora-r 16
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import common  # noqa: E402
+import memory_plan  # noqa: E402
+import runs  # noqa: E402
 
 
 def peak_live_bytes(fn) -> int:
@@ -34,7 +37,8 @@ def peak_live_bytes(fn) -> int:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    allocations = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    allocations = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                         key=lambda e: e.start_ns())
     live = peak = 0
     for event in allocations:  # +bytes on allocation, -bytes on free
         live += event.nbytes()
@@ -48,13 +52,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--lora-r", type=int, default=0)
     parser.add_argument("--prompts", type=int, default=4, help="P (grpo.py's --prompts-per-step)")
     parser.add_argument("--group-size", type=int, default=8, help="G")
-    parser.add_argument("--prompt-tokens", type=int, default=30, help="S, prompt tokens (grpo.py's own plan pads to the longest held-out chat prompt, 40)")
+    parser.add_argument("--prompt-tokens", type=int, default=30,
+                        help="S, prompt tokens (the plan's default is the longest held-out chat prompt, 40)")
     parser.add_argument("--completion-tokens", type=int, default=32, help="T (--max-new-tokens)")
     args = parser.parse_args(argv)
     P, G, S, T = args.prompts, args.group_size, args.prompt_tokens, args.completion_tokens
     tokenizer = common.load_tokenizer(args.model)
-    lora = common.Lora(lora_r=args.lora_r)
-    policy = common.load_model(args.model, len(tokenizer), torch.device("cpu"))
+    lora = runs.LoraOptions(lora_r=args.lora_r)
+    kernels = common.resolve_kernels("auto", torch.device("cpu"))
+    policy = common.load_model(args.model, len(tokenizer), torch.device("cpu"), use_kernels=kernels)
     reference = None if args.lora_r else common.frozen_copy(policy)
     if args.lora_r:
         policy = common.add_lora(policy, args.model, lora)
@@ -75,12 +81,15 @@ def main(argv=None) -> dict:
 
     step()
     held = sum(t.numel() * t.element_size() for m in (policy, reference) if m is not None for t in m.parameters())
-    held += sum(s.numel() * s.element_size() for state in optimizer.state.values() for s in state.values() if torch.is_tensor(s))
+    held += sum(s.numel() * s.element_size() for state in optimizer.state.values() for s in state.values()
+                if torch.is_tensor(s))
     live = held + peak_live_bytes(step)
-    config = common.model_config(args.model, len(tokenizer))
+    config = memory_plan.model_config(args.model, len(tokenizer))
     models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (not args.lora_r)
-    plan = common.memory_plan(models, "fp32", lora, False, P * G, P * S + P * G * T, P * G * T)["total_gb"]
-    print(f"live tensors at the peak: {live / 2**30:.2f} GiB; the plan: {plan:.2f} GiB ({(plan - live / 2**30) / (live / 2**30):+.0%})")
+    tokens = P * S + P * G * T
+    plan = memory_plan.memory_plan(models, "fp32", lora, False, P * G, tokens, P * G * T, kernels)["total_gb"]
+    print(f"live tensors at the peak: {live / 2**30:.2f} GiB; "
+          f"the plan: {plan:.2f} GiB ({(plan - live / 2**30) / (live / 2**30):+.0%})")
     return {"live_gb": live / 2**30, "plan_gb": plan}
 
 

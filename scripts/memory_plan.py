@@ -1,0 +1,201 @@
+"""The memory plan: what each model of a training run will hold, from its config alone, before any weight loads.
+
+    python scripts/memory_plan.py grpo                               # the defaults, on the embedded model
+    python scripts/memory_plan.py ppo --reward-model runs/rm-.../model --lora-r 16
+    python scripts/memory_plan.py grpo --model meta-llama/Llama-2-7b-hf --prompt-tokens 512 --precision bf16-true
+
+The first word names the script (grpo, dpo, ppo, sft, reward_model, variants); the rest are that script's own
+options, parsed by its Args. Each row is one model the algorithm holds (policy, reference, reward models,
+critic): its weights and, for a trained model, its gradients, AdamW state and one micro-batch's activations.
+--prompt-tokens sets the prompt length the plan assumes (default: the longest held-out arithmetic prompt).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+import tyro
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import common  # noqa: E402
+import runs  # noqa: E402
+import tasks  # noqa: E402
+
+def model_config(name: str, vocab_size: int) -> transformers.PretrainedConfig:
+    """The architecture of `name` without its weights: tiny, smollm2, a LoRA run's base, a local folder or a hub id."""
+    if name in ("tiny", "tiny-gpt2"):
+        return common.make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama").config
+    if os.path.isfile(os.path.join(name, "adapter_config.json")):
+        name = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
+    path = runs.model_path(name)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return transformers.AutoConfig.from_pretrained(path)
+    return runs.from_pretrained(transformers.AutoConfig, path)
+
+
+def parameter_counts(config: transformers.PretrainedConfig, head: str, lora: runs.LoraOptions) -> tuple[int, int]:
+    """(parameters, trainable parameters) of the model built on the meta device. With LoRA only the adapters,
+    r·(in + out) for each targeted linear layer, and a score head train."""
+    config = copy.deepcopy(config)
+    config.num_labels = 1
+    auto = transformers.AutoModelForCausalLM if head == "lm" else transformers.AutoModelForSequenceClassification
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    total = sum(p.numel() for p in model.parameters())
+    if not lora.lora_r:
+        return total, total
+    targets = None if lora.lora_targets == "all-linear" else set(lora.lora_targets.split(","))
+    adapters = sum(lora.lora_r * sum(m.weight.shape) for n, m in model.named_modules()  # GPT-2's Conv1D holds (in, out)
+                   if isinstance(m, (torch.nn.Linear, transformers.pytorch_utils.Conv1D))
+                   and n.split(".")[-1] not in ("lm_head", "score")
+                   and (targets is None or n.split(".")[-1] in targets))
+    score = sum(p.numel() for n, p in model.named_parameters() if n.startswith("score.")) if head != "lm" else 0
+    return total + adapters, adapters + score
+
+
+def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, precision: str, checkpointing: bool,
+                     fast_kernels: bool = False) -> int:
+    """What one micro-batch's forward keeps for the backward. A transformer layer keeps s·b·h·(34 + 5·a·s/h)
+    bytes of 16-bit activations (Korthikanti et al. 2022, arXiv:2205.05198, eq. 1; float32 doubles it);
+    with checkpointing, only each layer's input (2·s·b·h bytes) and one layer's full set. tokens = s·b.
+    Plus the scored positions' logits, logit_tokens·V numbers a tensor, alive together when the backward starts:
+    - plain token_logprobs: four float32 tensors (logits / τ, their log-softmax, its gradient, the logits' gradient);
+    - with kernels.token_logprobs: two in the compute dtype (float32, or bfloat16 under autocast and bf16-true),
+      the logits and their gradient.
+    Measured with the CPU allocator's live bytes on a 32,768-token vocabulary, in units of one float32 logits
+    tensor: plain 4.3 (fp32) and 4.1 (bf16 autocast), kernels 1.8 and 1.0 (tests/test_common.py checks them).
+    An estimate: eq. 1 is for a GPT layer (GeLU MLP of 4h, dropout masks, attention scores kept); fused
+    attention (SDPA) keeps no s×s scores, and SwiGLU and grouped-query attention shift the constant."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    heads, s = config.num_attention_heads, tokens / sequences
+    scale = 2 if precision == "fp32" else 1  # float32 activations, or bfloat16 under autocast / bf16-true
+    per_layer = tokens * h * (34 + 5 * heads * s / h) * scale
+    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer
+    logits = (2 * logit_tokens * config.vocab_size * 2 * scale if fast_kernels
+              else 4 * logit_tokens * config.vocab_size * 4)
+    return int(kept + logits)
+
+
+def memory_plan(models: list[tuple], precision: str, lora: runs.LoraOptions, checkpointing: bool, sequences: int,
+                tokens: int, logit_tokens: int, fast_kernels: bool = False) -> dict:
+    """Print and return the plan: one row per model (name, config, head "lm" or "score", trained?) with its
+    parameters and GiB of weights, and for a trained model its gradients, AdamW state (two moments in the
+    weights' dtype) and one micro-batch's activations (`activation_bytes`; a score head has no vocabulary
+    logits). Weights are float32 (the master copy under bf16-mixed) unless bf16-true.
+    Returns {"memory_plan": rows, "total_gb": total}."""
+    width = 2 if precision == "bf16-true" else 4
+    rows = []
+    for name, config, head, trained in models:
+        # a frozen model has no adapter
+        params, trainable = parameter_counts(config, head, lora if trained else runs.LoraOptions())
+        trainable = trainable if trained else 0
+        activations = activation_bytes(config, sequences, tokens, logit_tokens if head == "lm" else 0, precision,
+                                       checkpointing, fast_kernels) if trained else 0
+        rows.append({"model": name, "parameters": params, "weights_gb": params * width / 2**30,
+                     "gradients_gb": trainable * width / 2**30, "optimizer_gb": 2 * trainable * width / 2**30,
+                     "activations_gb": activations / 2**30})
+    columns = ("weights_gb", "gradients_gb", "optimizer_gb", "activations_gb")
+    total = sum(r[c] for r in rows for c in columns)
+    print(f"memory plan: precision {precision}, LoRA r = {lora.lora_r or 'off'}, "
+          f"gradient checkpointing {'on' if checkpointing else 'off'}, "
+          f"one micro-batch = {sequences} sequences, {tokens} token positions")
+    print(f"{'model':<16}{'parameters':>15}{'weights':>10}{'gradients':>11}"
+          f"{'AdamW state':>13}{'activations':>13}   (GiB)")
+    for r in rows:
+        print(f"{r['model']:<16}{r['parameters']:>15,}"
+              + "".join(f"{r[c]:>{w}.2f}" for c, w in zip(columns, (10, 11, 13, 13))))
+    print(f"{'total':<16}{total:>62.2f}\n(these are the tensors alive at the peak. The process adds its own: "
+          "on CPU about 0.25 GiB for Python, torch and transformers, and up to 2 GiB of freed memory that glibc keeps "
+          "(MALLOC_MMAP_THRESHOLD_=65536 returns it, at some speed); on CUDA the context and the caching allocator's "
+          "reserve)")
+    return {"memory_plan": rows, "total_gb": total}
+
+
+def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[list[tuple], int, int, int]:
+    """(rows of (name, config, head, trained?), sequences, token positions, scored positions) of one micro-batch,
+    as `algo` holds them. With LoRA the reference is the policy with its adapter off: no second copy."""
+    config, S, lora = model_config(args.model, vocab_size), prompt_tokens, args.lora.lora_r
+    policy, reference = ("policy", config, "lm", True), ("reference", config, "lm", False)
+    offline_T = lambda: args.max_completion_tokens if args.dataset else min(args.max_completion_tokens,  # noqa: E731
+                                                                            args.max_new_tokens + 1)
+    if algo == "grpo":  # one micro-batch shares each prompt's forward among its G completions
+        micro, T = args.batch_size or args.prompts_per_step * args.group_size, args.max_new_tokens
+        rows = [policy] + [reference] * (args.beta != 0 and not lora)
+        if args.reward_model:
+            rows.append(("reward model", model_config(args.reward_model, vocab_size), "score", False))
+        return rows, micro, -(-micro // args.group_size) * S + micro * T, micro * T
+    if algo == "dpo":  # chosen and rejected in one forward
+        B, T = 2 * args.batch_size, offline_T()
+        return [policy] + [reference] * (not args.precompute_ref_logprobs and not lora), B, B * (S + T), B * T
+    if algo == "ppo":  # the policy and the critic train on the same minibatch
+        m, T = args.minibatch_size, args.max_new_tokens
+        rm_configs = ([model_config(p, vocab_size) for p in (args.reward_model, *args.ensemble)]
+                      if args.reward_model else [])
+        critic = rm_configs[0] if rm_configs and args.critic_init != "policy" else config
+        names = [f"reward model {i + 1}" if len(rm_configs) > 1 else "reward model" for i in range(len(rm_configs))]
+        rows = [policy, *[reference] * (not lora), *[(n, c, "score", False) for n, c in zip(names, rm_configs)],
+                ("critic", critic, "score", True)]
+        return rows, m, m * (S + T), m * T
+    if algo == "sft":  # completions at their length bound
+        B = args.batch_size
+        T = args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens)
+        return [policy], B, B * (S + T), B * T
+    if algo == "reward_model":  # chosen and rejected in one forward, a score head: no vocabulary logits
+        B = 2 * args.batch_size
+        return [("reward model", config, "score", True)], B, B * (S + offline_T()), 0
+    offline = args.algo in ("ipo", "kto", "simpo", "orpo")  # variants: a pair's two completions, or G / 1 per prompt
+    per_prompt = 2 if offline else (args.group_size if args.algo == "rloo" else 1)
+    B, T = args.batch_size * per_prompt, offline_T() if offline else args.max_new_tokens
+    rows = [policy] + [reference] * (args.algo in ("ipo", "kto", "rloo", "remax") and not lora)
+    return rows, B, args.batch_size * S * (per_prompt if offline else 1) + B * T, B * T
+
+
+def main(argv: list[str]) -> dict:
+    scripts = ("grpo", "dpo", "ppo", "sft", "reward_model", "variants")
+    runs.require(bool(argv) and argv[0] in scripts, f"usage: scripts/memory_plan.py {{{','.join(scripts)}}} [options]")
+    algo, rest = argv[0], argv[1:]
+    prompt_tokens = None
+    if "--prompt-tokens" in rest:
+        i = rest.index("--prompt-tokens")
+        runs.require(i + 1 < len(rest) and rest[i + 1].isdigit(), "--prompt-tokens needs a number of tokens")
+        prompt_tokens, rest = int(rest[i + 1]), rest[:i] + rest[i + 2:]
+    module = __import__(algo)
+    args = tyro.cli(module.Args, args=rest, prog=f"scripts/memory_plan.py {algo}")
+    device = common.resolve_device(args.run.device)
+    precision = common.resolve_precision(args.run.precision, device)
+    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
+    S = prompt_tokens or tasks.longest_prompt(tokenizer, tasks.heldout_problems(getattr(args, "eval_size", 200)))
+    rows, sequences, tokens, logit_tokens = models_held(algo, args, len(tokenizer), S)
+    return memory_plan(rows, precision, args.lora, args.gradient_checkpointing, sequences, tokens, logit_tokens,
+                       common.resolve_kernels(args.run.kernels, device))
+
+
+def loaded_table(models: dict[str, torch.nn.Module], trainable: set[str]) -> list[dict]:
+    """Parameters and bytes of weights, and of gradients and AdamW state (two fp32 moments) of the trained
+    parameters (with LoRA: the adapters and heads only), for each model."""
+    rows = []
+    for name, model in models.items():
+        params = sum(p.numel() for p in model.parameters())
+        trained = [p for p in model.parameters() if p.requires_grad] if name in trainable else []
+        rows.append({
+            "model": name, "parameters": params,
+            "weights_gb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
+            "gradients_gb": sum(p.numel() * p.element_size() for p in trained) / 2**30,
+            # two moments in the weights' dtype
+            "optimizer_gb": 2 * sum(p.numel() * p.element_size() for p in trained) / 2**30,
+        })
+    return rows
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except runs.InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
