@@ -32,6 +32,21 @@ def tiny_model(request, tokenizer):
     return common.load_model(request.param, len(tokenizer), torch.device("cpu"), "fp32", seed=0)
 
 
+@pytest.fixture(params=["tiny", "tiny-gpt2"])
+def tiny_name_and_tokenizer(request):
+    """Each tiny architecture with its own tokenizer: tiny (Llama; pad 0, EOS 2, a ChatML template) and tiny-gpt2
+    (GPT-2; pad = EOS and no template, as gpt2). Only the second shows a mask computed as `ids != pad`, which
+    drops the EOS that ends a completion, so a test of what counts as a token runs on both."""
+    return request.param, common.load_tokenizer(request.param)
+
+
+@pytest.fixture
+def tiny_model_and_tokenizer(tiny_name_and_tokenizer):
+    """The language model of each tiny architecture, with its own tokenizer (tiny_name_and_tokenizer)."""
+    name, tokenizer = tiny_name_and_tokenizer
+    return common.load_model(name, len(tokenizer), torch.device("cpu"), "fp32", seed=0), tokenizer
+
+
 @pytest.fixture(scope="session")
 def dropout_checkpoint(tmp_path_factory, tokenizer) -> str:
     """A GPT-2-shaped checkpoint folder with GPT-2's own dropout (resid_pdrop = embd_pdrop = attn_pdrop = 0.1),
@@ -43,6 +58,14 @@ def dropout_checkpoint(tmp_path_factory, tokenizer) -> str:
     plain = common.load_tokenizer("tiny-gpt2")  # as gpt2: no chat template, pad = eos
     plain.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(params=["tiny", "dropout-gpt2"])
+def tiny_or_dropout_model(request, dropout_checkpoint) -> str:
+    """A model name for Args(model=...) or common.load_model: tiny, and dropout_checkpoint (dropout 0.1 in its
+    config). An invariant that holds only with dropout off (ratio 1 at the first update, train mode scoring as
+    eval mode) must also run on the second: on tiny it would hold with dropout left on."""
+    return dropout_checkpoint if request.param == "dropout-gpt2" else request.param
 
 
 @pytest.fixture

@@ -154,6 +154,16 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     assert freq[0] == 0 and freq[1].item() == pytest.approx(0.625, abs=0.03)
 
 
+def test_temperature_divides_the_logits_before_sampling():
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]])).expand(5000, 3)
+    # T = 0.5: softmax(log p / 0.5) = p² / Σ p²; p² = 0.04, 0.25, 0.09, sum 0.38: 0.04/0.38 = 0.105263,
+    # 0.25/0.38 = 0.657895, 0.09/0.38 = 0.236842 (at T = 1 it would be 0.2, 0.5, 0.3). The sampling std of a
+    # frequency of 5000 draws is at most sqrt(0.25 / 5000) = 0.0071, so abs=0.03 is over 4 of them.
+    tokens = common._sample_token(logits, 0.5, 1.0, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=3).float() / 5000
+    assert freq.tolist() == pytest.approx([0.105263, 0.657895, 0.236842], abs=0.03)
+
+
 # ---- checkpoints and loaded models ---------------------------------------------------------------------------
 def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, tokenizer, monkeypatch):
     model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32")
@@ -247,15 +257,22 @@ def test_bf16_mixed_keeps_every_small_update_and_bf16_true_loses_most(tokenizer,
     assert fraction_of_weights_changed("bf16-true", tokenizer, prompts) < 0.2
 
 
-def test_bf16_mixed_computes_in_bf16_and_returns_float32_log_probs(tokenizer, prompts):
+@pytest.mark.parametrize("fast", [False, True])
+def test_bf16_mixed_computes_in_bf16_and_returns_float32_log_probs(tokenizer, prompts, fast):
     completions = torch.randint(5, 90, (4, 6), generator=torch.Generator().manual_seed(1))
-    fp32, mixed = (common.load_model("tiny", len(tokenizer), torch.device("cpu"), p, seed=0) for p in ("fp32", "bf16-mixed"))
+    fp32, mixed = (common.load_model("tiny", len(tokenizer), torch.device("cpu"), p, seed=0, use_kernels=fast)
+                   for p in ("fp32", "bf16-mixed"))
     assert all(p.dtype == torch.float32 for p in mixed.parameters())  # master weights
+    # With the kernels on a CPU the bf16-mixed model attends eagerly and the fp32 one with sdpa: float32 through the two
+    # differs by ~5e-7. The same attention for both, so that only autocast can make them differ.
+    fp32.set_attn_implementation(mixed.config._attn_implementation)
     exact, _ = common.completion_logprobs(fp32, *prompts, completions, torch.tensor([2, 2]))
     autocast, _ = common.completion_logprobs(mixed, *prompts, completions, torch.tensor([2, 2]))
     assert autocast.dtype == torch.float32
     difference = (autocast - exact).abs().max().item()
-    assert 0 < difference < 0.02  # bf16 matmuls (8-bit mantissa) on log-probs of magnitude ~5; 0 would mean no autocast
+    # bf16 keeps 8 significant bits, a rounding of up to 2^-9 ≈ 2e-3 of each matmul input: on log-probs of magnitude
+    # ~4.6 that is ~1e-3 (measured 1.2e-3 to 1.5e-3), far above float32 noise (~1e-6) and below 0.02
+    assert 1e-4 < difference < 0.02
 
 
 def test_distinct_fraction_per_group_ignores_what_follows_eos():

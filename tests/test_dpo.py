@@ -77,7 +77,8 @@ def naive_sequence_logp(model, tokenizer, prompt: str, completion: str) -> float
     return sum(logprobs[len(prompt_ids) - 1 + t, tok].item() for t, tok in enumerate(completion_ids))
 
 
-def test_concatenated_forward_equals_two_separate_forwards_and_sums_tokens(tiny_model, tokenizer):
+def test_concatenated_forward_equals_two_separate_forwards_and_sums_tokens(tiny_model_and_tokenizer):
+    tiny_model, tokenizer = tiny_model_and_tokenizer  # on tiny-gpt2 pad = EOS: the EOS still counts, and is scored
     chosen, rejected, tokens = concatenated_logps(tiny_model, tokenizer, PAIR_ROWS, max_completion_tokens=256)
     chosen_alone = [concatenated_logps(tiny_model, tokenizer, [{**p, "rejected": p["chosen"]}], 256)[0].item() for p in PAIR_ROWS]
     rejected_alone = [concatenated_logps(tiny_model, tokenizer, [{**p, "chosen": p["rejected"]}], 256)[1].item() for p in PAIR_ROWS]

@@ -198,12 +198,15 @@ def spy_on_grpo_loss(monkeypatch) -> list[dict]:
 
 
 @pytest.mark.parametrize("lora_r", [0, pytest.param(4, marks=pytest.mark.skipif(not HAS_PEFT, reason="peft (optional) not installed"))])
-def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path, monkeypatch, lora_r):
+def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path, monkeypatch, lora_r, tiny_or_dropout_model):
     # μ = 2 makes the loop compute log π_θold in a separate forward; at T = 0.7 it must still equal the
     # first iteration's log π_θ exactly (same weights, same temperature), so ratio = 1 and nothing clips.
-    # With LoRA too (B = 0 at the start: the first forward is the base's, which is the reference).
+    # With LoRA too (B = 0 at the start: the first forward is the base's, which is the reference). And from
+    # a checkpoint whose config has dropout 0.1: dropout left on in the training forward would break ratio = 1.
     calls = spy_on_grpo_loss(monkeypatch)
-    result = main(tiny_args(tmp_path, steps=3, beta=0.1, num_iterations=2, temperature=0.7, lr=1e-2, lora_r=lora_r), reward_fn=digit_fraction)
+    args = tiny_args(tmp_path, model=tiny_or_dropout_model, steps=3, beta=0.1, num_iterations=2, temperature=0.7,
+                     lr=1e-2, lora_r=lora_r)
+    result = main(args, reward_fn=digit_fraction)
     first_iterations, second_iterations = calls[0::2], calls[1::2]  # one micro-batch per iteration
     for call in first_iterations:
         assert torch.allclose(call["logprobs"], call["old"], atol=1e-5)
@@ -277,19 +280,21 @@ def test_completion_truncated_counts_rows_without_eos(tmp_path, monkeypatch):
     assert metrics_of(result)[0]["completions/distinct"] == 0.5  # each group of 4 is [a, b, a, b]
 
 
-def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypatch):
+def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypatch, tiny_name_and_tokenizer):
     import reward_model
     import tasks
 
-    rm = reward_model.main(reward_model.Args(model="tiny", dataset=PAIRS, steps=2, batch_size=4, output_dir=str(tmp_path / "rm")))
+    name, tokenizer = tiny_name_and_tokenizer
+    rm = reward_model.main(reward_model.Args(model=name, dataset=PAIRS, steps=2, batch_size=4,
+                                             output_dir=str(tmp_path / "rm")))
     rm_path = os.path.join(rm["run_dir"], "model")
-    eos, pad = 2, 0  # the tiny tokenizer's <|im_end|> and <pad>
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id  # tiny: <|im_end|> 2 and <pad> 0; tiny-gpt2: both 2
     table = torch.tensor([[40, 41, eos], [42, eos, pad]])  # the second row's score must be read at its EOS, not at the padding
     monkeypatch.setattr(common, "sample_completions", lambda model, prompt_ids, *a, **k: table.repeat(prompt_ids.shape[0], 1))
-    result = main(tiny_args(tmp_path / "grpo", steps=1, prompts_per_step=1, group_size=2, reward_model=rm_path, save_model=False),
-                  reward_fn=lambda completion, answer: 1.0)
+    args = tiny_args(tmp_path / "grpo", model=name, steps=1, prompts_per_step=1, group_size=2, reward_model=rm_path,
+                     save_model=False)
+    result = main(args, reward_fn=lambda completion, answer: 1.0)
     row = metrics_of(result)[0]
-    tokenizer = common.load_tokenizer("tiny")
     problem = next(tasks.load_problems(None, 0, 8, 1)[0])
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, problem.prompt)] * 2, "cpu")
     mask = common.completion_mask(table, eos)

@@ -158,19 +158,32 @@ def test_explained_variance():
     assert explained_variance(torch.tensor([[0.0, 2.0, 2.0, 100.0]]), returns, mask) == pytest.approx(2 / 3)
 
 
-def test_value_of_the_first_token_is_read_before_it(tokenizer):
-    """V(s_1) comes from the last prompt token: changing y_1 cannot change it, changing y_2 cannot change V(s_1), V(s_2)."""
-    critic = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score").eval()
-    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, "What is 1 + 1?")], "cpu")
+@pytest.mark.parametrize("name", ["tiny", "tiny-gpt2"])
+def test_value_of_the_first_token_is_read_before_it(tokenizer, prompts, name):
+    """V(s_1) comes from the last prompt token: changing y_1 cannot change it, changing y_2 cannot change V(s_1),
+    V(s_2). Positions come from the mask: the first prompt, left-padded beside a longer one, gets the values it gets
+    alone (shown by tiny-gpt2, whose positions are absolute; Llama's rotary attention sees only distances)."""
+    critic = common.load_model(name, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score").eval()
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, "What is 3 + 4?")],
+                                                     "cpu")
     with torch.no_grad():
         a, b, c = (token_values(critic, prompt_ids, prompt_mask, torch.tensor([ids]))[0].tolist() for ids in ([20, 21, 22], [30, 21, 22], [20, 31, 22]))
+        padded = token_values(critic, *prompts, torch.tensor([[20, 21, 22]] * 2))[0].tolist()
     assert a[0] == pytest.approx(b[0]) and a[1] != pytest.approx(b[1])  # y_1 changes V(s_2), not V(s_1)
     assert a[:2] == pytest.approx(c[:2]) and a[2] != pytest.approx(c[2])  # y_2 changes only V(s_3)
+    assert prompts[1][0, 0] == 0  # row 0 of `prompts` is this prompt, left-padded
+    assert padded == pytest.approx(a, abs=1e-5)
 
 
 # ---- the loop ---------------------------------------------------------------------------------------------------------
-def test_first_minibatch_of_the_first_epoch_has_ratio_one(tmp_path, tiny_reward_model_path):
-    row = metrics_of(main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, ppo_epochs=1, minibatch_size=4)))[0]
+def test_first_minibatch_of_the_first_epoch_has_ratio_one(tmp_path, tiny_reward_model_path, tiny_or_dropout_model):
+    # Also from a checkpoint whose config has dropout 0.1, where dropout left on in the training forward would make
+    # log π_θ differ from log π_θold already here. It is scored by the verifier: the tiny reward model has another
+    # tokenizer.
+    scoring = {} if tiny_or_dropout_model == "tiny" else dict(reward="verifier", reward_model=None)
+    args = tiny_args(tmp_path, tiny_reward_model_path, model=tiny_or_dropout_model, steps=1, ppo_epochs=1,
+                     minibatch_size=4, **scoring)
+    row = metrics_of(main(args))[0]
     assert row["approx_kl"] == pytest.approx(0.0, abs=1e-10) and row["clip_ratio"] == 0.0
 
 

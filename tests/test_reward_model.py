@@ -104,10 +104,12 @@ def test_score_is_read_at_the_appended_eos_when_pad_is_eos_and_the_prompt_holds_
                 assert abs(score - head_on_last(real[:wrong])) > 1e-4  # the two wrong places would give another score
 
 
-def test_pair_rows_share_the_prompt_tokens_and_end_in_eos(tokenizer, tiny_reward_model, monkeypatch):
+def test_pair_rows_share_the_prompt_tokens_and_end_in_eos(tiny_name_and_tokenizer, monkeypatch):
+    name, tokenizer = tiny_name_and_tokenizer  # tiny-gpt2: pad = EOS, only the attention mask tells its final EOS
+    model = common.load_model(name, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score")
     seen = {}
     monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: seen.update(ids=ids, mask=mask) or torch.zeros(len(ids)))
-    score_texts(tiny_reward_model, tokenizer, ["What is 3 + 4?", "What is 3 + 4?"], ["7", "3 + 4 = 8"], 256)
+    score_texts(model, tokenizer, ["What is 3 + 4?", "What is 3 + 4?"], ["7", "3 + 4 = 8"], 256)
     ids, mask = seen["ids"], seen["mask"]
     prompt = tokenizer(tasks.format_prompt(tokenizer, "What is 3 + 4?"), add_special_tokens=False).input_ids
     assert ids[0, : len(prompt)].tolist() == ids[1, : len(prompt)].tolist() == prompt
@@ -154,13 +156,17 @@ def test_checkpoint_reloads_with_transformers_and_scores_the_same(tmp_path, toke
         assert reloaded(**enc).logits.squeeze(-1).tolist() == pytest.approx(ours.tolist(), abs=1e-5)
 
 
-def test_training_and_scoring_give_the_same_score(tmp_path, tokenizer, tiny_reward_model):
-    """Dropout is off, so train mode and eval mode score a text identically."""
+def test_training_and_scoring_give_the_same_score(tiny_or_dropout_model):
+    """Dropout is off, so train mode and eval mode score a text identically: also from a checkpoint whose config
+    has dropout 0.1, where a model with dropout left on would score differently in train mode."""
+    tokenizer = common.load_tokenizer(tiny_or_dropout_model)
+    model = common.load_model(tiny_or_dropout_model, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score")
     prompts, completions = ["What is 3 + 4?"], ["7"]
-    tiny_reward_model.train()
-    in_training = score_texts(tiny_reward_model, tokenizer, prompts, completions, 256)
-    tiny_reward_model.eval()
-    assert score_texts(tiny_reward_model, tokenizer, prompts, completions, 256).item() == pytest.approx(in_training.item(), abs=1e-6)
+    model.train()
+    in_training = score_texts(model, tokenizer, prompts, completions, 256)
+    model.eval()
+    assert score_texts(model, tokenizer, prompts, completions, 256).item() == pytest.approx(in_training.item(),
+                                                                                            abs=1e-6)
 
 
 def test_run_folder_metrics_and_verifier_agreement(tmp_path, digits_are_correct):

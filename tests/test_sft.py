@@ -27,8 +27,10 @@ def test_sft_loss_is_a_token_mean_over_the_batch():
     assert sft_loss(logprobs, mask).item() == pytest.approx(2.0)
 
 
-def test_only_completion_tokens_are_targets_whatever_the_padding(tiny_model, tokenizer):
-    """Each completion token's log-prob equals a forward on that row alone, unpadded; prompt tokens are never scored."""
+def test_only_completion_tokens_are_targets_whatever_the_padding(tiny_model_and_tokenizer):
+    """Each completion token's log-prob equals a forward on that row alone, unpadded; prompt tokens are never scored.
+    On tiny-gpt2 too, where pad = EOS: the EOS that ends a completion is a target there as well."""
+    tiny_model, tokenizer = tiny_model_and_tokenizer
     prompts = [tasks.format_prompt(tokenizer, q) for q in ("What is 3 + 4?", "What is 12 + 45? Show it.")]
     completions = ["3 + 4 = 7", "57"]
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, prompts, "cpu")

@@ -84,7 +84,8 @@ ROWS = [
 ]
 
 
-def test_sequence_logps_are_sums_and_lengths_count_eos(tokenizer, tiny_model):
+def test_sequence_logps_are_sums_and_lengths_count_eos(tiny_model_and_tokenizer):
+    tiny_model, tokenizer = tiny_model_and_tokenizer  # on tiny-gpt2 pad = EOS: the EOS still counts, and is scored
     logps, lengths = sequence_logps(tiny_model, tokenizer, ["What is 3 + 4?"], ["7", "3 + 4 = 8"], 256)
     assert lengths.tolist() == [2.0, 10.0]  # characters + EOS
     # By hand, one unpadded row at a time: the model on prompt + completion + EOS, and the sum of
