@@ -6,34 +6,29 @@ token of that completion. No critic: the group is the baseline. The policy is th
 PPO's clipped surrogate, and a KL penalty to the frozen reference model is added to the loss.
 
 Objective (DeepSeekMath, Shao et al. 2024, arXiv:2402.03300, eq. 3), maximised:
-    J(θ) = E[ 1/G Σ_i 1/|o_i| Σ_t { min(ρ_it Â_it, clip(ρ_it, 1-ε_low, 1+ε_high) Â_it) - β D_KL[π_θ || π_ref]_it } ]
+    J(θ) = E[ 1/G Σ_i 1/|o_i| Σ_t { min(ρ_it Â_it, clip(ρ_it, 1-ε_low, 1+ε_high) Â_it) - β D_KL[π_θ||π_ref]_it } ]
     ρ_it = π_θ(o_it | q, o_i,<t) / π_θold(o_it | q, o_i,<t)
     Â_it = (r_i - mean(r)) / std(r)                                            (outcome supervision, §4.1.2)
     D_KL ≈ π_ref/π_θ - log(π_ref/π_θ) - 1                                      (k3, eq. 4)
 
 Options from later papers, each off by default unless said:
-- DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (`--eps-high 0.28`), token-level loss
-  (`--loss-agg token-mean`), dynamic sampling (`--dynamic-sampling`), overlong reward shaping
-  (`--overlong-buffer`).
+- DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (`--eps-high 0.28`), token-level loss (`--loss-agg
+  token-mean`), dynamic sampling (`--dynamic-sampling`), overlong reward shaping (`--overlong-buffer`).
 - Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): no std scaling (`--no-scale-by-std`) and
   `--loss-agg seq-mean-token-sum-norm` (divide by B × max_new_tokens, a constant).
 
-The reward is the verifier's 0/1 by default: the last number in the completion (`--verifier
-last-number`), which also pays for restating an operand (`What is 0 + 24?` -> "...the sum of 0 and
-24."); `--verifier strict` pays only a result stated after '=', 'is', 'equals' or 'answer'. Every
-step logs `reward/unearned`, the share of samples the first pays and the second refuses; held-out
-accuracy is always the last-number verifier's. `--reward-model runs/rm-.../model` scores completions
-with a reward_model.py checkpoint instead, read exactly as ppo.py reads it, and logs the verifier's
-reward of the same samples beside it (`score` vs `verifier`): GRPO and PPO on one learned reward,
-and its over-optimisation, in the same two numbers.
+The reward is the verifier's 0/1: the last number in the completion, which also pays for restating
+an operand ("the sum of 0 and 24"), or with `--verifier strict` only a result stated as one ("= 24",
+"is 24"); `reward/unearned` logs the share the first pays and the second refuses. `--reward-model
+runs/rm-.../model` scores with a reward_model.py checkpoint instead, as ppo.py reads it, and logs the
+verifier beside it (`score` vs `verifier`): one learned reward and its over-optimisation, as in PPO.
 
 Where this file departs from the papers, and why:
 - The std in Â is the population std (divide by G) plus eps = 1e-4; TRL uses the sample std
   (divide by G-1), which makes |Â| smaller by sqrt((G-1)/G).
-- Dynamic sampling drops zero-variance groups but does not sample more prompts to refill the
-  batch as DAPO does; the batch shrinks instead (`frac_reward_zero_std` says by how much). A batch
-  left with no group makes no update but still counts as a step: it is logged (`skipped`), it
-  advances the warm-up, and it is evaluated and saved on schedule.
+- Dynamic sampling drops zero-variance groups but does not sample more prompts to refill the batch
+  as DAPO does; the batch shrinks (`frac_reward_zero_std` says by how much). A batch left with no
+  group makes no update but still counts as a step: logged (`skipped`), warm-up, evaluation, save.
 - β defaults to 0.04 (DeepSeekMath). With `--beta 0` the reference model is not loaded at all.
 - The learning rate warms up linearly and then stays constant.
 
@@ -48,27 +43,28 @@ Shapes: P prompts, G completions per prompt, B = P*G sequences, S prompt tokens,
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Annotated, Callable, Literal, Optional
 
 import torch
-from tqdm.auto import tqdm
 
 import common
+import runs
 import tasks
-from common import InputError, masked_mean, masked_sum
+from common import masked_mean, masked_sum
+from runs import InputError, require
 
 
 @dataclass
-class Experiment:
-    """what to train and how it is evaluated"""
+class Args:
+    """GRPO on the arithmetic task with the verifier reward."""
 
+    # ---- experiment: what to train and how it is evaluated -------------------------------------------------------
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    dataset: Annotated[Optional[str], common.none_means("the built-in arithmetic task", "FILE")] = None
+    dataset: Annotated[Optional[str], runs.none_means("the built-in arithmetic task", "FILE")] = None
     """JSONL file with fields prompt, answer (numeric)"""
     seed: int = 0
     """seed for problems, sampling and initialisation"""
@@ -77,17 +73,12 @@ class Experiment:
     eval_size: int = 200
     """number of held-out problems (greedy decoding, verifier reward)"""
     pass_k: int = 8
-    """pass@k at the first and last evaluation: k completions per held-out problem at temperature 1, scored by the verifier (0 = off)"""
+    """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
     verifier: Literal["last-number", "strict"] = "last-number"
-    """the training reward: the last number in the completion, or strict (only a result stated after '=', 'is', 'equals' or 'answer'); held-out accuracy is always measured with last-number"""
-    reward_model: Annotated[Optional[str], common.none_means("the verifier", "DIR")] = None
-    """score completions with this reward_model.py checkpoint instead of the verifier (read exactly as ppo.py reads it); the verifier's reward of the same samples is logged beside it as `verifier`"""
-
-
-@dataclass
-class Algorithm:
-    """GRPO, and the DAPO / Dr. GRPO options"""
-
+    """the training reward: the last number, or strict (only a result stated as one); held-out uses last-number"""
+    reward_model: Annotated[Optional[str], runs.none_means("the verifier", "DIR")] = None
+    """a reward_model.py checkpoint to score completions with (as ppo.py does); the verifier is logged beside it"""
+    # ---- algorithm: GRPO, and the DAPO / Dr. GRPO options --------------------------------------------------------
     steps: int = 100
     """training batches, each freshly sampled (μ optimizer steps each, none if skipped; warm-up counts batches)"""
     prompts_per_step: int = 4
@@ -103,7 +94,7 @@ class Algorithm:
     beta: float = 0.04
     """KL penalty coefficient; 0 = no reference model is loaded at all"""
     kl_estimator: Literal["k2", "k3"] = "k3"
-    """per-token KL estimator in the loss (Schulman 2020): k3 (DeepSeekMath; its gradient follows KL(π_ref || π_θ)) or k2 (follows KL(π_θ || π_ref)); k1's expected gradient is 0"""
+    """KL estimator in the loss: k3 (DeepSeekMath; follows KL(π_ref||π_θ)) or k2 (KL(π_θ||π_ref)); see kl_estimate"""
     loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
     """loss aggregation: GRPO (per-sequence mean), DAPO (per-token mean), Dr. GRPO (sum / (B × max_new_tokens))"""
     scale_by_std: bool = True
@@ -111,27 +102,17 @@ class Algorithm:
     dynamic_sampling: bool = False
     """drop groups whose rewards are all equal (zero advantage) (DAPO); a batch left with none still counts as a step"""
     overlong_buffer: int = 0
-    """DAPO soft overlong punishment: the last this-many tokens before max_new_tokens are penalised linearly (0 = off)"""
+    """DAPO's soft overlong punishment over the last this-many tokens before max_new_tokens (0 = off)"""
     overlong_penalty: float = 1.0
     """penalty at max_new_tokens when overlong_buffer > 0"""
-
-
-@dataclass
-class Generation:
-    """sampling the completions"""
-
+    # ---- generation: sampling the completions --------------------------------------------------------------------
     max_new_tokens: int = 32
     """completion length limit, in training and evaluation"""
     temperature: float = 1.0
     """sampling temperature; the same temperature divides the logits when log-probs are recomputed"""
     top_p: float = 1.0
-    """nucleus sampling (1.0 = off; top-k is never used). Below 1 the update is off-policy: tokens come from the truncated distribution, ratios and KL use the full softmax"""
-
-
-@dataclass
-class Optimisation:
-    """the optimizer, memory and saving"""
-
+    """nucleus sampling (1.0 = off; no top-k). Below 1 the update is off-policy: ratios and KL use the full softmax"""
+    # ---- optimisation: the optimizer, memory and saving ----------------------------------------------------------
     lr: float = 1e-5
     """AdamW learning rate"""
     warmup_steps: int = 10
@@ -140,27 +121,34 @@ class Optimisation:
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm"""
-    batch_size: Annotated[Optional[int], common.none_means("the whole batch P*G at once", "INT")] = None
+    batch_size: Annotated[Optional[int], runs.none_means("the whole batch P*G at once", "INT")] = None
     """micro-batch size in sequences, for gradient accumulation"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
-    save_model: bool = True
-    """save the final model (and one at each evaluation) in the run folder"""
+    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
+    lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
 
 
-@dataclass
-class Args(common.Lora, Optimisation, Generation, Algorithm, common.Run, Experiment):
-    """GRPO on the arithmetic task with the verifier reward.
-
-    One flat set of options, `Args(beta=0.1)`; the base classes only group them in --help, and
-    their fields come in the order Experiment, Run, Algorithm, Generation, Optimisation, Lora (a dataclass takes
-    its last base's fields first)."""
+def check_args(args: Args) -> None:
+    runs.check_options(args, at_least_one=("steps", "prompts_per_step", "num_iterations", "max_new_tokens",
+                                           "eval_size"))
+    require(args.group_size >= 2, f"--group-size must be at least 2 (the group is the baseline), not {args.group_size}")
+    batch = args.prompts_per_step * args.group_size
+    require(args.batch_size is None or (args.batch_size >= 1 and batch % args.batch_size == 0),
+            f"--batch-size {args.batch_size} must divide prompts-per-step × group-size = {batch}")
+    require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
+    require(0 < args.top_p <= 1, "--top-p must be in (0, 1]")
+    require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps-low must be in [0, 1) and --eps-high >= 0")
+    require(args.beta == 0 or args.kl_estimator != "k1",
+            "--kl-estimator k1 in the loss has zero expected gradient (it penalises nothing): use k3 or k2")
+    require(args.overlong_buffer < args.max_new_tokens, "--overlong-buffer must be smaller than --max-new-tokens")
 
 
 # ---------------------------------------------------------------------------------------------
 # The math: advantages, KL, loss
 # ---------------------------------------------------------------------------------------------
-def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-4) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True,
+                     eps: float = 1e-4) -> torch.Tensor:
     """Â_i = (r_i - mean(r_group)) / (std(r_group) + eps), DeepSeekMath §4.1.2. (N,) -> (N,)
 
     Groups are consecutive runs of `group_size`. std is the population std (divide by G).
@@ -187,8 +175,7 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = 
       E_π[∇k1] = E_π[∇ log π_θ] = 0                          k1 in the loss penalises nothing
       E_π[∇k2] = ∇ KL(π_θ || π_ref)                          the reverse KL, as the objective says
       E_π[∇k3] = E_π[(1 - r) ∇ log π_θ] = ∇ KL(π_ref || π_θ)   the *forward* KL (DeepSeekMath's choice)
-    (tests/test_grpo.py checks all three by exact enumeration over a small vocabulary). So grpo.py
-    refuses k1 in the loss.
+    (tests/test_grpo.py checks all three by exact enumeration). So grpo.py refuses k1 in the loss.
     """
     log_ratio = ref_logprobs - logprobs
     if kind == "k1":
@@ -284,113 +271,56 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, pe
     return -penalty * (over / buffer).clamp(max=1.0)
 
 
-# ---------------------------------------------------------------------------------------------
-# Data
-# ---------------------------------------------------------------------------------------------
-def check_args(args: Args) -> None:
-    common.check_run_args(args)
-    if args.pass_k < 0:
-        raise InputError(f"--pass-k must be 0 (off) or a number of samples per problem, not {args.pass_k}")
-    if args.group_size < 2:
-        raise InputError(f"--group-size must be at least 2 (the group is the baseline), not {args.group_size}")
-    batch = args.prompts_per_step * args.group_size
-    if args.batch_size is not None and (args.batch_size < 1 or batch % args.batch_size):
-        raise InputError(f"--batch-size {args.batch_size} must divide prompts-per-step × group-size = {batch}")
-    for name in ("steps", "prompts_per_step", "num_iterations", "max_new_tokens", "eval_size"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.temperature <= 0:
-        raise InputError("--temperature must be > 0 for sampling (evaluation is always greedy)")
-    if not 0 < args.top_p <= 1:
-        raise InputError("--top-p must be in (0, 1]")
-    if not (0 <= args.eps_low < 1 and args.eps_high >= 0):
-        raise InputError("--eps-low must be in [0, 1) and --eps-high >= 0")
-    if args.beta != 0 and args.kl_estimator == "k1":
-        raise InputError("--kl-estimator k1 in the loss has zero expected gradient (it penalises nothing): use k3 or k2")
-    if args.overlong_buffer >= args.max_new_tokens:
-        raise InputError("--overlong-buffer must be smaller than --max-new-tokens")
-
 
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
 def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) -> dict:
-    """Train with GRPO; returns the final metrics (also written to the run folder's eval.json).
-
-    reward_fn(completion, answer) -> float scores training samples (default: the verifier that
-    --verifier names); held-out accuracy is always measured with the last-number verifier.
-    """
+    """Train with GRPO; returns the final metrics (also in eval.json). reward_fn(completion, answer) -> float scores
+    the samples (default: --verifier's); held-out accuracy is always the last-number verifier's."""
     check_args(args)
     reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]
     common.set_seed(args.seed)
-    device = common.resolve_device(args.device)
-    precision = common.resolve_precision(args.precision, device)
-    kernels = common.resolve_kernels(args.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
-    resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
+    device = common.resolve_device(args.run.device)
+    precision = common.resolve_precision(args.run.precision, device)
+    fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
-    tokenizer = common.load_tokenizer(args.model, args.prompt_format)
-    if args.memory_plan:  # from the config alone; one micro-batch shares each prompt's forward among its G completions
-        config, S, T = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens
-        micro = args.batch_size or args.prompts_per_step * args.group_size
-        models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (args.beta != 0 and not args.lora_r)
-        if args.reward_model:
-            models.append(("reward model", common.model_config(args.reward_model, len(tokenizer)), "score", False))
-        return common.memory_plan(models, precision, args, args.gradient_checkpointing, micro, -(-micro // args.group_size) * S + micro * T, micro * T, kernels)
-    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=kernels)
+    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
+    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    reward_model = common.load_reward_model(args.reward_model, tokenizer, device, precision, use_kernels=kernels) if args.reward_model else None
+    reward_model = common.load_reward_model(args.reward_model, tokenizer, device, precision, use_kernels=fast) \
+        if args.reward_model else None
     # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
-    ref_model = common.frozen_copy(policy) if args.beta != 0.0 and not args.lora_r else None
+    ref_model = common.frozen_copy(policy) if args.beta != 0.0 and not args.lora.lora_r else None
     if resumed:
-        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True, use_kernels=kernels)
-    elif args.lora_r:
-        policy = common.add_lora(policy, args.model, args)
+        policy = common.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
+                                   keep_adapter=True, use_kernels=fast)
+    elif args.lora.lora_r:
+        policy = common.add_lora(policy, args.model, args.lora)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
-    run_dir = common.make_run_dir(args.output_dir, "grpo", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     G = args.group_size
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    save_every = args.save_every or args.eval_every
-    print(f"run folder: {run_dir}")
 
-    def evaluate(step: int, pass_k: int = 0) -> dict:
-        policy.eval()
-        result = tasks.evaluate_accuracy(policy, tokenizer, heldout, args.max_new_tokens)
-        if pass_k:
-            result[f"pass@{pass_k}"] = tasks.evaluate_pass_at_k(policy, tokenizer, heldout, pass_k, args.max_new_tokens, args.seed)
-            tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} ({pass_k} samples per problem at temperature 1)")
-        tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
-        return result
+    run = runs.Run(args, "grpo", tokenizer, device, resumed)  # the run folder, metrics.jsonl, checkpoints
+    run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler)  # what a checkpoint holds; resumed here
+    for _ in range((run.first_step - 1) * args.prompts_per_step):  # a resumed run's data position: P problems a step
+        next(train_stream)
 
-    def checkpoint(step: int) -> None:
-        """Everything an exact --resume needs; the data position is the step (step × P problems drawn)."""
-        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                 "rng": common.rng_state(generator), "evals": evals, "before": before}
-        common.save_checkpoint(policy, tokenizer, run_dir / "model", state)
-
-    if resumed:
-        optimizer.load_state_dict(resumed["optimizer"])
-        scheduler.load_state_dict(resumed["scheduler"])
-        common.set_rng_state(resumed["rng"], generator)
-        for _ in range(resumed["step"] * args.prompts_per_step):
-            next(train_stream)
-        before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
-    else:
-        before = evaluate(0, args.pass_k)
-        evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"]})], None, 1
-    bar = common.progress(args.steps, "grpo", initial=start - 1)
-    for step in range(start, args.steps + 1):
+    evaluate = lambda step, pass_k=0: tasks.evaluate_policy(policy, tokenizer, heldout, args.max_new_tokens, args.seed,
+                                                            step, pass_k)
+    run.begin(evaluate)
+    for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample G completions per prompt from the current policy -------------------------
         t0 = time.time()
         problems = [next(train_stream) for _ in range(args.prompts_per_step)]
-        prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in problems], device)
+        prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
-        completion_ids = common.sample_completions(
-            policy, prompt_ids, prompt_mask, G, args.max_new_tokens, eos, pad, args.temperature, args.top_p, generator
-        )  # (B, T)
+        completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, G, args.max_new_tokens, eos, pad,
+                                                   args.temperature, args.top_p, generator)  # (B, T)
         mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
         time_generate = time.time() - t0
 
@@ -403,10 +333,12 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         unearned = [tasks.verify(t, a) * (1.0 - tasks.verify_strict(t, a)) for t, a in zip(texts, answers)]
         if reward_model is not None:  # the verifier's scores stay, as the true reward to compare against
             with torch.no_grad():
-                scores = common.reward_scores(reward_model, torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1),
+                input_ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
+                scores = common.reward_scores(reward_model, input_ids,
                                               torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1))  # (B,)
         if not torch.isfinite(scores).all():
-            raise InputError(f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: the reward function returned a non-finite score")
+            raise InputError(f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: "
+                             "the reward function returned a non-finite score")
         lengths = mask.sum(1)  # (B,)
         rewards = scores + overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty)
 
@@ -420,16 +352,15 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             "reward": rewards.mean().item(),
             "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
             "frac_reward_zero_std": all_equal.float().mean().item(),
-            "score": scores.mean().item(),  # the reward before any overlong penalty
-            **({"verifier": verified.mean().item()} if reward_model is not None else {}),  # the true reward of the same samples
+            "score": scores.mean().item(),  # before any overlong penalty
+            **({"verifier": verified.mean().item()} if reward_model is not None else {}),  # the true reward
             "reward/unearned": sum(unearned) / len(unearned),
             "completion_length": lengths.float().mean().item(),
-            "completions/distinct": common.distinct_fraction(completion_ids, mask, G),  # mode collapse: 1/G when a group is all alike
-            "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # no EOS: cut at max_new_tokens
+            "completions/distinct": common.distinct_fraction(completion_ids, mask, G),  # 1/G: a group all alike
+            "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # cut: no EOS
         }
         t1 = time.time()
-        # dynamic sampling may leave no group: no update then, but the batch still counts (warm-up, log, evaluate, save)
-        update = bool(keep.any())
+        update = bool(keep.any())  # dynamic sampling may leave no group: no update, but the batch still counts
 
         # ---- 4. old and reference log-probs, once per batch -------------------------------------
         if update:
@@ -444,37 +375,30 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
             def logprobs_of(model, rows: slice, with_entropy: bool = False):
                 prompts, repeats = torch.unique_consecutive(group_of_row[rows], return_counts=True)
-                return common.completion_logprobs(
-                    model, prompt_ids[prompts], prompt_mask[prompts], completion_ids[rows], repeats, args.temperature,
-                    with_entropy,
-                )
+                return common.completion_logprobs(model, prompt_ids[prompts], prompt_mask[prompts],
+                                                  completion_ids[rows], repeats, args.temperature, with_entropy)
 
             with torch.no_grad():
                 # With μ = 1 the sampling policy *is* the current one, so old = current.detach() below and
                 # ratio is exactly 1 (no extra forward); with μ > 1 they must be frozen before the first update.
-                old_logprobs = None
-                if args.num_iterations > 1:
-                    old_logprobs = torch.cat([logprobs_of(policy, s)[0] for s in slices])
+                old_logprobs = torch.cat([logprobs_of(policy, s)[0] for s in slices]) if args.num_iterations > 1 \
+                    else None
                 ref_logprobs = None
                 if args.beta != 0.0:
                     with common.reference(policy, ref_model) as ref:
                         ref_logprobs = torch.cat([logprobs_of(ref, s)[0] for s in slices])
 
-        # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
-        if update:
+            # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
             policy.train()
             sums, entropy_sum = {}, 0.0  # metric -> Σ over micro-batches and iterations of value × weight
             for iteration in range(args.num_iterations):
                 for s in slices:
                     logprobs, entropy = logprobs_of(policy, s, with_entropy=iteration == 0)
-                    loss, m = grpo_loss(
-                        logprobs,
-                        old_logprobs[s] if old_logprobs is not None else logprobs.detach(),
-                        ref_logprobs[s] if ref_logprobs is not None else None,
-                        advantages[s], mask[s], args.eps_low, args.eps_high, args.beta,
-                        args.loss_agg, args.max_new_tokens, args.kl_estimator,
-                    )
-                    common.check_finite(loss, step, last_good, run_dir)
+                    loss, m = grpo_loss(logprobs, old_logprobs[s] if old_logprobs is not None else logprobs.detach(),
+                                        ref_logprobs[s] if ref_logprobs is not None else None, advantages[s], mask[s],
+                                        args.eps_low, args.eps_high, args.beta, args.loss_agg, args.max_new_tokens,
+                                        args.kl_estimator)
+                    run.check_finite(loss, step)
                     weight = micro_batch_weight(args.loss_agg, mask[s], mask)
                     (loss * weight).backward()
                     # kl, clip_ratio and entropy are token means over the whole batch, whatever the micro-batch:
@@ -486,7 +410,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         sums[k] = sums.get(k, 0.0) + v * token_share
                     sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight
                 grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
-                common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
+                run.check_finite(grad_norm, step, "gradient norm")
                 optimizer.step()
                 # now, not at the next backward: the model's size in float32, idle through sampling
                 optimizer.zero_grad(set_to_none=True)
@@ -504,53 +428,22 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             stats.update({"entropy": entropy_sum, "grad_norm": grad_norm.item()})
         else:
             stats["skipped"] = 1
-        stats.update({
-            "lr": lr,
-            "time/generate": time_generate,
-            "time/train": time_train,
-            "time/step": step_time,
-            "tokens_per_second": lengths.sum().item() / step_time,
-            "tokens_per_second/generate": lengths.sum().item() / time_generate,
-            **({"tokens_per_second/train": mask.sum().item() * args.num_iterations / time_train} if update else {}),
-            "memory/peak_gb": common.peak_memory_gb(device),
-        })
-        log.write(step, stats)
-        bar.update(1)
-        bar.set_postfix(reward=f"{stats['reward']:.3f}", len=f"{stats['completion_length']:.1f}",
-                        **({"kl": f"{stats['kl']:.4f}"} if "kl" in stats else {}),
-                        **({} if update else {"skipped": "all groups equal"}))
+        stats.update({"lr": lr, "time/generate": time_generate, "time/train": time_train, "time/step": step_time,
+                      "tokens_per_second": lengths.sum().item() / step_time,
+                      "tokens_per_second/generate": lengths.sum().item() / time_generate})
+        if update:
+            stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
+        run.log(step, stats, {"reward": f"{stats['reward']:.3f}", "len": f"{stats['completion_length']:.1f}",
+                              **({"kl": f"{stats['kl']:.4f}"} if "kl" in stats else {}),
+                              **({} if update else {"skipped": "all groups equal"})})
 
         # ---- 7. evaluate and checkpoint -----------------------------------------------------------
-        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            evals.append(log.write_eval({"step": step, "accuracy": evaluate(step)["accuracy"]}))
-            common.plot_curves(run_dir, evals)
-        if args.save_model and save_every and step % save_every == 0 and step < args.steps:
-            checkpoint(step)
-            last_good = step
-    bar.close()
+        run.evaluate(step, evaluate)
+        run.save_if_due(step)
 
-    after = evaluate(args.steps, args.pass_k)
-    evals.append(log.write_eval({"step": args.steps, "accuracy": after["accuracy"]}))
-    result = {
-        **tasks.before_and_after(before, after),
-        "evals": evals,
-        "steps": args.steps,
-        "wall_time_s": round(time.time() - log.start, 1),
-        "memory/peak_gb": common.peak_memory_gb(device),
-        "samples_before": before["samples"],
-        "samples_after": after["samples"],
-        "run_dir": str(run_dir),
-    }
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    common.plot_curves(run_dir, evals)
-    if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
-        checkpoint(args.steps)
-        if args.lora_r and args.merge_lora:
-            common.save_merged(policy, tokenizer, run_dir / "merged")
-    log.close()
-    common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}", result)
-    return result
+    return run.finish(evaluate, tasks.before_and_after,
+                      lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}")
 
 
 if __name__ == "__main__":
-    common.run_cli(main, common.parse_args(Args))
+    runs.cli(main, Args)

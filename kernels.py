@@ -72,11 +72,13 @@ class _TokenLogprobs(torch.autograd.Function):
         z_buffer = logits.new_empty(min(ctx.width, T), V, dtype=torch.float32)
         w_buffer = torch.empty_like(z_buffer)
         for b, t in _slabs(B, T, ctx.width):
-            log_p = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(ctx.temperature).sub_(lse[b, t, None])  # (t, V)
+            log_p = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(ctx.temperature)
+            log_p.sub_(lse[b, t, None])  # (t, V)
             log_p.clamp_(min=-1e4)  # a -inf logit: p_k = 0 still (exp(-1e4) is 0), and a zero gradient, not 0 · inf
             weight = g[b, t, None]  # (t, 1)
             if grad_entropy is not None:  # g + h (log p_k + H)
-                weight = torch.add(log_p, entropy[b, t, None], out=w_buffer[: len(log_p)]).mul_(grad_entropy[b, t, None]).add_(weight)
+                weight = torch.add(log_p, entropy[b, t, None], out=w_buffer[: len(log_p)])
+                weight.mul_(grad_entropy[b, t, None]).add_(g[b, t, None])
             dz = log_p.exp_().mul_(weight).neg_()  # (t, V) -p_k (g + h (log p_k + H))
             dz.scatter_add_(-1, labels[b, t, None], g[b, t, None])  # + g 1[k = y]
             grad[b, t] = dz.div_(ctx.temperature)
@@ -122,7 +124,8 @@ def cpu_bf16_decoding(model, rows: int):
         return
     attention = model.config._attn_implementation
     packs = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    linears = [m for m in model.modules() if _packable(m, autocast_on=getattr(model, "bf16_mixed", False))] if packs else []
+    autocast_on = getattr(model, "bf16_mixed", False)
+    linears = [m for m in model.modules() if _packable(m, autocast_on)] if packs else []
     try:
         model.set_attn_implementation("sdpa")
         for linear in linears:

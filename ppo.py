@@ -9,46 +9,39 @@ critic are then updated for a few epochs with PPO's clipped objectives.
 Objective (Ouyang et al. 2022, InstructGPT, arXiv:2203.02155, eq. 2, without the pretraining term), maximised:
     objective(φ) = E_(x, y ~ π_φ) [ r_θ(x, y) - β log( π_φ(y|x) / π_ref(y|x) ) ]
 Per token t of a completion of length T (Ziegler et al. 2019, arXiv:1909.08593; Stiennon et al. 2020):
-    r_t = -β (log π(y_t|·) - log π_ref(y_t|·)) + [t = T] · r_θ(x, y)              (kl_penalized_rewards)
-    δ_t = r_t + γ V(s_t+1) - V(s_t),   Â_t = Σ_l (γλ)^l δ_t+l,   R_t = Â_t + V(s_t)   (GAE, Schulman et al. 2016, eq. 16)
-    L^CLIP = -E_t[ min(ρ_t Â_t, clip(ρ_t, 1-ε, 1+ε) Â_t) ],   ρ_t = π_φ(y_t|·) / π_old(y_t|·)   (PPO, Schulman et al. 2017, eq. 7)
-    L^V = ½ E_t[ max( (V - R_t)², (V_old + clip(V - V_old, -ε_v, ε_v) - R_t)² ) ]     (clipped value loss)
+    r_t = -β (log π(y_t|·) - log π_ref(y_t|·)) + [t = T] · r_θ(x, y)                 (kl_penalized_rewards)
+    δ_t = r_t + γ V(s_t+1) - V(s_t),  Â_t = Σ_l (γλ)^l δ_t+l,  R_t = Â_t + V(s_t)     (GAE, Schulman 2016, eq. 16)
+    L^CLIP = -E_t[ min(ρ_t Â_t, clip(ρ_t, 1-ε, 1+ε) Â_t) ],  ρ_t = π_φ(y_t|·) / π_old(y_t|·)   (PPO 2017, eq. 7)
+    L^V = ½ E_t[ max( (V - R_t)², (V_old + clip(V - V_old, -ε_v, ε_v) - R_t)² ) ]    (clipped value loss)
 
 Conventions a reader could get wrong (each pinned by a test):
 - s_t is the prompt plus the completion before token t, so V(s_t) is read from the hidden state
   *before* y_t (the last prompt token for t = 1); the value after the last token is 0.
-- γ = 1, λ = 0.95; padding after EOS gets no reward, no value and no advantage.
-- The KL penalty is k1 (log π - log π_ref) per sampled token by default, as in InstructGPT; k3 is
-  an option. It goes into the reward, not into the loss (GRPO does the opposite).
-- Advantages are whitened over the batch's completion tokens (population variance); rewards
-  only with --whiten-rewards. Losses are token means over the minibatch.
-- Log-probs are recomputed with the logits divided by the sampling temperature.
+- γ = 1, λ = 0.95; padding after EOS gets no reward, no value and no advantage. Log-probs are
+  recomputed with the logits divided by the sampling temperature.
+- The KL penalty is k1 (log π - log π_ref) per sampled token by default, as in InstructGPT (k3 an
+  option). It goes into the reward, not into the loss (GRPO does the opposite).
+- Advantages are whitened over the batch's completion tokens (population variance); rewards only
+  with --whiten-rewards. Losses are token means over the minibatch.
 
 Where this file departs from InstructGPT, and why:
 - No pretraining-mix term (PPO-ptx): there is no pretraining corpus offline.
-- The critic is initialised from the reward model (InstructGPT §3.5; "N implementation details
-  of RLHF with PPO", Huang et al. 2024) when --reward-model is given, else from the policy's
-  backbone with a fresh head; `--critic-init policy` picks the policy even with a reward model.
-- A completion that hits --max-new-tokens without EOS has --missing-eos-penalty subtracted from
-  its score (TRL's missing_eos_penalty): this model is verbose, and a truncated answer has no
-  final number to check. (The reward model does see truncated samples, without EOS, in its
-  preference data; the penalty is a separate, explicit push towards finishing.)
+- The critic starts from the reward model (InstructGPT §3.5; Huang et al. 2024, "N implementation
+  details of RLHF with PPO") when there is one, else from the policy with a fresh head (--critic-init).
+- A completion that hits --max-new-tokens without EOS has --missing-eos-penalty subtracted from its
+  score (TRL's missing_eos_penalty): this model is verbose, and a truncated answer has no final number.
 - The KL controller is fixed by default; `--target-kl` turns on Ziegler et al.'s adaptive one.
-- With --top-p < 1 the tokens are sampled from the renormalised nucleus, but the ratio and the KL
-  use log-probs of the full softmax (as TRL does): the update is off-policy by the probability mass
-  outside the nucleus, log π_nucleus(y_t) - log π(y_t) = -log(mass kept) per token.
+- With --top-p < 1 the tokens come from the nucleus, but the ratio and the KL use the full softmax
+  (as TRL does): the update is off-policy by -log(mass kept) per token.
 
-Reward over-optimisation: a learned reward is a proxy, and the policy finds what it over-scores (Gao
-et al. 2023). The mitigations the literature lists are options here, each off by default: an
-ensemble of reward models scored by their minimum or mean − k·std (`--ensemble`, Coste et al. 2024),
-the score standardised and clipped (`--reward-clip`), a length penalty, a composite reward that adds
-the verifier (`--verifier-weight`), and stopping at a KL budget (`--kl-budget`). Each step logs the
-learned `score`, the `verifier`'s 0/1 of the same samples, `kl` and `completion_length`.
+Reward over-optimisation (Gao et al. 2023): the mitigations the literature lists are options, off by
+default (ensemble_score, shaped_score, --kl-budget). Each step logs the learned `score` beside the
+`verifier`'s 0/1 of the same samples, `kl` and `completion_length`.
 
 Run:
     python reward_model.py                                   # stage 2 first: prints its run folder
     python ppo.py --reward-model runs/rm-smollm2-0-<time>/model
-    python ppo.py --reward verifier                          # the arithmetic verifier as the reward; critic from the policy
+    python ppo.py --reward verifier                          # the verifier as the reward; critic from the policy
     python ppo.py --help
 
 Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens, H hidden size.
@@ -56,7 +49,6 @@ Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Annotated, Callable, Literal, Optional
@@ -65,38 +57,38 @@ import torch
 from tqdm.auto import tqdm
 
 import common
+import runs
 import tasks
-from common import InputError, masked_mean
+from common import masked_mean, masked_whiten
+from runs import InputError, require
 
 
 @dataclass
-class Experiment:
-    """what to train and how it is evaluated"""
+class Args:
+    """PPO-RLHF with four models on the arithmetic task."""
 
+    # ---- experiment: what to train and how it is evaluated -------------------------------------------------------
     model: str = "smollm2"
-    """policy (and reference): smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    reward_model: Annotated[Optional[str], common.none_means("none; required with --reward model", "DIR")] = None
-    """checkpoint made by reward_model.py (runs/rm-.../model); it scores completions and initialises the critic unless --critic-init policy"""
+    """policy (and reference): smollm2 (embedded), tiny (random, for smoke runs), or a hub id / local checkpoint"""
+    reward_model: Annotated[Optional[str], runs.none_means("none; required with --reward model", "DIR")] = None
+    """a reward_model.py checkpoint (runs/rm-.../model): it scores completions, and the critic starts from it"""
     reward: Literal["model", "verifier"] = "model"
     """model: the learned reward model (the RLHF recipe); verifier: the arithmetic verifier's 0/1"""
-    critic_init: Annotated[Optional[Literal["reward-model", "policy"]], common.none_means("the reward model when --reward-model is given, else the policy", "{reward-model,policy}")] = None
+    critic_init: Annotated[Optional[Literal["reward-model", "policy"]],
+                           runs.none_means("the reward model if given, else the policy", "{reward-model,policy}")] \
+        = None
     """initialise the critic from the reward model (InstructGPT) or from the policy's backbone with a new head"""
-    dataset: Annotated[Optional[str], common.none_means("the built-in arithmetic task", "FILE")] = None
+    dataset: Annotated[Optional[str], runs.none_means("the built-in arithmetic task", "FILE")] = None
     """JSONL file with fields prompt, answer (numeric)"""
     seed: int = 0
     """seed for problems, sampling and initialisation"""
     eval_every: int = 10
-    """evaluate (verifier accuracy and reward-model score) and save a checkpoint every this many steps (0 = only before and after)"""
+    """evaluate (accuracy and reward) and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: int = 200
     """number of held-out problems (greedy decoding)"""
     pass_k: int = 8
-    """pass@k at the first and last evaluation: k completions per held-out problem at temperature 1, scored by the verifier (0 = off)"""
-
-
-@dataclass
-class Algorithm:
-    """PPO, GAE and the KL penalty in the reward"""
-
+    """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
+    # ---- algorithm: PPO, GAE and the KL penalty in the reward ----------------------------------------------------
     steps: int = 40
     """PPO iterations, each on a fresh batch of completions"""
     batch_size: int = 8
@@ -110,8 +102,7 @@ class Algorithm:
     value_clip: float = 0.2
     """ε_v of the clipped value loss"""
     vf_coef: float = 0.1
-    """weight of the value loss in the summed loss (TRL's vf_coef); the critic has its own AdamW, which is
-    nearly scale-invariant, so this matters mostly through the critic's gradient clipping"""
+    """weight of the value loss (TRL's vf_coef); with the critic's own AdamW it matters mostly through clipping"""
     entropy_coef: float = 0.0
     """weight of the entropy bonus (0 = off)"""
     gamma: float = 1.0
@@ -122,7 +113,7 @@ class Algorithm:
     """β of the per-token KL penalty in the reward (the starting value when --target-kl is set)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
     """per-token KL penalty: k1 = log π - log π_ref (InstructGPT), k3 = r - 1 - log r with r = π_ref/π"""
-    target_kl: Annotated[Optional[float], common.none_means("a fixed --kl-coef", "FLOAT")] = None
+    target_kl: Annotated[Optional[float], runs.none_means("a fixed --kl-coef", "FLOAT")] = None
     """adaptive KL controller (Ziegler et al. 2019): the KL per completion to steer towards"""
     kl_horizon: int = 10000
     """horizon of the adaptive KL controller, in completions"""
@@ -130,44 +121,29 @@ class Algorithm:
     """subtracted from the score of a completion that hits --max-new-tokens without EOS (0 = off)"""
     whiten_rewards: bool = False
     """whiten the per-token rewards over the batch before GAE (population variance, mean kept)"""
-
-
-@dataclass
-class RewardHacking:
-    """mitigations of reward over-optimisation, all off unless set (--ensemble, --reward-clip and --verifier-weight need --reward model)"""
-
+    # ---- optional: mitigations of reward over-optimisation, all off unless set ----------------------------------
     ensemble: tuple[str, ...] = ()
-    """more reward_model.py checkpoints (trained with other --seed values): with --reward-model they score as one ensemble, each model's score standardised by its mean and std on the starting policy's held-out answers"""
+    """more reward_model.py checkpoints (other --seed values): with --reward-model they score as one ensemble"""
     ensemble_agg: Literal["min", "mean-std"] = "min"
-    """how the ensemble's scores combine (Coste et al. 2024): min (worst case) or mean − k·std (population std over models)"""
+    """how the ensemble's standardised scores combine (Coste et al. 2024): min, or mean − k·std"""
     ensemble_std_coef: float = 1.0
     """k in mean − k·std"""
-    reward_clip: Annotated[Optional[float], common.none_means("off", "FLOAT")] = None
-    """standardise the learned score by the starting policy's held-out scores (mean, std), then clip it to [−C, C]"""
+    reward_clip: Annotated[Optional[float], runs.none_means("off", "FLOAT")] = None
+    """standardise the learned score by the starting policy's held-out mean and std, then clip it to [−C, C]"""
     length_penalty: float = 0.0
     """subtracted from the score per completion token"""
     verifier_weight: float = 0.0
-    """composite reward: add this times the verifier's 0/1 to the learned score (after --reward-clip, so in its units when that is on)"""
-    kl_budget: Annotated[Optional[float], common.none_means("off", "FLOAT")] = None
-    """stop before the update at the first batch whose KL per completion exceeds this (--resume redraws that batch)"""
-
-
-@dataclass
-class Generation:
-    """sampling the completions"""
-
+    """composite reward: add this times the verifier's 0/1 to the learned score (after --reward-clip)"""
+    kl_budget: Annotated[Optional[float], runs.none_means("off", "FLOAT")] = None
+    """stop before the first update whose batch has a KL per completion above this (--resume redraws that batch)"""
+    # ---- generation: sampling the completions --------------------------------------------------------------------
     max_new_tokens: int = 32
     """completion length limit, in training and evaluation"""
     temperature: float = 1.0
     """sampling temperature; the same temperature divides the logits when log-probs are recomputed"""
     top_p: float = 1.0
-    """nucleus sampling, in (0, 1] (1.0 = off); below 1 the update is off-policy: the ratio and KL use the full softmax, not the nucleus (as TRL)"""
-
-
-@dataclass
-class Optimisation:
-    """the two optimizers, memory and saving"""
-
+    """nucleus sampling (1.0 = off; no top-k). Below 1 the update is off-policy: ratios and KL use the full softmax"""
+    # ---- optimisation: the two optimizers, memory and saving -----------------------------------------------------
     lr: float = 1e-5
     """AdamW learning rate of the policy"""
     critic_lr: float = 1e-5
@@ -176,16 +152,8 @@ class Optimisation:
     """gradient clipping by global norm, for each of the two models"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory (policy and critic)"""
-    save_model: bool = True
-    """save the final policy (and one at each evaluation) in the run folder"""
-
-
-@dataclass
-class Args(common.Lora, Optimisation, Generation, RewardHacking, Algorithm, common.Run, Experiment):
-    """PPO-RLHF with four models on the arithmetic task.
-
-    One flat set of options, `Args(kl_coef=0.1)`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Run, Algorithm, Generation, Optimisation, Lora (a dataclass takes its last base's fields first)."""
+    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
+    lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,18 +180,8 @@ def kl_penalized_rewards(
     return rewards, kl * mask
 
 
-def ensemble_score(scores: torch.Tensor, agg: str = "min", std_coef: float = 1.0) -> torch.Tensor:
-    """(M, B) scores of M reward models -> (B,): the minimum over models (worst-case optimisation), or
-    mean − k·std with the population std over models (uncertainty-weighted; Coste et al. 2024,
-    arXiv:2310.02743, use the variance). One model: its score either way."""
-    if agg == "min":
-        return scores.amin(0)
-    if agg == "mean-std":
-        return scores.mean(0) - std_coef * scores.std(0, unbiased=False)
-    raise ValueError(f"unknown ensemble aggregation {agg!r}")
-
-
-def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95):
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE (Schulman et al. 2016, eq. 16): Â_t = Σ_l (γλ)^l δ_t+l with δ_t = r_t + γ V(s_t+1) - V(s_t).
 
     rewards, values, mask (B, T) -> (advantages (B, T), returns (B, T)), returns = Â + V.
@@ -283,20 +241,46 @@ def adaptive_kl_coef(kl_coef: float, kl: float, target: float, horizon: int, n_c
     return kl_coef * (1.0 + error * n_completions / horizon)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) over masked entries, population variance (divide by N, not N-1)."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
-    whitened = (x - mean) * torch.rsqrt(var + eps)
-    return whitened if shift_mean else whitened + mean
-
-
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """1 - Var(R - V) / Var(R) over the masked tokens: 1 is a perfect critic, 0 no better than a constant."""
     var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
     residual = returns - values
     var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
     return (1.0 - var_residual / var_returns).item() if var_returns > 0 else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# Optional: mitigations of reward over-optimisation (all off by default; with --reward model)
+# ---------------------------------------------------------------------------------------------
+def ensemble_score(scores: torch.Tensor, agg: str = "min", std_coef: float = 1.0, mean: Optional[torch.Tensor] = None,
+                   std: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(M, B) scores of M reward models -> (B,): the minimum over models (worst-case optimisation), or
+    mean − k·std with the population std over models (uncertainty-weighted; Coste et al. 2024,
+    arXiv:2310.02743, use the variance). One model: its score either way. With several, each is first
+    standardised by its own (M,) mean and std on the starting policy: a Bradley-Terry score has an
+    arbitrary offset and scale per model."""
+    if len(scores) > 1 and mean is not None:
+        scores = (scores - mean[:, None]) / std[:, None]
+    if agg == "min":
+        return scores.amin(0)
+    if agg == "mean-std":
+        return scores.mean(0) - std_coef * scores.std(0, unbiased=False)
+    raise ValueError(f"unknown ensemble aggregation {agg!r}")
+
+
+def shaped_score(scores: torch.Tensor, verified: torch.Tensor, lengths: torch.Tensor, start_score: float,
+                 start_score_std: float, reward_clip: Optional[float] = None, verifier_weight: float = 0.0,
+                 length_penalty: float = 0.0) -> torch.Tensor:
+    """The reward the policy is trained on, from the reward model's scores (B,), the verifier's 0/1 (B,) and the
+    completion lengths (B,), before the missing-EOS penalty and the KL. Each term is off at its default:
+    - reward_clip C: the score in units of the starting policy's spread, (s - mean) / std, clipped to [-C, C],
+      so C means the same for any reward model (start_score, start_score_std: the starting policy's held-out ones);
+    - verifier_weight w: + w · verifier, a composite reward with the true reward in it;
+    - length_penalty λ: - λ · length, against the verbosity a reward model learns to pay for. -> (B,)"""
+    shaped = scores
+    if reward_clip is not None:
+        shaped = ((shaped - start_score) / max(start_score_std, 1e-6)).clamp(-reward_clip, reward_clip)
+    return shaped + verifier_weight * verified - length_penalty * lengths
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,126 +296,85 @@ def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tenso
     attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
     inner = common.unwrap(critic)  # through a LoRA wrapper
     with common.autocast(critic):
-        hidden = inner.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=common.position_ids(attention_mask)).last_hidden_state  # (B, S+T, H)
+        hidden = inner.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                  position_ids=common.position_ids(attention_mask)).last_hidden_state  # (B, S+T, H)
         return inner.score(hidden[:, S - 1 : S + T - 1]).squeeze(-1).float()  # (B, T)
 
 
-def memory_table(models: dict[str, torch.nn.Module], trainable: set[str]) -> list[dict]:
-    """Parameters and bytes of weights, and of gradients and AdamW state (two fp32 moments) of the trained
-    parameters (with LoRA: the adapters and heads only), for each model."""
-    rows = []
-    for name, model in models.items():
-        params = sum(p.numel() for p in model.parameters())
-        trained = [p for p in model.parameters() if p.requires_grad] if name in trainable else []
-        rows.append({
-            "model": name, "parameters": params, "weights_gb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
-            "gradients_gb": sum(p.numel() * p.element_size() for p in trained) / 2**30,
-            "optimizer_gb": 2 * sum(p.numel() * p.element_size() for p in trained) / 2**30,  # two moments in the weights' dtype
-        })
-    return rows
-
-
 def check_args(args: Args) -> None:
-    common.check_run_args(args)
-    if args.pass_k < 0:
-        raise InputError(f"--pass-k must be 0 (off) or a number of samples per problem, not {args.pass_k}")
-    for name in ("steps", "batch_size", "minibatch_size", "ppo_epochs", "max_new_tokens", "eval_size", "kl_horizon"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.batch_size % args.minibatch_size:
-        raise InputError(f"--minibatch-size {args.minibatch_size} must divide --batch-size {args.batch_size}")
-    if args.reward == "model" and args.reward_model is None:
-        raise InputError("--reward model needs --reward-model PATH: train one with `python reward_model.py` (it prints its run folder; "
-                         "the checkpoint is <run folder>/model), or score with --reward verifier")
-    learned_only = {"ensemble": bool(args.ensemble), "reward_clip": args.reward_clip is not None, "verifier_weight": args.verifier_weight != 0}
-    for name, used in learned_only.items():
-        if used and args.reward != "model":
-            raise InputError(f"--{name.replace('_', '-')} shapes a learned reward: use it with --reward model --reward-model PATH")
-    if args.reward_clip is not None and args.reward_clip <= 0:
-        raise InputError("--reward-clip must be > 0")
-    if args.kl_budget is not None and args.kl_budget <= 0:
-        raise InputError("--kl-budget must be > 0")
-    if args.critic_init == "reward-model" and args.reward_model is None:
-        raise InputError("--critic-init reward-model needs --reward-model PATH; without one leave --critic-init out (the critic starts from the policy)")
-    if args.temperature <= 0:
-        raise InputError("--temperature must be > 0 for sampling (evaluation is always greedy)")
-    if not 0 < args.top_p <= 1:
-        raise InputError("--top-p must be in (0, 1]")
-    if args.target_kl is not None and args.target_kl <= 0:
-        raise InputError("--target-kl must be > 0")
-    if not 0 <= args.lam <= 1 or not 0 <= args.gamma <= 1:
-        raise InputError("--gamma and --lam must be in [0, 1]")
+    runs.check_options(args, at_least_one=("steps", "batch_size", "minibatch_size", "ppo_epochs", "max_new_tokens",
+                                           "eval_size", "kl_horizon"))
+    require(args.batch_size % args.minibatch_size == 0,
+            f"--minibatch-size {args.minibatch_size} must divide --batch-size {args.batch_size}")
+    require(args.reward != "model" or args.reward_model is not None,
+            "--reward model needs --reward-model PATH: train one with `python reward_model.py` (it prints its run "
+            "folder; the checkpoint is <run folder>/model), or score with --reward verifier")
+    for name, used in (("ensemble", args.ensemble), ("reward-clip", args.reward_clip is not None),
+                       ("verifier-weight", args.verifier_weight)):
+        require(not used or args.reward == "model",
+                f"--{name} shapes a learned reward: use it with --reward model --reward-model PATH")
+    require(args.reward_clip is None or args.reward_clip > 0, "--reward-clip must be > 0")
+    require(args.kl_budget is None or args.kl_budget > 0, "--kl-budget must be > 0")
+    require(args.critic_init != "reward-model" or args.reward_model is not None,
+            "--critic-init reward-model needs --reward-model PATH; without one leave --critic-init out "
+            "(the critic starts from the policy)")
+    require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
+    require(0 < args.top_p <= 1, "--top-p must be in (0, 1]")
+    require(args.target_kl is None or args.target_kl > 0, "--target-kl must be > 0")
+    require(0 <= args.lam <= 1 and 0 <= args.gamma <= 1, "--gamma and --lam must be in [0, 1]")
 
 
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
 def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> dict:
-    """Train with PPO-RLHF; returns the final metrics (also written to the run folder's eval.json).
-
-    With --reward verifier, reward_fn(completion, answer) scores the samples (default: the
-    arithmetic verifier; a test plugs in a rule of its own). Held-out accuracy always uses the verifier.
-    """
+    """Train with PPO-RLHF; returns the final metrics (also in eval.json). With --reward verifier,
+    reward_fn(completion, answer) scores the samples; held-out accuracy always uses the verifier."""
     check_args(args)
     common.set_seed(args.seed)
-    device = common.resolve_device(args.device)
-    precision = common.resolve_precision(args.precision, device)
-    kernels = common.resolve_kernels(args.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
-    resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
+    device = common.resolve_device(args.run.device)
+    precision = common.resolve_precision(args.run.precision, device)
+    fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
-    tokenizer = common.load_tokenizer(args.model, args.prompt_format)
-    if args.memory_plan:  # from the configs alone; the policy and the critic train on the same minibatch
-        config, S, T, m = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens, args.minibatch_size
-        rm_configs = [common.model_config(path, len(tokenizer)) for path in (args.reward_model, *args.ensemble)] if args.reward_model else []
-        critic_config = rm_configs[0] if rm_configs and args.critic_init != "policy" else config
-        models = [("policy", config, "lm", True), *[("reference", config, "lm", False)] * (not args.lora_r),
-                  *[(f"reward model {i + 1}" if len(rm_configs) > 1 else "reward model", c, "score", False) for i, c in enumerate(rm_configs)],
-                  ("critic", critic_config, "score", True)]
-        return common.memory_plan(models, precision, args, args.gradient_checkpointing, m, m * (S + T), m * T, kernels)
+    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
 
     # ---- the four models ----------------------------------------------------------------------
-    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=kernels)
+    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    ref_model = common.frozen_copy(policy) if not args.lora_r else None  # with LoRA: the policy with its adapter off
-    reward_models = []  # frozen; the policy's tokenizer. One, or an ensemble with --ensemble
-    if args.reward_model is not None:
-        reward_models = [common.load_reward_model(path, tokenizer, device, precision, use_kernels=kernels) for path in (args.reward_model, *args.ensemble)]
+    ref_model = common.frozen_copy(policy) if not args.lora.lora_r else None  # with LoRA: the policy, adapter off
+    reward_models = [common.load_reward_model(path, tokenizer, device, precision, use_kernels=fast)  # frozen; one,
+                     for path in ((args.reward_model, *args.ensemble) if args.reward_model else ())]  # or --ensemble
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
     critic_source = args.reward_model if critic_init == "reward-model" else args.model
     # With LoRA the critic is its own model with its own adapter and a fully trained head (not a second adapter on
     # the policy's weights: the value head would then read features the policy's adapter keeps moving).
-    critic = common.load_model(f"{args.resume}/model/critic" if resumed else critic_source, len(tokenizer), device, precision, args.seed,
-                               head="score", keep_adapter=bool(resumed), use_kernels=kernels)
+    critic = common.load_model(f"{args.run.resume}/model/critic" if resumed else critic_source, len(tokenizer), device,
+                               precision, args.seed, head="score", keep_adapter=bool(resumed), use_kernels=fast)
     if resumed:  # the reference stays the starting model
-        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True, use_kernels=kernels)
-    elif args.lora_r:
-        policy, critic = common.add_lora(policy, args.model, args), common.add_lora(critic, critic_source, args)
-    models = {"policy": policy, **({"reference": ref_model} if ref_model is not None else {}), "critic": critic}
-    for i, reward_model in enumerate(reward_models):
-        models["reward model" + (f" {i + 1}" if len(reward_models) > 1 else "")] = reward_model
-    table = memory_table(models, trainable={"policy", "critic"})
-    if args.gradient_checkpointing:
-        policy.activation_checkpointing_enable()
-        critic.activation_checkpointing_enable()
+        policy = common.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
+                                   keep_adapter=True, use_kernels=fast)
+    elif args.lora.lora_r:
+        policy = common.add_lora(policy, args.model, args.lora)
+        critic = common.add_lora(critic, critic_source, args.lora)
+    for model in (policy, critic) if args.gradient_checkpointing else ():
+        model.activation_checkpointing_enable()
     policy_optimizer, _ = common.make_optimizer(policy, args.lr)  # constant rates, no warm-up
     critic_optimizer, _ = common.make_optimizer(critic, args.critic_lr)
-
-    run_dir = common.make_run_dir(args.output_dir, "ppo", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)
-    save_every = args.save_every or args.eval_every
     generator = torch.Generator(device=device).manual_seed(args.seed)
     minibatch_order = torch.Generator().manual_seed(args.seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    kl_coef = args.kl_coef
-    print(f"run folder: {run_dir}")
-    print(f"{'model':<14}{'parameters':>12}{'weights':>10}{'gradients':>11}{'AdamW state':>13}   (GiB)")
-    for row in table:
-        print(f"{row['model']:<14}{row['parameters']:>12,}{row['weights_gb']:>10.2f}{row['gradients_gb']:>11.2f}{row['optimizer_gb']:>13.2f}")
-    print(f"{'total':<14}{sum(r['parameters'] for r in table):>12,}{sum(r['weights_gb'] + r['gradients_gb'] + r['optimizer_gb'] for r in table):>34.2f}")
+    kl_coef = resumed["kl_coef"] if resumed else args.kl_coef
+    run = runs.Run(args, "ppo", tokenizer, device, resumed,
+                   eval_row=lambda result: {"accuracy": result["accuracy"], "score": result["score"]})
+    run.keep(policy, generator, others={"critic": critic}, extra=lambda: {"kl_coef": kl_coef},
+             policy_optimizer=policy_optimizer, critic_optimizer=critic_optimizer, minibatch_order=minibatch_order)
+    for _ in range((run.first_step - 1) * args.batch_size):  # a resumed run's data position: batch-size problems a step
+        next(train_stream)
 
-    def score_completions(prompt_ids, prompt_mask, completion_ids, mask, answers) -> tuple[torch.Tensor, torch.Tensor]:
+    def score_completions(prompt_ids, prompt_mask, completion_ids, mask, problems) -> tuple[torch.Tensor, torch.Tensor]:
         """(raw scores (M, B): each reward model's, or the verifier's as M = 1; the verifier's 0/1 (B,))."""
-        texts = tasks.decode_completions(tokenizer, completion_ids, mask)
+        texts, answers = tasks.decode_completions(tokenizer, completion_ids, mask), [p.answer for p in problems]
         verified = torch.tensor([tasks.verify(t, a) for t, a in zip(texts, answers)], device=device)
         if args.reward == "verifier":
             return torch.tensor([[reward_fn(t, a) for t, a in zip(texts, answers)]], device=device), verified
@@ -439,84 +382,48 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         attention_mask = torch.cat([prompt_mask, mask], dim=1)
         return torch.stack([common.reward_scores(m, input_ids, attention_mask) for m in reward_models]), verified
 
-    ensemble_norm = {}  # each reward model's mean and std on the starting policy's held-out answers, set by the first evaluation
+    ensemble_norm = {}  # each reward model's mean and std on the starting policy's held-out answers (first evaluation)
+    learned_score = lambda raw: ensemble_score(raw, args.ensemble_agg, args.ensemble_std_coef, **ensemble_norm)
 
-    def learned_score(raw: torch.Tensor) -> torch.Tensor:
-        """(M, B) -> (B,). A Bradley-Terry score has an arbitrary offset and scale per model, so an ensemble's
-        members are compared in units of their own spread on the starting policy before min or mean − k·std."""
-        if len(raw) > 1:
-            raw = (raw - ensemble_norm["mean"][:, None]) / ensemble_norm["std"][:, None]
-        return ensemble_score(raw, args.ensemble_agg, args.ensemble_std_coef)
-
-    @torch.no_grad()
     def evaluate(step: int, pass_k: int = 0) -> dict:
         """Greedy held-out accuracy by the verifier, beside the reward model's mean score of the same completions."""
-        policy.eval()
-        raws, correct, samples = [], [], []
-        for start in range(0, len(heldout), 64):
-            batch = heldout[start : start + 64]
-            ids, pmask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in batch], device)
-            completion_ids = common.sample_completions(policy, ids, pmask, 1, args.max_new_tokens, eos, pad, temperature=0)
-            mask = common.completion_mask(completion_ids, eos)
-            raw, verified = score_completions(ids, pmask, completion_ids, mask, [p.answer for p in batch])
-            raws.append(raw)
-            correct.append(verified)
-            if not samples:  # a few to read
-                texts = tasks.decode_completions(tokenizer, completion_ids, mask)
-                samples = [{"prompt": p.prompt, "answer": p.answer, "completion": t, "correct": bool(v)} for p, t, v in list(zip(batch, texts, verified))[:8]]
-        raw = torch.cat(raws, dim=1)  # (M, N)
+        result = tasks.evaluate_policy(policy, tokenizer, heldout, args.max_new_tokens, args.seed, step, pass_k,
+                                       score=lambda *batch: score_completions(*batch)[0])
+        raw = result.pop("scores")  # (M, N)
         if not ensemble_norm:  # the starting policy
             ensemble_norm.update(mean=raw.mean(1), std=raw.std(1, unbiased=False).clamp(min=1e-6))
         scores = learned_score(raw)  # (N,)
-        for sample, score in zip(samples, scores):
+        for sample, score in zip(result["samples"], scores):
             sample["score"] = round(score.item(), 4)
-        result = {"accuracy": torch.cat(correct).mean().item(), "score": scores.mean().item(), "score_std": scores.std(unbiased=False).item(),
-                  "samples": samples, "ensemble_norm": {k: v.tolist() for k, v in ensemble_norm.items()}}
-        if pass_k:
-            result[f"pass@{pass_k}"] = tasks.evaluate_pass_at_k(policy, tokenizer, heldout, pass_k, args.max_new_tokens, args.seed)
-            tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} ({pass_k} samples per problem at temperature 1)")
-        tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} (verifier), mean reward {result['score']:.3f} ({args.reward})")
+        result.update(score=scores.mean().item(), score_std=scores.std(unbiased=False).item(),
+                      ensemble_norm={k: v.tolist() for k, v in ensemble_norm.items()})
+        tqdm.write(f"step {step}: held-out mean reward {result['score']:.3f} ({args.reward})")
         return result
 
-    def checkpoint(step: int) -> None:
-        """Everything an exact --resume needs; the data position is the step (step × batch-size problems drawn)."""
-        state = {"step": step, "policy_optimizer": policy_optimizer.state_dict(), "critic_optimizer": critic_optimizer.state_dict(),
-                 "rng": common.rng_state(generator), "minibatch_order": minibatch_order.get_state(), "kl_coef": kl_coef,
-                 "evals": evals, "before": before}
-        common.save_checkpoint(policy, tokenizer, run_dir / "model", state, others={"critic": critic})
-
-    if resumed:
-        policy_optimizer.load_state_dict(resumed["policy_optimizer"])
-        critic_optimizer.load_state_dict(resumed["critic_optimizer"])
-        common.set_rng_state(resumed["rng"], generator)
-        minibatch_order.set_state(resumed["minibatch_order"])
-        for _ in range(resumed["step"] * args.batch_size):
-            next(train_stream)
-        kl_coef, before, evals, last_good, start = resumed["kl_coef"], resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
+    before = run.begin(evaluate)
+    if resumed:  # the ensemble's standardisation is the starting policy's, from the first evaluation
         ensemble_norm.update({k: torch.tensor(v, device=device) for k, v in before["ensemble_norm"].items()})
-    else:
-        before = evaluate(0, args.pass_k)
-        evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"], "score": before["score"]})], None, 1
-    bar, stopped_at = common.progress(args.steps, "ppo", initial=start - 1), args.steps  # the last step trained (--kl-budget may stop early)
-    for step in range(start, args.steps + 1):
+    stopped_at = args.steps  # the last step trained: --kl-budget may stop early
+    for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample one completion per prompt from the policy --------------------------------
         t0 = time.time()
-        rng_before_sampling = common.rng_state(generator)  # what a --kl-budget stop saves, to sample this batch again
+        rng_before_sampling = runs.rng_state(generator)  # what a --kl-budget stop saves, to sample this batch again
         problems = [next(train_stream) for _ in range(args.batch_size)]
-        prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in problems], device)
+        prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
-        completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad, args.temperature, args.top_p, generator)
+        completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad,
+                                                   args.temperature, args.top_p, generator)
         mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
         width = int(mask.sum(1).max())
         completion_ids, mask = completion_ids[:, :width], mask[:, :width]
         ones = torch.ones(args.batch_size, dtype=torch.long, device=device)
-        memory_generate = common.peak_memory_gb(device)
+        memory_generate = runs.peak_memory_gb(device)
         time_generate = time.time() - t0
 
         # ---- 2. score, and the frozen quantities of this batch -------------------------------------
         t1 = time.time()
         with torch.no_grad():
-            raw, verified = score_completions(prompt_ids, prompt_mask, completion_ids, mask, [p.answer for p in problems])  # (M, B), (B,)
+            raw, verified = score_completions(prompt_ids, prompt_mask, completion_ids, mask, problems)  # (M, B), (B,)
             scores = learned_score(raw)  # (B,)
             if not torch.isfinite(scores).all():  # caught here, it is not blamed on the loss and --lr
                 source = "reward model" if args.reward == "model" else "reward function"
@@ -524,14 +431,14 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                                  f"the {source} returned a non-finite score")
             finished = (completion_ids == eos).any(1)
             lengths = mask.sum(1)  # (B,)
-            shaped = scores
-            if args.reward_clip is not None:  # in units of the starting policy's spread of scores, so C means the same for any model
-                shaped = ((shaped - before["score"]) / max(before["score_std"], 1e-6)).clamp(-args.reward_clip, args.reward_clip)
-            shaped = shaped + args.verifier_weight * verified - args.length_penalty * lengths  # composite reward, length penalty
+            shaped = shaped_score(scores, verified, lengths, before["score"], before["score_std"], args.reward_clip,
+                                  args.verifier_weight, args.length_penalty)  # the optional mitigations
             penalised = shaped - args.missing_eos_penalty * (~finished).float()
-            old_logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, ones, args.temperature)  # (B, T)
+            old_logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, ones,
+                                                         args.temperature)  # (B, T)
             with common.reference(policy, ref_model) as ref:
-                ref_logprobs, _ = common.completion_logprobs(ref, prompt_ids, prompt_mask, completion_ids, ones, args.temperature)
+                ref_logprobs, _ = common.completion_logprobs(ref, prompt_ids, prompt_mask, completion_ids, ones,
+                                                             args.temperature)
             critic.eval()
             old_values = token_values(critic, prompt_ids, prompt_mask, completion_ids)  # (B, T)
 
@@ -543,10 +450,11 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             advantages = masked_whiten(advantages, mask) * mask
         if args.kl_budget is not None and kl.sum(1).mean().item() > args.kl_budget:
             stopped_at = step - 1
-            common.set_rng_state(rng_before_sampling, generator)  # rewound, the checkpoint below resumes at this batch
-            tqdm.write(f"step {step}: KL per completion {kl.sum(1).mean().item():.3f} > --kl-budget {args.kl_budget}: stopped before this update")
+            runs.set_rng_state(rng_before_sampling, generator)  # rewound: the last checkpoint resumes at this batch
+            tqdm.write(f"step {step}: KL per completion {kl.sum(1).mean().item():.3f} > --kl-budget {args.kl_budget}: "
+                       "stopped before this update")
             break
-        memory_score = common.peak_memory_gb(device)
+        memory_score = runs.peak_memory_gb(device)
         time_score = time.time() - t1
 
         # ---- 4. PPO epochs over minibatches: policy and critic, each with its optimizer ------------
@@ -558,26 +466,29 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             order = torch.randperm(args.batch_size, generator=minibatch_order)
             for start in range(0, args.batch_size, args.minibatch_size):
                 rows = order[start : start + args.minibatch_size].to(device)
-                logprobs, entropy = common.completion_logprobs(
-                    policy, prompt_ids[rows], prompt_mask[rows], completion_ids[rows], ones[rows], args.temperature,
-                    with_entropy=True, entropy_grad=args.entropy_coef > 0,
-                )
+                logprobs, entropy = common.completion_logprobs(policy, prompt_ids[rows], prompt_mask[rows],
+                                                               completion_ids[rows], ones[rows], args.temperature,
+                                                               with_entropy=True, entropy_grad=args.entropy_coef > 0)
                 pg_loss, m = ppo_policy_loss(logprobs, old_logprobs[rows], advantages[rows], mask[rows], args.clip_eps)
                 entropy_mean = masked_mean(entropy, mask[rows])
                 policy_loss = pg_loss - args.entropy_coef * entropy_mean
                 values = token_values(critic, prompt_ids[rows], prompt_mask[rows], completion_ids[rows])
                 vf_loss, vf_clip = ppo_value_loss(values, old_values[rows], returns[rows], mask[rows], args.value_clip)
-                common.check_finite(policy_loss + vf_loss, step, last_good, run_dir)
+                run.check_finite(policy_loss + vf_loss, step)
                 (policy_loss + args.vf_coef * vf_loss).backward()  # the two models share no parameters
-                common.check_finite(torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm), step, last_good, run_dir, "policy gradient norm")
-                common.check_finite(torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm), step, last_good, run_dir, "critic gradient norm")
+                policy_grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+                run.check_finite(policy_grad_norm, step, "policy gradient norm")
+                critic_grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm)
+                run.check_finite(critic_grad_norm, step, "critic gradient norm")
                 policy_optimizer.step()
                 critic_optimizer.step()
-                policy_optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle memory through sampling
+                policy_optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
                 critic_optimizer.zero_grad(set_to_none=True)
-                step_metrics.append({**m, "pg_loss": pg_loss.item(), "policy_loss": policy_loss.item(), "vf_loss": vf_loss.item(), "value_clip_ratio": vf_clip,
-                                     "entropy": entropy_mean.item()})
-        memory_update = common.peak_memory_gb(device)
+                step_metrics.append({**m, "pg_loss": pg_loss.item(), "policy_loss": policy_loss.item(),
+                                     "vf_loss": vf_loss.item(), "value_clip_ratio": vf_clip,
+                                     "entropy": entropy_mean.item(), "grad_norm": policy_grad_norm.item(),
+                                     "critic/grad_norm": critic_grad_norm.item()})
+        memory_update = runs.peak_memory_gb(device)
         time_update = time.time() - t2
 
         # ---- 5. adaptive KL, log -------------------------------------------------------------------
@@ -592,7 +503,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "score": scores.mean().item(),
             "score_shaped": shaped.mean().item(),  # after the mitigations, before the missing-EOS penalty
             "score_penalised": penalised.mean().item(),
-            "verifier": verified.mean().item(),  # the true reward of the same samples, for the over-optimisation picture
+            "verifier": verified.mean().item(),  # the true reward of the same samples: over-optimisation shows
             "kl": kl_per_completion,
             "non_score_reward": non_score.mean().item(),
             "rlhf_reward": (penalised + non_score).mean().item(),
@@ -600,65 +511,25 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             **averaged,
             "explained_variance": explained_variance(old_values, returns, mask),
             "completion_length": mask.sum(1).float().mean().item(),
-            "completions/distinct": common.distinct_fraction(completion_ids, mask, len(completion_ids)),  # over the batch (one sample per prompt)
+            "completions/distinct": common.distinct_fraction(completion_ids, mask, len(completion_ids)),  # the batch
             "completion_finished": finished.float().mean().item(),
-            "time/generate": time_generate,
-            "time/score": time_score,
-            "time/update": time_update,
-            "time/step": step_time,
-            "tokens_per_second": mask.sum().item() / step_time,
-            "memory/generate_gb": memory_generate,
-            "memory/score_gb": memory_score,
-            "memory/update_gb": memory_update,
-            "memory/peak_gb": common.peak_memory_gb(device),
+            "time/generate": time_generate, "time/score": time_score, "time/update": time_update,
+            "time/step": step_time, "tokens_per_second": mask.sum().item() / step_time,
+            "memory/generate_gb": memory_generate, "memory/score_gb": memory_score, "memory/update_gb": memory_update,
         }
-        log.write(step, stats)
-        bar.update(1)
-        bar.set_postfix(score=f"{stats['score']:.3f}", verifier=f"{stats['verifier']:.2f}", kl=f"{stats['kl']:.3f}")
-        if step == 1:
-            tqdm.write(f"peak memory after each phase of step 1 (process peak so far on CPU): generate {memory_generate:.2f} GiB, "
-                       f"score {memory_score:.2f} GiB, update {memory_update:.2f} GiB")
+        run.log(step, stats, {"score": f"{stats['score']:.3f}", "verifier": f"{stats['verifier']:.2f}",
+                              "kl": f"{stats['kl']:.3f}"})
 
         # ---- 6. evaluate and checkpoint -------------------------------------------------------------
-        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            result = evaluate(step)
-            evals.append(log.write_eval({"step": step, "accuracy": result["accuracy"], "score": result["score"]}))
-            common.plot_curves(run_dir, evals)
-        if args.save_model and save_every and step % save_every == 0 and step < args.steps:
-            checkpoint(step)
-            last_good = step
-    bar.close()
+        run.evaluate(step, evaluate)
+        run.save_if_due(step)
 
-    after = evaluate(stopped_at, args.pass_k)
-    if evals[-1]["step"] == stopped_at:  # --kl-budget stopped right after an evaluation (or before the first update)
-        evals.pop()
-    evals.append(log.write_eval({"step": stopped_at, "accuracy": after["accuracy"], "score": after["score"]}))
-    result = {
-        **tasks.before_and_after(before, after),
-        "score_before": before["score"],
-        "score_after": after["score"],
-        "evals": evals,
-        "memory_table": table,
-        "steps": args.steps,
+    return run.finish(evaluate, lambda before, after: {
+        **tasks.before_and_after(before, after), "score_before": before["score"], "score_after": after["score"],
         "steps_trained": stopped_at,
-        "wall_time_s": round(time.time() - log.start, 1),
-        "memory/peak_gb": common.peak_memory_gb(device),
-        "samples_before": before["samples"],
-        "samples_after": after["samples"],
-        "run_dir": str(run_dir),
-    }
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    common.plot_curves(run_dir, evals)
-    if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
-        # after a --kl-budget stop, the RNG states are from before the batch that exceeded it: a --resume draws that
-        # same batch (same problems, same completions, same KL) and checks it against its own --kl-budget
-        checkpoint(stopped_at)
-        if args.lora_r and args.merge_lora:
-            common.save_merged(policy, tokenizer, run_dir / "merged")
-    log.close()
-    common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; reward {before['score']:.3f} -> {after['score']:.3f}", result)
-    return result
+    }, lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
+                             f"reward {before['score']:.3f} -> {after['score']:.3f}", last_step=stopped_at)
 
 
 if __name__ == "__main__":
-    common.run_cli(main, common.parse_args(Args))
+    runs.cli(main, Args)

@@ -37,7 +37,6 @@ Shapes: P pairs, B = 2P sequences (chosen and rejected interleaved), L prompt + 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -48,40 +47,33 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import common
+import runs
 import tasks
-from common import InputError
+from runs import require
 
 
 @dataclass
-class Experiment:
-    """what to train and how it is evaluated"""
+class Args:
+    """Bradley-Terry reward model on preference pairs."""
 
+    # ---- experiment: what to train and how it is evaluated -------------------------------------------------------
     model: str = "smollm2"
-    """backbone: smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    dataset: Annotated[Optional[str], common.none_means("pairs sampled from the model and labelled by the verifier", "FILE")] = None
+    """backbone: smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, smoke runs), or a hub id / local checkpoint"""
+    dataset: Annotated[Optional[str],
+                       runs.none_means("pairs sampled from the model and labelled by the verifier", "FILE")] = None
     """JSONL file with fields prompt, chosen, rejected (and optionally a numeric margin)"""
     seed: int = 0
     """seed for data, pair order and the score head's initialisation"""
     eval_every: int = 0
     """evaluate on held-out pairs and save a checkpoint every this many steps (0 = only before and after)"""
-
-
-@dataclass
-class Algorithm:
-    """the Bradley-Terry loss"""
-
+    # ---- algorithm: the Bradley-Terry loss -----------------------------------------------------------------------
     steps: int = 60
     """optimizer steps; the training pairs are reshuffled each time they run out"""
     batch_size: int = 8
     """preference pairs per optimizer step"""
-    center_rewards_coefficient: Annotated[Optional[float], common.none_means("off", "FLOAT")] = None
+    center_rewards_coefficient: Annotated[Optional[float], runs.none_means("off", "FLOAT")] = None
     """weight c of the centering loss c·E[(r_w + r_l)²] (Eisenstein et al. 2023; 0.01 is typical)"""
-
-
-@dataclass
-class PreferenceData:
-    """the pairs sampled from the model when --dataset is not given"""
-
+    # ---- preference data: the pairs sampled from the model when --dataset is not given ---------------------------
     num_prompts: int = 512
     """distinct arithmetic prompts to sample; an eighth are held out"""
     samples_per_prompt: int = 8
@@ -92,12 +84,7 @@ class PreferenceData:
     """completion length limit when sampling pairs"""
     max_completion_tokens: int = 256
     """completions of --dataset pairs longer than this are cut (they then end without EOS)"""
-
-
-@dataclass
-class Optimisation:
-    """the optimizer, memory and saving"""
-
+    # ---- optimisation: the optimizer, memory and saving ----------------------------------------------------------
     lr: float = 1e-5
     """AdamW learning rate"""
     warmup_steps: int = 5
@@ -108,16 +95,8 @@ class Optimisation:
     """gradient clipping by global norm"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
-    save_model: bool = True
-    """save the final model (and one at each evaluation) in the run folder"""
-
-
-@dataclass
-class Args(common.Lora, Optimisation, PreferenceData, Algorithm, common.Run, Experiment):
-    """Bradley-Terry reward model on preference pairs.
-
-    One flat set of options, `Args(steps=100)`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Run, Algorithm, PreferenceData, Optimisation, Lora (a dataclass takes its last base's fields first)."""
+    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
+    lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,8 +140,9 @@ def score_texts(model, tokenizer, prompts: list[str], completions: list[str], ma
     """r(x, y) for each (prompt, completion): the chat-formatted prompt, left-padded, then the completion
     and EOS (where it finished), right-padded, as one row. (B,) float."""
     device = next(model.parameters()).device
-    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p) for p in prompts], device)  # (B, S)
-    completion_ids, completion_mask = tasks.tokenize_completions(tokenizer, completions, device, max_completion_tokens, finished)  # (B, T)
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, prompts, device)  # (B, S)
+    completion_ids, completion_mask = tasks.tokenize_completions(tokenizer, completions, device, max_completion_tokens,
+                                                                 finished)  # (B, T)
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     return common.reward_scores(model, input_ids, attention_mask)
@@ -172,12 +152,14 @@ def pair_scores(model, tokenizer, pairs: list[dict], max_completion_tokens: int)
     """Scores of chosen and rejected, both in one batch of 2P rows [chosen_0, rejected_0, ...]: (P,), (P,)."""
     prompts = [p["prompt"] for p in pairs for _ in range(2)]
     completions, finished = tasks.pair_completions(pairs)
-    scores = score_texts(model, tokenizer, prompts, completions, max_completion_tokens, finished).view(len(pairs), 2)  # (P, 2)
+    scores = score_texts(model, tokenizer, prompts, completions, max_completion_tokens,
+                         finished).view(len(pairs), 2)  # (P, 2)
     return scores[:, 0], scores[:, 1]
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, pairs: list[dict], samples: list[dict], max_completion_tokens: int, batch_size: int = 32) -> dict:
+def evaluate(model, tokenizer, pairs: list[dict], samples: list[dict], max_completion_tokens: int,
+             batch_size: int = 32) -> dict:
     """Held-out pair accuracy and margin; agreement with the verifier on labelled samples (if any)."""
     model.eval()
     chosen, rejected = [], []
@@ -186,10 +168,12 @@ def evaluate(model, tokenizer, pairs: list[dict], samples: list[dict], max_compl
         chosen.append(c)
         rejected.append(r)
     chosen, rejected = torch.cat(chosen), torch.cat(rejected)
-    result = {"eval/accuracy": (chosen > rejected).float().mean().item(), "eval/margin": (chosen - rejected).mean().item()}
+    result = {"eval/accuracy": (chosen > rejected).float().mean().item(),
+              "eval/margin": (chosen - rejected).mean().item()}
     if samples:
         scores = torch.cat([
-            score_texts(model, tokenizer, [s["prompt"] for s in samples[i : i + batch_size]], [s["completion"] for s in samples[i : i + batch_size]],
+            score_texts(model, tokenizer, [s["prompt"] for s in samples[i : i + batch_size]],
+                        [s["completion"] for s in samples[i : i + batch_size]],
                         max_completion_tokens, [s.get("finished", True) for s in samples[i : i + batch_size]])
             for i in tqdm(range(0, len(samples), batch_size), desc="held-out samples", dynamic_ncols=True, leave=False)
         ])
@@ -208,16 +192,13 @@ def evaluate(model, tokenizer, pairs: list[dict], samples: list[dict], max_compl
 
 
 def check_args(args: Args) -> None:
-    common.check_run_args(args)
-    for name in ("steps", "batch_size", "num_prompts", "max_new_tokens", "max_completion_tokens"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.samples_per_prompt < 2:
-        raise InputError("--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
-    if args.temperature <= 0:
-        raise InputError("--temperature must be > 0 (it samples the preference data)")
-    if args.center_rewards_coefficient is not None and args.center_rewards_coefficient < 0:
-        raise InputError("--center-rewards-coefficient must be >= 0")
+    runs.check_options(args, at_least_one=("steps", "batch_size", "num_prompts", "max_new_tokens",
+                                           "max_completion_tokens"))
+    require(args.samples_per_prompt >= 2,
+            "--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
+    require(args.temperature > 0, "--temperature must be > 0 (it samples the preference data)")
+    require(args.center_rewards_coefficient is None or args.center_rewards_coefficient >= 0,
+            "--center-rewards-coefficient must be >= 0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,60 +208,44 @@ def main(args: Args) -> dict:
     """Train a Bradley-Terry reward model; returns the final metrics (also written to eval.json)."""
     check_args(args)
     common.set_seed(args.seed)
-    device = common.resolve_device(args.device)
-    precision = common.resolve_precision(args.precision, device)
-    kernels = common.resolve_kernels(args.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
-    resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
-    tokenizer = common.load_tokenizer(args.model, args.prompt_format)
-    if args.memory_plan:  # from the config alone, before any preference data is sampled; chosen and rejected in one forward
-        config, S = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, tasks.heldout_problems())
-        T, B = args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens + 1), 2 * args.batch_size
-        return common.memory_plan([("reward model", config, "score", True)], precision, args, args.gradient_checkpointing, B, B * (S + T), 0, kernels)
+    device = common.resolve_device(args.run.device)
+    precision = common.resolve_precision(args.run.precision, device)
+    fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
+    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
     train_pairs, heldout_pairs, heldout_samples = tasks.load_preference_pairs(
-        args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens, args.temperature, device, precision
-    )
+        args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens,
+        args.temperature, device, precision)
     for pair in train_pairs + heldout_pairs:  # TRL's optional per-pair margin
-        if "margin" in pair and not (isinstance(pair["margin"], (int, float)) and math.isfinite(pair["margin"])):
-            raise InputError(f"{args.dataset}: margin {pair['margin']!r} of prompt {pair['prompt']!r} is not a finite number")
-    model = common.load_model(f"{args.resume}/model" if resumed else args.model, len(tokenizer), device, precision, args.seed, head="score", keep_adapter=bool(resumed), use_kernels=kernels)
-    if args.lora_r and not resumed:
-        model = common.add_lora(model, args.model, args)  # the score head stays fully trainable
+        margin = pair.get("margin", 0.0)
+        require(isinstance(margin, (int, float)) and math.isfinite(margin),
+                f"{args.dataset}: margin {margin!r} of prompt {pair['prompt']!r} is not a finite number")
+    model = common.load_model(f"{args.run.resume}/model" if resumed else args.model, len(tokenizer), device, precision,
+                              args.seed, head="score", keep_adapter=bool(resumed), use_kernels=fast)
+    if args.lora.lora_r and not resumed:
+        model = common.add_lora(model, args.model, args.lora)  # the score head stays fully trainable
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers' own forward needs it for batches
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(model, args.lr, args.weight_decay, args.warmup_steps)
-    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run only appends batches
+    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run appends
     has_margin = any("margin" in p for p in train_pairs)
-    run_dir = common.make_run_dir(args.output_dir, "rm", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)
-    save_every = args.save_every or args.eval_every
-    print(f"run folder: {run_dir}")
+    run = runs.Run(args, "rm", tokenizer, device, resumed, eval_row=lambda result: result, accuracy_key="eval/accuracy")
+    run.keep(model, optimizer=optimizer, scheduler=scheduler)  # the data position is the step: batches[step:] come next
 
-    def report(step: int) -> dict:
+    def report(step: int, pass_k: int = 0) -> dict:
         result = evaluate(model, tokenizer, heldout_pairs, heldout_samples, args.max_completion_tokens)
         line = f"step {step}: held-out pair accuracy {result['eval/accuracy']:.3f} ({len(heldout_pairs)} pairs)"
         if "agreement/auc" in result:
-            line += (f"; verifier agreement on {len(heldout_samples)} fresh samples: AUC {result['agreement/auc']:.3f}, "
-                     f"best-of-n accuracy {result['agreement/best_of_n_accuracy']:.3f} (random sample {result['agreement/sample_accuracy']:.3f})")
+            line += (f"; verifier agreement on {len(heldout_samples)} fresh samples: "
+                     f"AUC {result['agreement/auc']:.3f}, "
+                     f"best-of-n accuracy {result['agreement/best_of_n_accuracy']:.3f} "
+                     f"(random sample {result['agreement/sample_accuracy']:.3f})")
         tqdm.write(line)
         return result
 
-    def checkpoint(step: int) -> None:
-        """Everything an exact --resume needs; the data position is the step (batches[step:] come next)."""
-        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": common.rng_state(),
-                 "evals": evals, "before": before}
-        common.save_checkpoint(model, tokenizer, run_dir / "model", state)
-
-    if resumed:
-        optimizer.load_state_dict(resumed["optimizer"])
-        scheduler.load_state_dict(resumed["scheduler"])
-        common.set_rng_state(resumed["rng"])
-        before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
-    else:
-        before = report(0)
-        evals, last_good, start = [log.write_eval({"step": 0, **before})], None, 1
-    bar = common.progress(args.steps, "reward model", initial=start - 1)
-    for step, batch in enumerate(batches[start - 1 :], start):
+    run.begin(report)
+    for step, batch in enumerate(batches[run.first_step - 1 :], run.first_step):
         t0 = time.time()
         pairs = [train_pairs[i] for i in batch]
 
@@ -291,12 +256,13 @@ def main(args: Args) -> dict:
 
         # ---- 2. Bradley-Terry loss and update ------------------------------------------------------
         loss = bradley_terry_loss(chosen, rejected, margin, args.center_rewards_coefficient or 0.0)
-        common.check_finite(loss, step, last_good, run_dir)
+        run.check_finite(loss, step)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
+        run.check_finite(grad_norm, step, "gradient norm")
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: the model's size in float32, idle through the next forward
+        # now, not at the next backward: the model's size in float32, idle through the next forward
+        optimizer.zero_grad(set_to_none=True)
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
 
@@ -313,45 +279,19 @@ def main(args: Args) -> dict:
             "grad_norm": grad_norm.item(),
             "lr": lr,
             "time/step": step_time,
-            "memory/peak_gb": common.peak_memory_gb(device),
         }
-        log.write(step, stats)
-        bar.update(1)
-        bar.set_postfix(loss=f"{stats['loss']:.4f}", acc=f"{stats['accuracy']:.2f}")
+        run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "acc": f"{stats['accuracy']:.2f}"})
 
         # ---- 4. evaluate and checkpoint ----------------------------------------------------------
-        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            evals.append(log.write_eval({"step": step, **report(step)}))
-            common.plot_curves(run_dir, evals, "eval/accuracy")
-        if args.save_model and save_every and step % save_every == 0 and step < args.steps:
-            checkpoint(step)
-            last_good = step
-    bar.close()
+        run.evaluate(step, report)
+        run.save_if_due(step)
 
-    after = report(args.steps)
-    evals.append(log.write_eval({"step": args.steps, **after}))
-    result = {
-        "pair_accuracy_before": before["eval/accuracy"],
-        "pair_accuracy_after": after["eval/accuracy"],
+    return run.finish(report, lambda before, after: {
+        "pair_accuracy_before": before["eval/accuracy"], "pair_accuracy_after": after["eval/accuracy"],
         **{f"{k}_after": v for k, v in after.items() if k.startswith("agreement/")},
-        "evals": evals,
-        "steps": args.steps,
-        "pairs_train": len(train_pairs),
-        "pairs_heldout": len(heldout_pairs),
-        "wall_time_s": round(time.time() - log.start, 1),
-        "memory/peak_gb": common.peak_memory_gb(device),
-        "run_dir": str(run_dir),
-    }
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    common.plot_curves(run_dir, evals, "eval/accuracy")
-    if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
-        checkpoint(args.steps)
-        if args.lora_r and args.merge_lora:
-            common.save_merged(model, tokenizer, run_dir / "merged")
-    log.close()
-    common.print_summary(f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}", result)
-    return result
+        "pairs_train": len(train_pairs), "pairs_heldout": len(heldout_pairs),
+    }, lambda before, after: f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}")
 
 
 if __name__ == "__main__":
-    common.run_cli(main, common.parse_args(Args))
+    runs.cli(main, Args)

@@ -33,7 +33,6 @@ Shapes: B demonstrations per step, S prompt tokens, T completion tokens, V vocab
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass
@@ -43,17 +42,20 @@ import torch
 from tqdm.auto import tqdm
 
 import common
+import runs
 import tasks
-from common import InputError, masked_mean, masked_sum
+from common import masked_mean, masked_sum
+from runs import InputError
 
 
 @dataclass
-class Experiment:
-    """what to train and how it is evaluated"""
+class Args:
+    """Supervised fine-tuning on demonstrations (prompt, completion)."""
 
+    # ---- experiment: what to train and how it is evaluated -------------------------------------------------------
     model: str = "smollm2"
-    """smollm2 (embedded SmolLM2-135M-Instruct), tiny / tiny-gpt2 (random, for smoke runs), or a hub id / local checkpoint"""
-    dataset: Annotated[Optional[str], common.none_means("demonstrations of the arithmetic task", "FILE")] = None
+    """smollm2 (embedded SmolLM2-135M-Instruct), tiny / tiny-gpt2 (random, smoke runs), a hub id or local checkpoint"""
+    dataset: Annotated[Optional[str], runs.none_means("demonstrations of the arithmetic task", "FILE")] = None
     """JSONL file with fields prompt, completion"""
     seed: int = 0
     """seed for data, batch order and initialisation"""
@@ -62,13 +64,8 @@ class Experiment:
     eval_size: int = 200
     """number of held-out arithmetic problems for greedy accuracy"""
     pass_k: int = 8
-    """pass@k at the first and last evaluation: k completions per held-out problem at temperature 1, scored by the verifier (0 = off)"""
-
-
-@dataclass
-class Algorithm:
-    """the demonstrations and the likelihood"""
-
+    """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
+    # ---- algorithm: the demonstrations and the likelihood --------------------------------------------------------
     steps: int = 100
     """optimizer steps; the demonstrations are reshuffled each time they run out"""
     batch_size: int = 16
@@ -79,12 +76,7 @@ class Algorithm:
     """completions longer than this are cut (they then end without EOS)"""
     max_new_tokens: int = 32
     """completion length limit in the held-out evaluation (greedy)"""
-
-
-@dataclass
-class Optimisation:
-    """the optimizer, memory and saving"""
-
+    # ---- optimisation: the optimizer, memory and saving ----------------------------------------------------------
     lr: float = 1e-5
     """AdamW learning rate"""
     warmup_steps: int = 5
@@ -95,17 +87,8 @@ class Optimisation:
     """gradient clipping by global norm"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
-    save_model: bool = True
-    """save the final model (and one at each evaluation) in the run folder"""
-
-
-@dataclass
-class Args(common.Lora, Optimisation, Algorithm, common.Run, Experiment):
-    """Supervised fine-tuning on demonstrations (prompt, completion).
-
-    One flat set of options, `Args(lr=2e-5)`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Run, Algorithm, Optimisation, Lora (a dataclass takes its last
-    base's fields first)."""
+    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
+    lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,19 +108,22 @@ def completion_logprobs_and_hits(model, prompt_ids, prompt_mask, completion_ids)
     targets. Positions come from the attention mask: the amount of prompt padding changes nothing.
     """
     T = completion_ids.shape[1]
-    full_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # (B, S+T); completion padding is masked in the loss
+    # completion padding is masked in the loss
+    full_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # (B, S+T)
     with common.autocast(model):
         logits = model(input_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=full_mask,
-                       position_ids=common.position_ids(full_mask), logits_to_keep=T + 1).logits  # (B, T+1, V) predicts y_1..y_T, then nothing
-    logprobs = common.gather_logprobs(logits, completion_ids, getattr(model, "fast_kernels", False))
+                       position_ids=common.position_ids(full_mask),
+                       logits_to_keep=T + 1).logits  # (B, T+1, V) predicts y_1..y_T, then nothing
+    logprobs = common.gather_logprobs(logits, completion_ids, common.fast_kernels(model))
     return logprobs, logits[:, :-1].argmax(-1) == completion_ids
 
 
 def batch_logprobs(model, tokenizer, rows: list[dict], max_completion_tokens: int):
     """Tokenise (prompt, completion) rows (prompt with its template; completion apart, + EOS) and score them."""
     device = next(model.parameters()).device
-    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, r["prompt"]) for r in rows], device)
-    completion_ids, mask = tasks.tokenize_completions(tokenizer, [r["completion"] for r in rows], device, max_completion_tokens)
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [r["prompt"] for r in rows], device)
+    completion_ids, mask = tasks.tokenize_completions(tokenizer, [r["completion"] for r in rows], device,
+                                                      max_completion_tokens)
     logprobs, hits = completion_logprobs_and_hits(model, prompt_ids, prompt_mask, completion_ids)
     return logprobs, hits, mask, int(prompt_mask.sum() + mask.sum())
 
@@ -160,17 +146,14 @@ def load_demonstrations(dataset: Optional[str], num_demonstrations: int, seed: i
         random.Random(seed).shuffle(rows)
     n_heldout = max(1, min(64, len(rows) // 10))
     if len(rows) - n_heldout < 1:
-        raise InputError(f"{dataset or '--num-demonstrations'}: {len(rows)} demonstrations; need at least 2 (one is held out)")
+        raise InputError(f"{dataset or '--num-demonstrations'}: {len(rows)} demonstrations; "
+                         "need at least 2 (one is held out)")
     return rows[n_heldout:], rows[:n_heldout]
 
 
 def check_args(args: Args) -> None:
-    common.check_run_args(args)
-    if args.pass_k < 0:
-        raise InputError(f"--pass-k must be 0 (off) or a number of samples per problem, not {args.pass_k}")
-    for name in ("steps", "batch_size", "num_demonstrations", "max_completion_tokens", "max_new_tokens", "eval_size"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+    runs.check_options(args, at_least_one=("steps", "batch_size", "num_demonstrations", "max_completion_tokens",
+                                           "max_new_tokens", "eval_size"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,81 +163,63 @@ def main(args: Args) -> dict:
     """Train with SFT; returns the final metrics (also written to the run folder's eval.json)."""
     check_args(args)
     common.set_seed(args.seed)
-    device = common.resolve_device(args.device)
-    precision = common.resolve_precision(args.precision, device)
-    kernels = common.resolve_kernels(args.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
-    resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
+    device = common.resolve_device(args.run.device)
+    precision = common.resolve_precision(args.run.precision, device)
+    fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_rows, heldout_rows = load_demonstrations(args.dataset, args.num_demonstrations, args.seed, args.eval_size)
-    tokenizer = common.load_tokenizer(args.model, args.prompt_format)
-    if args.memory_plan:  # from the config alone; completions at their length bound
-        config, S = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, tasks.heldout_problems(args.eval_size))
-        T, B = args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens), args.batch_size
-        return common.memory_plan([("policy", config, "lm", True)], precision, args, args.gradient_checkpointing, B, B * (S + T), B * T, kernels)
+    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
     heldout_problems = tasks.heldout_problems(args.eval_size)
-    policy = common.load_model(args.resume + "/model" if resumed else args.model, len(tokenizer), device, precision, args.seed, keep_adapter=bool(resumed), use_kernels=kernels)
-    if args.lora_r and not resumed:
-        policy = common.add_lora(policy, args.model, args)
+    policy = common.load_model(args.run.resume + "/model" if resumed else args.model, len(tokenizer), device, precision,
+                               args.seed, keep_adapter=bool(resumed), use_kernels=fast)
+    if args.lora.lora_r and not resumed:
+        policy = common.add_lora(policy, args.model, args.lora)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
-    batches = tasks.epoch_batches(len(train_rows), args.batch_size, args.steps, args.seed)  # a longer run only appends batches
-    run_dir = common.make_run_dir(args.output_dir, "sft", args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)
-    save_every = args.save_every or args.eval_every
-    print(f"run folder: {run_dir}")
+    batches = tasks.epoch_batches(len(train_rows), args.batch_size, args.steps, args.seed)  # a longer run appends
+    num_tokens = resumed["num_tokens"] if resumed else 0  # prompt + completion tokens seen so far, as TRL counts them
+    run = runs.Run(args, "sft", tokenizer, device, resumed, eval_row=lambda r: {
+        "accuracy": r["accuracy"], "eval/loss": r["eval/loss"],
+        "eval/mean_token_accuracy": r["eval/mean_token_accuracy"]})
+    # the data position is the step: batches[step:] come next
+    run.keep(policy, optimizer=optimizer, scheduler=scheduler, extra=lambda: {"num_tokens": num_tokens})
 
     @torch.no_grad()
     def evaluate(step: int, pass_k: int = 0) -> dict:
         """Held-out greedy task accuracy (the number every algorithm reports) and the held-out demonstrations' loss."""
-        policy.eval()
-        result = tasks.evaluate_accuracy(policy, tokenizer, heldout_problems, args.max_new_tokens)
-        if pass_k:
-            result[f"pass@{pass_k}"] = tasks.evaluate_pass_at_k(policy, tokenizer, heldout_problems, pass_k, args.max_new_tokens, args.seed)
-            tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} ({pass_k} samples per problem at temperature 1)")
+        result = tasks.evaluate_policy(policy, tokenizer, heldout_problems, args.max_new_tokens, args.seed,
+                                       step, pass_k)
         nll = hits = tokens = 0.0
         for start in range(0, len(heldout_rows), 32):
-            logprobs, hit, mask, _ = batch_logprobs(policy, tokenizer, heldout_rows[start : start + 32], args.max_completion_tokens)
-            nll, hits, tokens = nll - masked_sum(logprobs, mask).item(), hits + masked_sum(hit.float(), mask).item(), tokens + mask.sum().item()
+            rows = heldout_rows[start : start + 32]
+            logprobs, hit, mask, _ = batch_logprobs(policy, tokenizer, rows, args.max_completion_tokens)
+            nll, hits = nll - masked_sum(logprobs, mask).item(), hits + masked_sum(hit.float(), mask).item()
+            tokens += mask.sum().item()
         result.update({"eval/loss": nll / tokens, "eval/mean_token_accuracy": hits / tokens})
-        tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout_problems)} problems); "
-                   f"held-out demonstrations: loss {result['eval/loss']:.4f}, token accuracy {result['eval/mean_token_accuracy']:.3f}")
+        tqdm.write(f"step {step}: held-out demonstrations: loss {result['eval/loss']:.4f}, "
+                   f"token accuracy {result['eval/mean_token_accuracy']:.3f}")
         return result
 
-    def checkpoint(step: int) -> None:
-        """Everything an exact --resume needs; the data position is the step (batches[step:] come next)."""
-        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": common.rng_state(),
-                 "evals": evals, "before": before, "num_tokens": num_tokens}
-        common.save_checkpoint(policy, tokenizer, run_dir / "model", state)
-
-    def eval_row(step: int, result: dict) -> dict:
-        return {"step": step, "accuracy": result["accuracy"], "eval/loss": result["eval/loss"], "eval/mean_token_accuracy": result["eval/mean_token_accuracy"]}
-
-    if resumed:
-        optimizer.load_state_dict(resumed["optimizer"])
-        scheduler.load_state_dict(resumed["scheduler"])
-        common.set_rng_state(resumed["rng"])
-        before, evals, num_tokens = resumed["before"], resumed["evals"], resumed["num_tokens"]
-        last_good, start = resumed["step"], resumed["step"] + 1
-    else:
-        before = evaluate(0, args.pass_k)
-        evals, num_tokens, last_good, start = [log.write_eval(eval_row(0, before))], 0, None, 1
-    bar = common.progress(args.steps, "sft", initial=start - 1)
-    for step, batch in enumerate(batches[start - 1 :], start):
+    run.begin(evaluate)
+    for step, batch in enumerate(batches[run.first_step - 1 :], run.first_step):
         t0 = time.time()
 
         # ---- 1. log π_θ of each demonstration's completion tokens -----------------------------------
         policy.train()
-        logprobs, hits, mask, tokens = batch_logprobs(policy, tokenizer, [train_rows[i] for i in batch], args.max_completion_tokens)
+        logprobs, hits, mask, tokens = batch_logprobs(policy, tokenizer, [train_rows[i] for i in batch],
+                                                      args.max_completion_tokens)
 
         # ---- 2. the NLL of the completion tokens, and the update ----------------------------------
         loss = sft_loss(logprobs, mask)
-        common.check_finite(loss, step, last_good, run_dir)
+        run.check_finite(loss, step)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
-        common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
+        run.check_finite(grad_norm, step, "gradient norm")
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: the model's size in float32, idle through the next forward
+        # now, not at the next backward: the model's size in float32, idle through the next forward
+        optimizer.zero_grad(set_to_none=True)
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
 
@@ -270,48 +235,20 @@ def main(args: Args) -> dict:
             "lr": lr,
             "time/step": step_time,
             "tokens_per_second": tokens / step_time,
-            "memory/peak_gb": common.peak_memory_gb(device),
         }
-        log.write(step, stats)
-        bar.update(1)
-        bar.set_postfix(loss=f"{stats['loss']:.4f}", acc=f"{stats['mean_token_accuracy']:.3f}")
+        run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "acc": f"{stats['mean_token_accuracy']:.3f}"})
 
         # ---- 4. evaluate and checkpoint --------------------------------------------------------------
-        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            evals.append(log.write_eval(eval_row(step, evaluate(step))))
-            common.plot_curves(run_dir, evals)
-        if args.save_model and save_every and step % save_every == 0 and step < args.steps:
-            checkpoint(step)
-            last_good = step
-    bar.close()
+        run.evaluate(step, evaluate)
+        run.save_if_due(step)
 
-    after = evaluate(args.steps, args.pass_k)
-    evals.append(log.write_eval(eval_row(args.steps, after)))
-    result = {
-        **tasks.before_and_after(before, after),
-        "eval_loss_before": before["eval/loss"],
-        "eval_loss_after": after["eval/loss"],
-        "evals": evals,
-        "steps": args.steps,
-        "demonstrations_train": len(train_rows),
+    return run.finish(evaluate, lambda before, after: {
+        **tasks.before_and_after(before, after), "eval_loss_before": before["eval/loss"],
+        "eval_loss_after": after["eval/loss"], "demonstrations_train": len(train_rows),
         "demonstrations_heldout": len(heldout_rows),
-        "wall_time_s": round(time.time() - log.start, 1),
-        "memory/peak_gb": common.peak_memory_gb(device),
-        "samples_before": before["samples"],
-        "samples_after": after["samples"],
-        "run_dir": str(run_dir),
-    }
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    common.plot_curves(run_dir, evals)
-    if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
-        checkpoint(args.steps)
-        if args.lora_r and args.merge_lora:
-            common.save_merged(policy, tokenizer, run_dir / "merged")
-    log.close()
-    common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
-                         f"held-out demonstration loss {before['eval/loss']:.4f} -> {after['eval/loss']:.4f}", result)
-    return result
+    }, lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
+                             f"held-out demonstration loss {before['eval/loss']:.4f} -> {after['eval/loss']:.4f}")
 
 
 if __name__ == "__main__":
-    common.run_cli(main, common.parse_args(Args))
+    runs.cli(main, Args)

@@ -1,31 +1,24 @@
 """The task the models are trained on, and its data: arithmetic problems, the verifier, prompts, datasets.
 
-Everything that knows *what* is learned lives here; common.py knows only *how* a model is run.
-Every algorithm reports greedy held-out accuracy on the same problems with the same verifier,
-so the algorithms can be compared on one number.
+Everything that knows *what* is learned lives here; common.py knows only *how* a model is run. Every algorithm
+reports greedy held-out accuracy on the same problems with the same verifier, so all compare on one number.
 
-Your own task: change this file only. A task provides three functions, and the algorithm
-files use nothing else of it beyond the generic data helpers below them:
-    heldout_problems(n)                -> list[Problem]   fixed, the same for every run; a larger n only appends
-    train_problems(seed, exclude)      -> Iterator[Problem]   endless, never a held-out prompt
-    verify(completion, answer)         -> float           the reward (1.0 correct, 0.0 not)
-SFT's default demonstrations need a fourth, `demonstration(problem) -> str` (the worked answer).
-A Problem is a prompt and a reference answer; format_prompt decides how a question is shown to
-the model (its chat template, or `Question: ...\\nAnswer:` when it has none). A user's JSONL file
-(`--dataset`) replaces the generated problems without touching the code.
+Your own task: change this file only. A task provides three functions, and the algorithm files use nothing else
+of it beyond the generic data helpers below them:
+    heldout_problems(n)            -> list[Problem]       fixed, the same for every run; a larger n only appends
+    train_problems(seed, exclude)  -> Iterator[Problem]   endless, never a held-out prompt
+    verify(completion, answer)     -> float               the reward (1.0 correct, 0.0 not)
+SFT's default demonstrations need a fourth, `demonstration(problem) -> str` (the worked answer). A Problem is a
+prompt and a reference answer; format_prompt decides how a question is shown to the model (its chat template, or
+`Question: ...\\nAnswer:` when it has none). A JSONL `--dataset` replaces the generated problems, no code changed.
 
-No script trains on a problem it measures accuracy on: `--eval-size n` evaluates heldout_problems(n),
-and the online scripts' stream (load_problems) excludes exactly those; SFT's demonstrations and the
-preference prompts exclude training_exclusion(n) = heldout_problems(max(n, 200)), so that up to the
-default 200 their data (and its cache) is the same at every n. heldout_problems(n) for n > 200 starts
-with heldout_problems(200), so the larger set contains the default one.
+No script trains on a problem it measures accuracy on: `--eval-size n` evaluates heldout_problems(n), which the
+online scripts' stream (load_problems) excludes; SFT's demonstrations and the preference prompts exclude
+training_exclusion(n) = heldout_problems(max(n, 200)), so their data (and its cache) is the same at every n <= 200.
 
-`verify_strict` (grpo.py --verifier strict; `unearned` in evaluate_accuracy) pays only a result stated
-as one: after '=', 'is', 'equals', 'equal to', 'answer' or "it's" / "that's", perhaps with ':', '**'
-or '$' between; a restated question ("0 + 24", "the sum of 0 and 24") earns 0.0 there.
-
-Preference data (DPO, the reward model, the offline variants) is the reference model's own
-samples labelled by `verify` and paired correct-with-incorrect, cached as JSONL.
+`verify_strict` (grpo.py --verifier strict; `unearned` in evaluate_accuracy) pays only a result stated as one:
+a restated question ("0 + 24", "the sum of 0 and 24") earns 0.0 there. Preference data (DPO, the reward model,
+the offline variants) is the reference model's own samples labelled by `verify`, paired correct-with-incorrect.
 """
 
 from __future__ import annotations
@@ -43,9 +36,11 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import torch
+from tqdm.auto import tqdm
 
 import common
-from common import InputError
+import runs
+from runs import InputError
 
 # ---------------------------------------------------------------------------------------------
 # The shared task: arithmetic with a verifier
@@ -84,8 +79,7 @@ def heldout_problems(n: int = DEFAULT_EVAL_SIZE, seed: int = 1234) -> list[Probl
 def training_exclusion(eval_size: int) -> list[Problem]:
     """The problems the offline data (SFT's demonstrations, the preference prompts) must never train on: the
     `eval_size` evaluated ones, and never fewer than the default 200, so that data built at --eval-size <= 200 is
-    the same whatever the size, as it was before the size reached it (a superset: heldout_problems(n) starts with
-    heldout_problems(200))."""
+    the same whatever the size (a superset: heldout_problems(n) starts with heldout_problems(200))."""
     return heldout_problems(max(eval_size, DEFAULT_EVAL_SIZE))
 
 
@@ -99,10 +93,8 @@ def train_problems(seed: int, exclude: list[Problem]) -> Iterator[Problem]:
 
 
 def extract_final_number(text: str) -> Optional[float]:
-    """The last number in free text, or None. '1,234' is 1234; '5-3' is 5 and 3, not -3.
-
-    Parsed with a regular expression and float(), never evaluated: model output is not code.
-    """
+    """The last number in free text, or None. '1,234' is 1234; '5-3' is 5 and 3, not -3. Parsed with a regular
+    expression and float(), never evaluated: model output is not code."""
     matches = _NUMBER.findall(text)
     if not matches:
         return None
@@ -157,20 +149,23 @@ def demonstration(problem: Problem) -> str:
     """The correct, short worked answer that sft.py imitates by default: `47 + 38 = 85`."""
     operands = re.fullmatch(r"What is (\d+) \+ (\d+)\?", problem.prompt)
     if operands is None:
-        raise InputError(f"no demonstration for {problem.prompt!r}: give sft.py --dataset with prompt and completion fields")
+        raise InputError(f"no demonstration for {problem.prompt!r}: "
+                         "give sft.py --dataset with prompt and completion fields")
     return f"{operands[1]} + {operands[2]} = {problem.answer}"
 
 
 def format_prompt(tokenizer, question: str) -> str:
     """The chat template with one user turn when the tokenizer has one, else `Question: ...\\nAnswer:`."""
     if tokenizer.chat_template:
-        return tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                             tokenize=False)
     return f"Question: {question}\nAnswer:"
 
 
-def tokenize_prompts(tokenizer, prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids and mask, (P, S). The template already holds any special tokens."""
+def tokenize_prompts(tokenizer, questions: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each question as the model meets it (format_prompt, special tokens included), left-padded: ids, mask (P, S)."""
     tokenizer.padding_side = "left"
+    prompts = [format_prompt(tokenizer, q) for q in questions]
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     return enc.input_ids.to(device), enc.attention_mask.to(device)
 
@@ -185,26 +180,33 @@ def decode_completions(tokenizer, completion_ids: torch.Tensor, mask: torch.Tens
 
 
 @torch.no_grad()
-def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64, num_samples_kept: int = 8) -> dict:
+def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64,
+                      num_samples_kept: int = 8, score: Optional[Callable] = None) -> dict:
     """Greedy held-out accuracy with the verifier, a few sample completions to read, and `unearned`: the share
-    of problems whose greedy answer `verify` pays but `verify_strict` does not (the answer never stated as a result)."""
+    of problems whose greedy answer `verify` pays but `verify_strict` does not (never stated as a result).
+    score(prompt_ids, prompt_mask, completion_ids, completion_mask, problems) -> (..., n) also scores each batch's
+    completions (a reward model, in ppo.py): returned as "scores", (..., N) over all the problems."""
     device = next(model.parameters()).device
-    correct, unearned, samples = 0.0, 0.0, []
-    bar = common.progress(len(problems), "held-out accuracy", leave=False)
+    correct, unearned, samples, scores = 0.0, 0.0, [], []
+    bar = runs.progress(len(problems), "held-out accuracy", leave=False)
     for start in range(0, len(problems), batch_size):
         batch = problems[start : start + batch_size]
-        ids, mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p.prompt) for p in batch], device)
-        completion_ids = common.sample_completions(model, ids, mask, 1, max_new_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id, temperature=0)
-        texts = decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, tokenizer.eos_token_id))
-        for p, text in zip(batch, texts):
+        ids, mask = tokenize_prompts(tokenizer, [p.prompt for p in batch], device)
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        completion_ids = common.sample_completions(model, ids, mask, 1, max_new_tokens, eos, pad, 0.0)
+        completion_mask = common.completion_mask(completion_ids, eos)
+        for p, text in zip(batch, decode_completions(tokenizer, completion_ids, completion_mask)):
             reward = verify(text, p.answer)
             correct += reward
             unearned += reward * (1.0 - verify_strict(text, p.answer))
             if len(samples) < num_samples_kept:
                 samples.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "correct": bool(reward)})
+        if score is not None:
+            scores.append(score(ids, mask, completion_ids, completion_mask, batch))
         bar.update(len(batch))
     bar.close()
-    return {"accuracy": correct / len(problems), "unearned": unearned / len(problems), "samples": samples}
+    result = {"accuracy": correct / len(problems), "unearned": unearned / len(problems), "samples": samples}
+    return {**result, "scores": torch.cat(scores, dim=-1)} if score is not None else result
 
 
 @torch.no_grad()
@@ -215,18 +217,33 @@ def evaluate_pass_at_k(model, tokenizer, problems: list[Problem], k: int, max_ne
     before and after training draw the same random numbers and the training stream is untouched."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
-    total, bar = 0.0, common.progress(len(problems), f"held-out pass@{k}", leave=False)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    total, bar = 0.0, runs.progress(len(problems), f"held-out pass@{k}", leave=False)
     for start in range(0, len(problems), prompts_per_batch):
         batch = problems[start : start + prompts_per_batch]
-        ids, mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p.prompt) for p in batch], device)
-        completion_ids = common.sample_completions(model, ids, mask, k, max_new_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                                                   temperature=1.0, top_p=1.0, generator=generator)  # (len(batch)·k, T)
-        texts = decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, tokenizer.eos_token_id))
+        ids, mask = tokenize_prompts(tokenizer, [p.prompt for p in batch], device)
+        completion_ids = common.sample_completions(model, ids, mask, k, max_new_tokens, eos, pad, temperature=1.0,
+                                                   top_p=1.0, generator=generator)  # (len(batch)·k, T)
+        texts = decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, eos))
         for i, p in enumerate(batch):
             total += pass_at_k(k, int(sum(verify(t, p.answer) for t in texts[i * k : (i + 1) * k])), k)
         bar.update(len(batch))
     bar.close()
     return total / len(problems)
+
+
+def evaluate_policy(model, tokenizer, problems: list[Problem], max_new_tokens: int, seed: int, step: int,
+                    pass_k: int = 0, score: Optional[Callable] = None) -> dict:
+    """The held-out evaluation every algorithm reports: greedy accuracy (evaluate_accuracy, with its `score`) and,
+    with pass_k, pass@k from pass_k samples a problem at temperature 1 (evaluate_pass_at_k); each said in a line."""
+    model.eval()
+    result = evaluate_accuracy(model, tokenizer, problems, max_new_tokens, score=score)
+    if pass_k:
+        result[f"pass@{pass_k}"] = evaluate_pass_at_k(model, tokenizer, problems, pass_k, max_new_tokens, seed)
+        tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} "
+                   f"({pass_k} samples per problem at temperature 1)")
+    tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(problems)} problems)")
+    return result
 
 
 def before_and_after(before: dict, after: dict) -> dict:
@@ -235,7 +252,8 @@ def before_and_after(before: dict, after: dict) -> dict:
     return {f"{k}_{when}": result[k] for k in keys for when, result in (("before", before), ("after", after))}
 
 
-def load_problems(dataset: Optional[str], seed: int, eval_size: int, prompts_per_step: int) -> tuple[Iterator[Problem], list[Problem]]:
+def load_problems(dataset: Optional[str], seed: int, eval_size: int,
+                  prompts_per_step: int) -> tuple[Iterator[Problem], list[Problem]]:
     """(endless training stream, held-out problems) for the online scripts: the arithmetic task, or the
     user's JSONL with prompt and a numeric answer, shuffled by the seed, a tenth (at most eval_size) held out."""
     if dataset is None:
@@ -244,47 +262,49 @@ def load_problems(dataset: Optional[str], seed: int, eval_size: int, prompts_per
     rows = read_jsonl(dataset, ("prompt", "answer"))
     for line_no, row in enumerate(rows, 1):
         if extract_final_number(row["answer"]) is None:
-            raise InputError(f"{dataset}: row {line_no}: answer {row['answer']!r} is not a number the verifier can check")
+            raise InputError(f"{dataset}: row {line_no}: answer {row['answer']!r} "
+                             "is not a number the verifier can check")
     problems = [Problem(r["prompt"], r["answer"]) for r in rows]
     random.Random(seed).shuffle(problems)
     n_eval = max(1, min(eval_size, len(problems) // 10))
     if len(problems) - n_eval < prompts_per_step:
-        raise InputError(f"{dataset}: {len(problems)} rows; need at least {prompts_per_step} for training beyond the held-out tenth")
+        raise InputError(f"{dataset}: {len(problems)} rows; "
+                         f"need at least {prompts_per_step} for training beyond the held-out tenth")
     return itertools.cycle(problems[n_eval:]), problems[:n_eval]
 
 
 # ---------------------------------------------------------------------------------------------
 # Preference data: the reference model's own samples, labelled by the verifier, then paired
 # ---------------------------------------------------------------------------------------------
-def label_samples(model, tokenizer, problems: list[Problem], samples_per_prompt: int, max_new_tokens: int, temperature: float,
-                  seed: int, label_fn: Callable[[str, str], float] = verify, prompts_per_batch: int = 32) -> list[dict]:
+def label_samples(model, tokenizer, problems: list[Problem], samples_per_prompt: int, max_new_tokens: int,
+                  temperature: float, seed: int, label_fn: Callable[[str, str], float] = verify,
+                  prompts_per_batch: int = 32) -> list[dict]:
     """G samples per problem, each labelled by the verifier: rows {prompt, answer, completion, label (1 or 0),
     finished (the model emitted EOS within max_new_tokens; a truncated sample must not get one later)}."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    rows, bar = [], common.progress(len(problems), "sampling preference data (once, then cached)")
+    rows, bar = [], runs.progress(len(problems), "sampling preference data (once, then cached)")
     for start in range(0, len(problems), prompts_per_batch):
         batch = problems[start : start + prompts_per_batch]
-        ids, mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p.prompt) for p in batch], device)
-        completion_ids = common.sample_completions(model, ids, mask, samples_per_prompt, max_new_tokens, eos, pad, temperature, 1.0, generator)
+        ids, mask = tokenize_prompts(tokenizer, [p.prompt for p in batch], device)
+        completion_ids = common.sample_completions(model, ids, mask, samples_per_prompt, max_new_tokens, eos, pad,
+                                                   temperature, 1.0, generator)
         texts = decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, eos))
-        finished = (completion_ids == eos).any(1).tolist()  # (B,) the first EOS ends a row; pad == eos rows also have one
+        finished = (completion_ids == eos).any(1).tolist()  # (B,) the first EOS ends a row, also when pad == eos
         for i, text in enumerate(texts):
             p = batch[i // samples_per_prompt]
-            rows.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "label": int(label_fn(text, p.answer) > 0),
-                         "finished": finished[i]})
+            rows.append({"prompt": p.prompt, "answer": p.answer, "completion": text,
+                         "label": int(label_fn(text, p.answer) > 0), "finished": finished[i]})
         bar.update(len(batch))
     bar.close()
     return rows
 
 
 def pair_samples(samples: list[dict]) -> list[dict]:
-    """(prompt, chosen, rejected) rows: each prompt's i-th correct completion with its i-th incorrect one.
-
-    Every completion is used at most once, so a prompt gives min(#correct, #incorrect) pairs and a
-    prompt whose samples are all right or all wrong gives none. Empty completions are skipped.
-    """
+    """(prompt, chosen, rejected) rows: each prompt's i-th correct completion with its i-th incorrect one. Every
+    completion is used at most once, so a prompt gives min(#correct, #incorrect) pairs and a prompt whose samples
+    are all right or all wrong gives none. Empty completions are skipped."""
     by_prompt: dict[str, list[dict]] = {}
     for s in samples:
         if s["completion"].strip():
@@ -293,8 +313,9 @@ def pair_samples(samples: list[dict]) -> list[dict]:
     for prompt, group in by_prompt.items():
         chosen = [s for s in group if s["label"] == 1]
         rejected = [s for s in group if s["label"] == 0]
-        pairs += [{"prompt": prompt, "chosen": c["completion"], "rejected": r["completion"], "answer": group[0]["answer"],
-                   "chosen_finished": c.get("finished", True), "rejected_finished": r.get("finished", True)} for c, r in zip(chosen, rejected)]
+        pairs += [{"prompt": prompt, "chosen": c["completion"], "rejected": r["completion"],
+                   "answer": group[0]["answer"], "chosen_finished": c.get("finished", True),
+                   "rejected_finished": r.get("finished", True)} for c, r in zip(chosen, rejected)]
     return pairs
 
 
@@ -306,26 +327,25 @@ def pair_completions(pairs: list[dict]) -> tuple[list[str], list[bool]]:
     return texts, finished
 
 
-def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int, max_new_tokens: int,
-                    temperature: float, device: torch.device, precision: str,
+def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int,
+                    max_new_tokens: int, temperature: float, device: torch.device, precision: str,
                     eval_size: int = DEFAULT_EVAL_SIZE) -> tuple[dict[str, list[dict]], Path]:
     """Train pairs, held-out pairs and held-out samples from the reference model, built once and cached as JSONL.
 
-    `num_prompts` distinct arithmetic problems (never one of the `eval_size` accuracy problems, nor of the
-    default 200: training_exclusion) are each sampled `samples_per_prompt` times; the first eighth of the
-    prompts are held out, so no held-out pair shares a prompt with a training pair. The folder is keyed by
-    everything that changes the data (eval_size only above 200, where it does) and written whole or not
-    at all; delete it to rebuild. Returns ({"train", "heldout", "heldout_samples"}, folder).
-    """
+    `num_prompts` distinct arithmetic problems (never one of the `eval_size` accuracy problems, nor of the default
+    200: training_exclusion) are each sampled `samples_per_prompt` times; the first eighth of the prompts are held
+    out, so no held-out pair shares a prompt with a training pair. The folder is keyed by everything that changes
+    the data (eval_size only above 200, where it does) and written whole or not at all; delete it to rebuild.
+    Returns ({"train", "heldout", "heldout_samples"}, folder)."""
     # v2: samples record whether they finished (v1 gave every sample an EOS, truncated ones too)
     # A checkpoint folder is keyed by its full path too (every run's is called .../model); plain prompts by "-plain".
-    model_key = Path(model_name).name + (f"-{hashlib.sha1(str(Path(model_name).resolve()).encode()).hexdigest()[:8]}" if os.path.isdir(model_name) else "")
+    model_key = Path(model_name).name + (f"-{hashlib.sha1(str(Path(model_name).resolve()).encode()).hexdigest()[:8]}"
+                                         if os.path.isdir(model_name) else "")
     prompt_key = "" if tokenizer.chat_template else "-plain"
-    # Up to 200 held-out problems the data is the same, so only a larger --eval-size names its own folder.
     eval_key = f"-eval{eval_size}" if eval_size > DEFAULT_EVAL_SIZE else ""
     key = (f"v2-{model_key}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}"
            f"-temp{temperature:g}-{precision}{prompt_key}{eval_key}")
-    folder = common.CACHE_DIR / "preference-data" / key
+    folder = runs.CACHE_DIR / "preference-data" / key
     if not folder.exists():
         problems, seen = [], set()
         for p in train_problems(seed, training_exclusion(eval_size)):
@@ -346,27 +366,24 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
         for name, rows in splits.items():
             (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         tmp.rename(folder)
-    data = {name: [json.loads(line) for line in open(folder / f"{name}.jsonl")] for name in ("train", "heldout", "heldout_samples")}
+    data = {name: [json.loads(line) for line in open(folder / f"{name}.jsonl")]
+            for name in ("train", "heldout", "heldout_samples")}
     for name in ("train", "heldout"):
         if not data[name]:
             accuracy = sum(s["label"] for s in data["heldout_samples"]) / max(1, len(data["heldout_samples"]))
-            raise InputError(
-                f"no {name} preference pairs: the {model_name} samples in {folder} are all correct or all wrong "
-                f"(held-out sample accuracy {accuracy:.2f}); use more --num-prompts, a stronger --model, or --dataset pairs.jsonl"
-            )
+            raise InputError(f"no {name} preference pairs: the {model_name} samples in {folder} are all correct or "
+                             f"all wrong (held-out sample accuracy {accuracy:.2f}); use more --num-prompts, a stronger "
+                             "--model, or --dataset pairs.jsonl")
     return data, folder
 
 
-def load_preference_pairs(dataset: Optional[str], model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int,
-                          max_new_tokens: int, temperature: float, device, precision: str,
+def load_preference_pairs(dataset: Optional[str], model_name: str, tokenizer, seed: int, num_prompts: int,
+                          samples_per_prompt: int, max_new_tokens: int, temperature: float, device, precision: str,
                           eval_size: int = DEFAULT_EVAL_SIZE) -> tuple[list[dict], list[dict], list[dict]]:
-    """(train pairs, held-out pairs, held-out labelled samples) for the offline scripts.
-
-    Without a dataset: the reference model's own verifier-labelled samples (preference_data), none of them on
-    one of the `eval_size` problems the script measures accuracy on. With
-    one: the user's JSONL with prompt, chosen, rejected, shuffled by the seed, a tenth (at most 64)
-    held out; it has no labelled samples.
-    """
+    """(train pairs, held-out pairs, held-out labelled samples) for the offline scripts. Without a dataset: the
+    reference model's own verifier-labelled samples (preference_data), none of them on one of the `eval_size`
+    problems the script measures accuracy on. With one: the user's JSONL with prompt, chosen, rejected, shuffled by
+    the seed, a tenth (at most 64) held out; it has no labelled samples."""
     if dataset is None:
         data, folder = preference_data(model_name, tokenizer, seed, num_prompts, samples_per_prompt, max_new_tokens,
                                        temperature, device, precision, eval_size)
@@ -397,15 +414,14 @@ def tokenize_completions(tokenizer, texts: list[str], device, max_tokens: Option
                          finished: Optional[list[bool]] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Completion ids, + EOS where the completion finished (default: all), right-padded, and their mask, (B, T).
 
-    A sample the model cut off at max_new_tokens gets no EOS: appending one would teach DPO and
-    the reward model that answers end at arbitrary cut points. Completions are tokenised apart
-    from the prompt, which makes chosen and rejected share exactly the same prompt tokens
-    (tokenising prompt + completion as one string can merge characters across the boundary).
-    Completions longer than max_tokens are cut (then they end without EOS). The mask comes from
-    the lengths, not from searching for EOS, so it is right when pad == eos.
-    """
+    A sample the model cut off at max_new_tokens gets no EOS: appending one would teach DPO and the reward model
+    that answers end at arbitrary cut points. Completions are tokenised apart from the prompt, which makes chosen
+    and rejected share exactly the same prompt tokens (tokenising prompt + completion as one string can merge
+    characters across the boundary). Completions longer than max_tokens are cut (then they end without EOS). The
+    mask comes from the lengths, not from searching for EOS, so it is right when pad == eos."""
     finished = [True] * len(texts) if finished is None else finished
-    rows = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] * done for t, done in zip(texts, finished)]
+    rows = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] * done
+            for t, done in zip(texts, finished)]
     if max_tokens is not None:
         rows = [r[:max_tokens] for r in rows]
     T = max(1, max(len(r) for r in rows))
@@ -420,10 +436,8 @@ def tokenize_completions(tokenizer, texts: list[str], device, max_tokens: Option
 # Data files
 # ---------------------------------------------------------------------------------------------
 def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
-    """Rows of a JSONL file, each checked to hold `fields` as strings; errors name file and line.
-
-    UTF-8, with or without a byte-order mark; a numeric "answer" (42, not "42") is read as its text.
-    """
+    """Rows of a JSONL file, each checked to hold `fields` as strings; errors name file and line. UTF-8, with or
+    without a byte-order mark; a numeric "answer" (42, not "42") is read as its text."""
     if not os.path.isfile(path):
         raise InputError(f"--dataset {path}: no such file")
     rows = []
@@ -432,7 +446,8 @@ def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
             lines = f.readlines()
         except UnicodeDecodeError as e:
             line_no = open(path, "rb").read()[: e.start].count(b"\n") + 1
-            raise InputError(f"{path}:{line_no}: not UTF-8 text (byte {e.object[e.start]:#04x}); save the file as UTF-8") from None
+            raise InputError(f"{path}:{line_no}: not UTF-8 text (byte {e.object[e.start]:#04x}); "
+                             "save the file as UTF-8") from None
         for line_no, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -446,12 +461,12 @@ def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
                 row["answer"] = str(row["answer"])
             for field in fields:
                 if not isinstance(row.get(field), str) or not row[field].strip():
-                    raise InputError(f"{path}:{line_no}: field {field!r} missing or not a non-empty string (need {', '.join(fields)})")
+                    raise InputError(f"{path}:{line_no}: field {field!r} missing or not a non-empty string "
+                                     f"(need {', '.join(fields)})")
             rows.append(row)
     if not rows:
         raise InputError(f"{path}: the dataset is empty")
     return rows
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,7 +479,7 @@ def sequence_logps(model, tokenizer, prompts: list[str], completions: list[str],
     completions are tokenised apart from them (tokenize_completions); each prompt is encoded once."""
     device = next(model.parameters()).device
     per_prompt = len(completions) // len(prompts)
-    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, [format_prompt(tokenizer, p) for p in prompts], device)
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, device)
     completion_ids, mask = tokenize_completions(tokenizer, completions, device, max_completion_tokens, finished)
     repeats = torch.full((len(prompts),), per_prompt, device=device)
     logprobs, _ = common.completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, repeats)

@@ -8,12 +8,14 @@ greedy completion's reward (ReMax). Every run is evaluated like the others: held
 accuracy by the verifier, before and after.
 
 Losses (y_w chosen, y_l rejected, log π(y|x) summed over completion tokens unless said):
-  IPO    (Azar et al. 2024, arXiv:2310.12036, eq. 17):  (h - 1/(2τ))²,  h = log π(y_w)/π_ref(y_w) - log π(y_l)/π_ref(y_l)
+  IPO    (Azar et al. 2024, arXiv:2310.12036, eq. 17):  (h - 1/(2τ))²,
+         h = log π(y_w)/π_ref(y_w) - log π(y_l)/π_ref(y_l)
   KTO    (Ethayarajh et al. 2024, arXiv:2402.01306, eq. 8):  λ_D (1 - σ(β(r - z0))) for desirable y,
          λ_U (1 - σ(β(z0 - r))) for undesirable y,  r = log π(y|x)/π_ref(y|x),  z0 = max(0, KL estimate), detached
-  SimPO  (Meng et al. 2024, arXiv:2405.14734, eq. 6):  -log σ( β/|y_w| log π(y_w) - β/|y_l| log π(y_l) - γ ),  no reference
-  ORPO   (Hong et al. 2024, arXiv:2403.07691, eq. 6-7):  L_SFT(y_w) + λ · -log σ( log odds(y_w) - log odds(y_l) ),  no reference
-         odds(y) = P(y)/(1 - P(y)) with log P(y) the *mean* token log-prob
+  SimPO  (Meng et al. 2024, arXiv:2405.14734, eq. 6):  -log σ( β/|y_w| log π(y_w) - β/|y_l| log π(y_l) - γ ),
+         no reference
+  ORPO   (Hong et al. 2024, arXiv:2403.07691, eq. 6-7):  L_SFT(y_w) + λ · -log σ( log odds(y_w) - log odds(y_l) ),
+         no reference;  odds(y) = P(y)/(1 - P(y)) with log P(y) the *mean* token log-prob
   RLOO   (Ahmadian et al. 2024, arXiv:2402.14740, eq. 6):  A_i = r_i - 1/(k-1) Σ_{j≠i} r_j
   ReMax  (Li et al. 2024, arXiv:2310.10505, Alg. 1):  A_i = r_i - r(x, ȳ), ȳ the greedy completion of x
 
@@ -48,18 +50,18 @@ Shapes: P pairs or prompts, B sequences, k samples per prompt, T completion toke
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 import common
+import runs
 import tasks
-from common import InputError, masked_sum
+from common import masked_sum
+from runs import InputError, require
 from tasks import sequence_logps
 
 OFFLINE = ("ipo", "kto", "simpo", "orpo")
@@ -69,14 +71,15 @@ DEFAULT_LR = {"ipo": 5e-6, "kto": 5e-6, "simpo": 5e-6, "orpo": 5e-6, "rloo": 1e-
 
 
 @dataclass
-class Experiment:
-    """which variant, what to train and how it is evaluated"""
+class Args:
+    """One variant, chosen with --algo."""
 
+    # ---- experiment: which variant, what to train and how it is evaluated ----------------------------------------
     algo: Literal["ipo", "kto", "simpo", "orpo", "rloo", "remax"]
     """offline on preference pairs: ipo, kto, simpo, orpo; online with the verifier reward: rloo, remax"""
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    dataset: Annotated[Optional[str], common.none_means("the built-in task", "FILE")] = None
+    dataset: Annotated[Optional[str], runs.none_means("the built-in task", "FILE")] = None
     """offline: JSONL with prompt, chosen, rejected; online: JSONL with prompt, answer"""
     seed: int = 0
     """seed for data, sampling and initialisation"""
@@ -85,18 +88,13 @@ class Experiment:
     eval_size: int = 200
     """number of held-out arithmetic problems for greedy accuracy"""
     pass_k: int = 8
-    """pass@k at the first and last evaluation: k completions per held-out problem at temperature 1, scored by the verifier (0 = off)"""
-
-
-@dataclass
-class Algorithm:
-    """the variant's loss"""
-
+    """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
+    # ---- algorithm: the variant's loss ---------------------------------------------------------------------------
     steps: int = 60
     """optimizer steps"""
     batch_size: int = 8
     """offline: preference pairs per step (KTO: their 2× unpaired samples); online: prompts per step"""
-    beta: Annotated[Optional[float], common.none_means("the value in brackets for the --algo", "FLOAT")] = None
+    beta: Annotated[Optional[float], runs.none_means("the value in brackets for the --algo", "FLOAT")] = None
     """IPO τ (0.1), KTO β (0.1), SimPO β (2.0), ORPO λ (0.1), RLOO/ReMax KL coefficient (0.05)"""
     simpo_gamma: float = 0.5
     """SimPO's target margin γ, in reward units (subtracted after β scales the log-probs)"""
@@ -106,12 +104,7 @@ class Algorithm:
     """KTO λ_U, the weight of undesirable samples"""
     group_size: int = 4
     """RLOO: samples per prompt, k >= 2 (ReMax always takes one sample and one greedy completion)"""
-
-
-@dataclass
-class DataAndGeneration:
-    """the preference data (offline) and sampling (online)"""
-
+    # ---- data and generation: the preference data (offline) and sampling (online) --------------------------------
     num_prompts: int = 512
     """offline: distinct arithmetic prompts sampled for the preference data (the same cache as dpo.py)"""
     samples_per_prompt: int = 8
@@ -122,13 +115,9 @@ class DataAndGeneration:
     """completion length limit when sampling and in evaluation"""
     max_completion_tokens: int = 256
     """offline: completions of --dataset pairs longer than this are cut"""
-
-
-@dataclass
-class Optimisation:
-    """the optimizer, memory and saving"""
-
-    lr: Annotated[Optional[float], common.none_means("5e-6 offline (as dpo.py), 1e-5 online (as grpo.py)", "FLOAT")] = None
+    # ---- optimisation: the optimizer, memory and saving ----------------------------------------------------------
+    lr: Annotated[Optional[float],
+                  runs.none_means("5e-6 offline (as dpo.py), 1e-5 online (as grpo.py)", "FLOAT")] = None
     """AdamW learning rate"""
     warmup_steps: int = 5
     """linear learning-rate warm-up steps"""
@@ -136,16 +125,8 @@ class Optimisation:
     """gradient clipping by global norm"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
-    save_model: bool = True
-    """save the final model in the run folder"""
-
-
-@dataclass
-class Args(common.Lora, Optimisation, DataAndGeneration, Algorithm, common.Run, Experiment):
-    """One variant, chosen with --algo.
-
-    One flat set of options, `Args(algo="ipo")`; the base classes only group them in --help, and their
-    fields come in the order Experiment, Run, Algorithm, DataAndGeneration, Optimisation, Lora (a dataclass takes its last base's fields first)."""
+    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
+    lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +183,8 @@ def orpo_loss(policy_chosen_logps, policy_rejected_logps, chosen_lengths, reject
     chosen_mean = policy_chosen_logps / chosen_lengths
     rejected_mean = policy_rejected_logps / rejected_lengths
     # log(1 - P) = log(-expm1(log P)), exact for P near 0 and near 1
-    log_odds = (chosen_mean - torch.log(-torch.expm1(chosen_mean))) - (rejected_mean - torch.log(-torch.expm1(rejected_mean)))
+    log_odds = ((chosen_mean - torch.log(-torch.expm1(chosen_mean)))
+                - (rejected_mean - torch.log(-torch.expm1(rejected_mean))))
     losses = -chosen_mean - lam * F.logsigmoid(log_odds)
     return losses, lam * chosen_mean.detach(), lam * rejected_mean.detach()
 
@@ -237,15 +219,18 @@ def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: l
     if args.algo == "ipo":
         losses, chosen_rewards, rejected_rewards = ipo_loss(chosen, rejected, ref_logps[0::2], ref_logps[1::2], beta)
     elif args.algo == "simpo":
-        losses, chosen_rewards, rejected_rewards = simpo_loss(chosen, rejected, lengths[0::2], lengths[1::2], beta, args.simpo_gamma)
+        losses, chosen_rewards, rejected_rewards = simpo_loss(chosen, rejected, lengths[0::2], lengths[1::2], beta,
+                                                              args.simpo_gamma)
     elif args.algo == "orpo":
         losses, chosen_rewards, rejected_rewards = orpo_loss(chosen, rejected, lengths[0::2], lengths[1::2], beta)
     else:  # kto: the 2P samples unpaired; z0 from each prompt with the next pair's completions
         shifted, shifted_finished = texts[2:] + texts[:2], finished[2:] + finished[:2]
         with torch.no_grad():  # z0 is a detached reference point
-            kl_logps, _ = sequence_logps(policy, tokenizer, prompts, shifted, args.max_completion_tokens, shifted_finished)
+            kl_logps, _ = sequence_logps(policy, tokenizer, prompts, shifted, args.max_completion_tokens,
+                                         shifted_finished)
             with common.reference(policy, ref_model) as ref:
-                ref_kl_logps, _ = sequence_logps(ref, tokenizer, prompts, shifted, args.max_completion_tokens, shifted_finished)
+                ref_kl_logps, _ = sequence_logps(ref, tokenizer, prompts, shifted, args.max_completion_tokens,
+                                                 shifted_finished)
         desirable = torch.tensor([True, False] * len(pairs), device=logps.device)
         losses, rewards, z0 = kto_loss(logps, ref_logps, desirable, kl_logps, ref_kl_logps, beta,
                                        args.desirable_weight, args.undesirable_weight)
@@ -265,22 +250,16 @@ def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: l
 
 
 def check_args(args: Args) -> None:
-    common.check_run_args(args)
-    if args.pass_k < 0:
-        raise InputError(f"--pass-k must be 0 (off) or a number of samples per problem, not {args.pass_k}")
-    for name in ("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size", "max_completion_tokens"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.beta is not None and args.beta <= 0:
-        raise InputError("--beta must be > 0")
-    if args.algo == "rloo" and args.group_size < 2:
-        raise InputError(f"--group-size must be at least 2 for RLOO (the other samples are the baseline), not {args.group_size}")
-    if args.algo == "kto" and args.batch_size < 2:
-        raise InputError("--batch-size must be at least 2 for KTO (z0 pairs each prompt with another pair's completions)")
-    if args.samples_per_prompt < 2:
-        raise InputError("--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
-    if args.temperature <= 0:
-        raise InputError("--temperature must be > 0 (evaluation is always greedy)")
+    runs.check_options(args, at_least_one=("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size",
+                                           "max_completion_tokens"))
+    require(args.beta is None or args.beta > 0, "--beta must be > 0")
+    require(args.algo != "rloo" or args.group_size >= 2,
+            f"--group-size must be at least 2 for RLOO (the other samples are the baseline), not {args.group_size}")
+    require(args.algo != "kto" or args.batch_size >= 2,
+            "--batch-size must be at least 2 for KTO (z0 pairs each prompt with another pair's completions)")
+    require(args.samples_per_prompt >= 2,
+            "--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
+    require(args.temperature > 0, "--temperature must be > 0 (evaluation is always greedy)")
 
 
 def check_rewards(scores: torch.Tensor, texts: list[str], step: int) -> None:
@@ -288,8 +267,8 @@ def check_rewards(scores: torch.Tensor, texts: list[str], step: int) -> None:
     bad = (~torch.isfinite(scores)).nonzero()
     if len(bad):
         i = bad[0].item()
-        raise InputError(f"reward became {scores[i].item()} at step {step}: the reward function returned a non-finite score "
-                         f"for the completion {texts[i]!r}; stopped before the update")
+        raise InputError(f"reward became {scores[i].item()} at step {step}: the reward function returned "
+                         f"a non-finite score for the completion {texts[i]!r}; stopped before the update")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,85 +284,60 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     beta = args.beta if args.beta is not None else DEFAULT_BETA[args.algo]
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.algo]
     common.set_seed(args.seed)
-    device = common.resolve_device(args.device)
-    precision = common.resolve_precision(args.precision, device)
-    kernels = common.resolve_kernels(args.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
-    resumed = common.load_trainer_state(args.resume, args.steps) if args.resume else None
-    tokenizer = common.load_tokenizer(args.model, args.prompt_format)
+    device = common.resolve_device(args.run.device)
+    precision = common.resolve_precision(args.run.precision, device)
+    fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
+    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
     offline = args.algo in OFFLINE
-    if args.memory_plan:  # from the config alone, before any data: offline, a pair's two completions; online, G (RLOO) or 1 (ReMax) per prompt
-        config, S = common.model_config(args.model, len(tokenizer)), tasks.longest_prompt(tokenizer, tasks.heldout_problems(args.eval_size))
-        T = (args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens + 1)) if offline else args.max_new_tokens
-        per_prompt = 2 if offline else (args.group_size if args.algo == "rloo" else 1)
-        B = args.batch_size * per_prompt
-        models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (args.algo in ("ipo", "kto", "rloo", "remax") and not args.lora_r)
-        return common.memory_plan(models, precision, args, args.gradient_checkpointing, B, args.batch_size * S * (per_prompt if offline else 1) + B * T, B * T, kernels)
     if offline:
         train_pairs, _, _ = tasks.load_preference_pairs(
             args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt,
             args.max_new_tokens, args.temperature, device, precision, args.eval_size)
-        batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run only appends batches
+        batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run appends
         heldout = tasks.heldout_problems(args.eval_size)
     else:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
-    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=kernels)
+    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     # SimPO and ORPO are reference-free: no second model is loaded. The reference is the starting model, also
     # when resuming; with LoRA it is the policy with its adapter off.
-    ref_model = common.frozen_copy(policy) if args.algo in ("ipo", "kto", "rloo", "remax") and not args.lora_r else None
+    uses_reference = args.algo in ("ipo", "kto", "rloo", "remax")
+    ref_model = common.frozen_copy(policy) if uses_reference and not args.lora.lora_r else None
     if resumed:
-        policy = common.load_model(f"{args.resume}/model", len(tokenizer), device, precision, args.seed, keep_adapter=True, use_kernels=kernels)
-    elif args.lora_r:
-        policy = common.add_lora(policy, args.model, args)
+        policy = common.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
+                                   keep_adapter=True, use_kernels=fast)
+    elif args.lora.lora_r:
+        policy = common.add_lora(policy, args.model, args.lora)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, lr, warmup_steps=args.warmup_steps)
-    run_dir = common.make_run_dir(args.output_dir, args.algo, args.model, args.seed, args)
-    log = common.MetricsLog(run_dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.report_to, args)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    save_every = args.save_every or args.eval_every
-    print(f"run folder: {run_dir}")
+    run = runs.Run(args, args.algo, tokenizer, device, resumed)
+    run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler)  # what a checkpoint holds; resumed here
+    for _ in range(0 if offline else (run.first_step - 1) * args.batch_size):  # online: P problems a step
+        next(train_stream)
 
     def evaluate(step: int, pass_k: int = 0) -> dict:
-        policy.eval()
-        result = tasks.evaluate_accuracy(policy, tokenizer, heldout, args.max_new_tokens)
-        if pass_k:
-            result[f"pass@{pass_k}"] = tasks.evaluate_pass_at_k(policy, tokenizer, heldout, pass_k, args.max_new_tokens, args.seed)
-            tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} ({pass_k} samples per problem at temperature 1)")
-        tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(heldout)} problems)")
-        return result
+        return tasks.evaluate_policy(policy, tokenizer, heldout, args.max_new_tokens, args.seed, step, pass_k)
 
-    def checkpoint(step: int) -> None:
-        """Everything an exact --resume needs; the data position is the step (batches or step × P problems)."""
-        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                 "rng": common.rng_state(generator), "evals": evals, "before": before}
-        common.save_checkpoint(policy, tokenizer, run_dir / "model", state)
-
-    if resumed:
-        optimizer.load_state_dict(resumed["optimizer"])
-        scheduler.load_state_dict(resumed["scheduler"])
-        common.set_rng_state(resumed["rng"], generator)
-        for _ in range(0 if offline else resumed["step"] * args.batch_size):
-            next(train_stream)
-        before, evals, last_good, start = resumed["before"], resumed["evals"], resumed["step"], resumed["step"] + 1
-    else:
-        before = evaluate(0, args.pass_k)
-        evals, last_good, start = [log.write_eval({"step": 0, "accuracy": before["accuracy"]})], None, 1
-    bar = common.progress(args.steps, args.algo, initial=start - 1)
-    for step in range(start, args.steps + 1):
+    run.begin(evaluate)
+    for step in range(run.first_step, args.steps + 1):
         t0 = time.time()
         if offline:
             # ---- offline: one batch of preference pairs, one loss ------------------------------------
             policy.train()
-            loss, stats = offline_loss(args, beta, policy, ref_model, tokenizer, [train_pairs[i] for i in batches[step - 1]])
+            loss, stats = offline_loss(args, beta, policy, ref_model, tokenizer,
+                                       [train_pairs[i] for i in batches[step - 1]])
         else:
             # ---- online 1. sample: k per prompt (RLOO) or one plus the greedy completion (ReMax) --------
             problems = [next(train_stream) for _ in range(args.batch_size)]
-            prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in problems], device)
+            prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
             k = args.group_size if args.algo == "rloo" else 1
             policy.eval()
-            completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, k, args.max_new_tokens, eos, pad, args.temperature, 1.0, generator)
+            completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, k, args.max_new_tokens, eos,
+                                                       pad, args.temperature, 1.0, generator)
             mask = common.completion_mask(completion_ids, eos)
             answers = [p.answer for p in problems for _ in range(k)]
             texts = tasks.decode_completions(tokenizer, completion_ids, mask)
@@ -391,16 +345,20 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             check_rewards(scores, texts, step)
             repeats = torch.full((len(problems),), k, device=device)
             if args.algo == "remax":
-                greedy_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad, temperature=0)
+                greedy_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos,
+                                                       pad, temperature=0)
                 greedy_texts = tasks.decode_completions(tokenizer, greedy_ids, common.completion_mask(greedy_ids, eos))
-                greedy_scores = torch.tensor([reward_fn(t, p.answer) for t, p in zip(greedy_texts, problems)], device=device)  # (P,)
+                greedy_scores = torch.tensor([reward_fn(t, p.answer) for t, p in zip(greedy_texts, problems)],
+                                             device=device)  # (P,)
                 check_rewards(greedy_scores, greedy_texts, step)
 
             # ---- online 2. reward = score - β·KL of the sequence, then the critic-free baseline ----------
             with torch.no_grad(), common.reference(policy, ref_model) as ref:
-                ref_logprobs, _ = common.completion_logprobs(ref, prompt_ids, prompt_mask, completion_ids, repeats, args.temperature)
+                ref_logprobs, _ = common.completion_logprobs(ref, prompt_ids, prompt_mask, completion_ids, repeats,
+                                                             args.temperature)
             policy.train()
-            logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, repeats, args.temperature)
+            logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, repeats,
+                                                     args.temperature)
             kl = masked_sum(logprobs.detach() - ref_logprobs, mask, dim=1)  # (B,) k1 summed over the sequence
             rewards = scores - beta * kl
             if args.algo == "rloo":
@@ -411,56 +369,32 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             # ---- online 3. REINFORCE with the baseline: -A · log π(y|x), one step per batch -------------
             loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()
             stats = {"reward": scores.mean().item(), "kl": kl.mean().item(), "rlhf_reward": rewards.mean().item(),
-                     "advantage_abs": advantages.abs().mean().item(), "completion_length": mask.sum(1).float().mean().item(),
-                     "completions/distinct": common.distinct_fraction(completion_ids, mask, k if k > 1 else len(completion_ids)),  # per group (RLOO), per batch (ReMax)
+                     "advantage_abs": advantages.abs().mean().item(),
+                     "completion_length": mask.sum(1).float().mean().item(),
+                     # per group (RLOO), per batch (ReMax)
+                     "completions/distinct": common.distinct_fraction(completion_ids, mask,
+                                                                      k if k > 1 else len(completion_ids)),
                      "loss": loss.item()}
 
         # ---- update, log ---------------------------------------------------------------------------------
-        common.check_finite(loss, step, last_good, run_dir)
+        run.check_finite(loss, step)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
-        common.check_finite(grad_norm, step, last_good, run_dir, "gradient norm")
+        run.check_finite(grad_norm, step, "gradient norm")
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: the model's size in float32, idle through sampling
-        stats.update({"grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0], "time/step": time.time() - t0,
-                      "memory/peak_gb": common.peak_memory_gb(device)})
+        # now, not at the next backward: the model's size in float32, idle through sampling
+        optimizer.zero_grad(set_to_none=True)
+        stats.update({"grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0], "time/step": time.time() - t0})
         scheduler.step()
-        log.write(step, stats)
-        bar.update(1)
-        bar.set_postfix(loss=f"{stats['loss']:.4f}")
+        run.log(step, stats, {"loss": f"{stats['loss']:.4f}"})
 
-        if args.eval_every and step % args.eval_every == 0 and step < args.steps:
-            evals.append(log.write_eval({"step": step, "accuracy": evaluate(step)["accuracy"]}))
-            common.plot_curves(run_dir, evals)
-        if args.save_model and save_every and step % save_every == 0 and step < args.steps:
-            checkpoint(step)
-            last_good = step
-    bar.close()
+        run.evaluate(step, evaluate)
+        run.save_if_due(step)
 
-    after = evaluate(args.steps, args.pass_k)
-    evals.append(log.write_eval({"step": args.steps, "accuracy": after["accuracy"]}))
-    result = {
-        "algo": args.algo,
-        **tasks.before_and_after(before, after),
-        "evals": evals,
-        "steps": args.steps,
-        "models_in_memory": 1 if ref_model is None else 2,
-        "wall_time_s": round(time.time() - log.start, 1),
-        "memory/peak_gb": common.peak_memory_gb(device),
-        "samples_before": before["samples"],
-        "samples_after": after["samples"],
-        "run_dir": str(run_dir),
-    }
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    common.plot_curves(run_dir, evals)
-    if args.save_model:  # after eval.json: a failed save (a full disk) never loses the results
-        checkpoint(args.steps)
-        if args.lora_r and args.merge_lora:
-            common.save_merged(policy, tokenizer, run_dir / "merged")
-    log.close()
-    common.print_summary(f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}", result)
-    return result
+    return run.finish(evaluate, lambda before, after: {
+        "algo": args.algo, **tasks.before_and_after(before, after), "models_in_memory": 1 if ref_model is None else 2,
+    }, lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}")
 
 
 if __name__ == "__main__":
-    common.run_cli(main, common.parse_args(Args))
+    runs.cli(main, Args)

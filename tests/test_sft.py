@@ -7,15 +7,16 @@ import pytest
 import torch
 
 import common
+import runs
 import tasks
-from conftest import PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, assert_checkpointing_changes_nothing, metrics_of, run_script, write
+from conftest import PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
 from sft import Args, batch_logprobs, completion_logprobs_and_hits, load_demonstrations, main, sft_loss
 
 
 def tiny_args(tmp_path, **overrides) -> Args:
     defaults = dict(model="tiny", steps=2, batch_size=4, num_demonstrations=40, max_new_tokens=8, eval_size=8,
                     output_dir=str(tmp_path / "runs"), lr=1e-3, warmup_steps=1)
-    return Args(**{**defaults, **overrides})
+    return args_of(Args, **{**defaults, **overrides})
 
 
 # ---- the loss ------------------------------------------------------------------------------------------------------
@@ -31,9 +32,8 @@ def test_only_completion_tokens_are_targets_whatever_the_padding(tiny_model_and_
     """Each completion token's log-prob equals a forward on that row alone, unpadded; prompt tokens are never scored.
     On tiny-gpt2 too, where pad = EOS: the EOS that ends a completion is a target there as well."""
     tiny_model, tokenizer = tiny_model_and_tokenizer
-    prompts = [tasks.format_prompt(tokenizer, q) for q in ("What is 3 + 4?", "What is 12 + 45? Show it.")]
     completions = ["3 + 4 = 7", "57"]
-    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, prompts, "cpu")
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, ["What is 3 + 4?", "What is 12 + 45? Show it."], "cpu")
     completion_ids, mask = tasks.tokenize_completions(tokenizer, completions, "cpu")
     with torch.no_grad():
         logprobs, hits = completion_logprobs_and_hits(tiny_model, prompt_ids, prompt_mask, completion_ids)
@@ -76,7 +76,7 @@ def test_a_run_leaves_its_files_and_a_checkpoint_grpo_can_start_from(tmp_path):
     result = main(tiny_args(tmp_path))
     assert sorted(os.listdir(result["run_dir"])) == RUN_FILES
     assert set(metrics_of(result)[0]) >= {"loss", "mean_token_accuracy", "num_tokens", "grad_norm", "lr", "time/step", "memory/peak_gb"}
-    rl = grpo.main(grpo.Args(model=os.path.join(result["run_dir"], "model"), steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
+    rl = grpo.main(args_of(grpo.Args, model=os.path.join(result["run_dir"], "model"), steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
                              eval_size=4, output_dir=str(tmp_path / "rl"), save_model=False))
     assert rl["steps"] == 1
 
@@ -105,7 +105,7 @@ def test_prompt_format_plain_drops_the_template_and_chat_requires_one():
     plain = common.load_tokenizer("tiny", "plain")
     assert tasks.format_prompt(plain, "What is 1 + 2?") == "Question: What is 1 + 2?\nAnswer:"
     assert tasks.format_prompt(common.load_tokenizer("tiny"), "What is 1 + 2?").startswith("<|im_start|>user\n")
-    with pytest.raises(common.InputError, match="has no chat template"):
+    with pytest.raises(runs.InputError, match="has no chat template"):
         common.load_tokenizer("tiny-gpt2", "chat")
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import common
+import runs
 import tasks
 
 
@@ -102,7 +103,7 @@ def test_evaluate_pass_at_k_groups_each_problems_k_samples(tiny_model, tokenizer
     got = tasks.evaluate_pass_at_k(tiny_model, tokenizer, problems, k, 6, seed=3, prompts_per_batch=4)
     generator, texts = torch.Generator().manual_seed(3), []
     for start in range(0, 12, 4):
-        ids, mask = tasks.tokenize_prompts(tokenizer, [tasks.format_prompt(tokenizer, p.prompt) for p in problems[start : start + 4]], "cpu")
+        ids, mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems[start : start + 4]], "cpu")
         completion_ids = common.sample_completions(tiny_model, ids, mask, k, 6, tokenizer.eos_token_id, tokenizer.pad_token_id, 1.0, 1.0, generator)
         texts += tasks.decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, tokenizer.eos_token_id))
     solved = [any(reward(t, p.answer) for t in texts[k * i : k * i + k]) for i, p in enumerate(problems)]
@@ -161,7 +162,7 @@ def test_prompt_format_with_and_without_chat_template(tokenizer):
 def test_read_jsonl_reports_file_and_line(tmp_path, lines, message):
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(common.InputError, match=message):
+    with pytest.raises(runs.InputError, match=message):
         tasks.read_jsonl(str(path), ("prompt", "answer"))
 
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import common
+import runs
 import tasks
 import variants
-from conftest import PAIRS, RUN_FILES, assert_one_line_error, assert_resume_is_exact, assert_checkpointing_changes_nothing, digit_fraction, metrics_of, run_script
+from conftest import PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script
 from variants import (Args, ipo_loss, kto_loss, main, offline_loss, orpo_loss, remax_advantages, rloo_advantages,
                       sequence_logps, simpo_loss)
 
@@ -18,7 +19,7 @@ from variants import (Args, ipo_loss, kto_loss, main, offline_loss, orpo_loss, r
 def tiny_args(tmp_path, algo, **overrides) -> Args:
     defaults = dict(algo=algo, model="tiny", dataset=PAIRS if algo in ("ipo", "kto", "simpo", "orpo") else None, steps=2,
                     batch_size=4, max_new_tokens=8, eval_size=8, output_dir=str(tmp_path / "runs"), lr=1e-3, warmup_steps=1)
-    return Args(**{**defaults, **overrides})
+    return args_of(Args, **{**defaults, **overrides})
 
 
 # ---- the losses ---------------------------------------------------------------------------------------------------
@@ -117,7 +118,7 @@ def test_ipo_uses_summed_log_probs_and_simpo_orpo_the_length_normalised_ones(tok
             ("orpo", orpo_loss(logps[0::2], logps[1::2], lengths[0::2], lengths[1::2], 0.1)[0]),
         ):
             beta = {"ipo": 0.1, "simpo": 2.0, "orpo": 0.1}[algo]
-            loss, _ = offline_loss(Args(algo=algo), beta, policy, ref, tokenizer, ROWS)
+            loss, _ = offline_loss(args_of(Args, algo=algo), beta, policy, ref, tokenizer, ROWS)
             assert loss.item() == pytest.approx(expected.mean().item(), rel=1e-5), algo
 
 
@@ -141,7 +142,7 @@ def test_kto_reference_point_pairs_each_prompt_with_the_next_pairs_completions(t
         expected, _, z0 = kto_loss(logps, ref_logps, torch.tensor([True, False, True, False]), kl_logps, ref_kl_logps, 0.1)
         matched_z0 = (logps - ref_logps).mean().item()
         assert z0.item() > 0 and matched_z0 > 0 and abs(z0.item() - matched_z0) > 0.05  # the two are told apart
-        loss, metrics = offline_loss(Args(algo="kto"), 0.1, policy, ref, tokenizer, ROWS)
+        loss, metrics = offline_loss(args_of(Args, algo="kto"), 0.1, policy, ref, tokenizer, ROWS)
     assert metrics["kl"] == pytest.approx(z0.item(), rel=1e-5)
     assert loss.item() == pytest.approx(expected.mean().item(), rel=1e-5)
 
@@ -166,7 +167,7 @@ def test_online_baseline_cancels_a_constant_reward_in_the_loop(tmp_path, algo):
 
 @pytest.mark.parametrize("algo", ["kto", "rloo", "remax"])
 def test_resume_continues_exactly(tmp_path, algo):
-    assert_resume_is_exact(tmp_path, main, lambda out, **kw: Args(**{**dict(algo=algo, model="tiny", dataset=PAIRS if algo == "kto" else None,
+    assert_resume_is_exact(tmp_path, main, lambda out, **kw: args_of(Args, **{**dict(algo=algo, model="tiny", dataset=PAIRS if algo == "kto" else None,
                            batch_size=4, group_size=2, max_new_tokens=8, eval_size=8, eval_every=2, output_dir=str(out), lr=1e-3,
                            warmup_steps=1), **kw}), reward_fn=digit_fraction)
 
@@ -203,7 +204,7 @@ def test_a_non_finite_reward_is_reported_as_the_reward_functions_fault(tmp_path,
     def reward_fn(completion, answer):
         return float("nan") if next(calls) >= first_bad_call else 0.0
 
-    with pytest.raises(common.InputError, match=rf"reward became nan at step {step}: the reward function returned a non-finite score") as error:
+    with pytest.raises(runs.InputError, match=rf"reward became nan at step {step}: the reward function returned a non-finite score") as error:
         main(tiny_args(tmp_path, algo), reward_fn=reward_fn)
     assert "--lr" not in str(error.value)  # the loss's message would blame the learning rate
 
@@ -233,7 +234,7 @@ def test_rloo_raises_a_dense_reward_on_the_tiny_model(tmp_path):
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, algo, overrides, message):
-    with pytest.raises(common.InputError, match=message):
+    with pytest.raises(runs.InputError, match=message):
         main(tiny_args(tmp_path, algo, **overrides))
     assert not os.path.exists(tmp_path / "runs")
 

