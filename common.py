@@ -1,9 +1,8 @@
 """Model mechanics every algorithm file shares: set-up, models, LoRA and the reference, log-probs, masks, sampling.
 
-Nothing here is specific to one algorithm or to the task (that is tasks.py, which builds on this
-file), and nothing here is run bookkeeping (that is runs.py). Read an algorithm file first (grpo.py);
-come here when it calls something you want to check. kernels.py holds optional faster versions of
-two functions here, each reached through one visible seam (`if fast: ... kernels.X`) beside the
+Nothing here is specific to one algorithm or to the task (tasks.py), and nothing is run bookkeeping
+(runs.py). Read an algorithm file first (grpo.py); come here when it calls something you want to check.
+kernels.py holds faster versions of two functions here, each reached through one visible seam beside the
 plain code it must equal. Shapes: B sequences, P prompts, G samples per prompt, S prompt tokens, T completion
 tokens, V vocabulary.
 
@@ -32,10 +31,7 @@ import transformers
 
 import kernels
 import runs
-from runs import InputError
-
-transformers.logging.set_verbosity_error()
-transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards": only this project's bars
+from runs import InputError, require
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,12 +47,12 @@ def resolve_device(device: str) -> torch.device:
     """auto (cuda if available), cpu, cuda or cuda:N; anything else, or CUDA without a GPU, is one clear error."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device != "cpu" and not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
-        raise InputError(f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
-    if device != "cpu" and not torch.cuda.is_available():
-        raise InputError(f"--device {device}: CUDA is not available on this machine; use --device cpu (or auto)")
-    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
-        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    require(device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()),
+            f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
+    require(device == "cpu" or torch.cuda.is_available(),
+            f"--device {device}: CUDA is not available on this machine; use --device cpu (or auto)")
+    require(not device.startswith("cuda:") or int(device[5:]) < torch.cuda.device_count(),
+            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device(device)
 
 

@@ -42,7 +42,6 @@ Run:
     python reward_model.py                                   # stage 2 first: prints its run folder
     python ppo.py --reward-model runs/rm-smollm2-0-<time>/model
     python ppo.py --reward verifier                          # the verifier as the reward; critic from the policy
-    python ppo.py --help
 
 Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens, H hidden size.
 """
@@ -75,8 +74,7 @@ class Args:
     reward: Literal["model", "verifier"] = "model"
     """model: the learned reward model (the RLHF recipe); verifier: the arithmetic verifier's 0/1"""
     critic_init: Annotated[Optional[Literal["reward-model", "policy"]],
-                           runs.none_means("the reward model if given, else the policy", "{reward-model,policy}")] \
-        = None
+                           runs.none_means("the reward model, else the policy", "{reward-model,policy}")] = None
     """initialise the critic from the reward model (InstructGPT) or from the policy's backbone with a new head"""
     dataset: Annotated[Optional[str], runs.none_means("the built-in arithmetic task", "FILE")] = None
     """JSONL file with fields prompt, answer (numeric)"""
@@ -156,6 +154,29 @@ class Args:
     lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
 
 
+def check_args(args: Args) -> None:
+    runs.check_options(args, at_least_one=("steps", "batch_size", "minibatch_size", "ppo_epochs", "max_new_tokens",
+                                           "eval_size", "kl_horizon"))
+    require(args.batch_size % args.minibatch_size == 0,
+            f"--minibatch-size {args.minibatch_size} must divide --batch-size {args.batch_size}")
+    require(args.reward != "model" or args.reward_model is not None,
+            "--reward model needs --reward-model PATH: train one with `python reward_model.py` (it prints its run "
+            "folder; the checkpoint is <run folder>/model), or score with --reward verifier")
+    for name, used in (("ensemble", args.ensemble), ("reward-clip", args.reward_clip is not None),
+                       ("verifier-weight", args.verifier_weight)):
+        require(not used or args.reward == "model",
+                f"--{name} shapes a learned reward: use it with --reward model --reward-model PATH")
+    require(args.reward_clip is None or args.reward_clip > 0, "--reward-clip must be > 0")
+    require(args.kl_budget is None or args.kl_budget > 0, "--kl-budget must be > 0")
+    require(args.critic_init != "reward-model" or args.reward_model is not None,
+            "--critic-init reward-model needs --reward-model PATH; without one leave --critic-init out "
+            "(the critic starts from the policy)")
+    require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
+    require(0 < args.top_p <= 1, "--top-p must be in (0, 1]")
+    require(args.target_kl is None or args.target_kl > 0, "--target-kl must be > 0")
+    require(0 <= args.lam <= 1 and 0 <= args.gamma <= 1, "--gamma and --lam must be in [0, 1]")
+
+
 # ---------------------------------------------------------------------------------------------
 # The math: rewards, GAE, losses, the KL controller
 # ---------------------------------------------------------------------------------------------
@@ -185,8 +206,7 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     """GAE (Schulman et al. 2016, eq. 16): Â_t = Σ_l (γλ)^l δ_t+l with δ_t = r_t + γ V(s_t+1) - V(s_t).
 
     rewards, values, mask (B, T) -> (advantages (B, T), returns (B, T)), returns = Â + V.
-    The completion ends at its last masked token: V after it is 0, and padding gets 0 advantage
-    and return. One backward pass over t.
+    The completion ends at its last masked token: V after it is 0, and padding gets 0 advantage and return.
     """
     T = rewards.shape[1]
     advantages = torch.zeros_like(rewards)
@@ -249,6 +269,21 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return (1.0 - var_residual / var_returns).item() if var_returns > 0 else float("nan")
 
 
+def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tensor:
+    """V(s_t) for each completion token t: the critic's head on the hidden state *before* y_t. (B, T)
+
+    The hidden state at position S-1+t has read the prompt and y_<t, which is the state s_t.
+    """
+    S, T = prompt_ids.shape[1], completion_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
+    attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
+    inner = common.unwrap(critic)  # through a LoRA wrapper
+    with common.autocast(critic):
+        hidden = inner.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                  position_ids=common.position_ids(attention_mask)).last_hidden_state  # (B, S+T, H)
+        return inner.score(hidden[:, S - 1 : S + T - 1]).squeeze(-1).float()  # (B, T)
+
+
 # ---------------------------------------------------------------------------------------------
 # Optional: mitigations of reward over-optimisation (all off by default; with --reward model)
 # ---------------------------------------------------------------------------------------------
@@ -284,52 +319,11 @@ def shaped_score(scores: torch.Tensor, verified: torch.Tensor, lengths: torch.Te
 
 
 # ---------------------------------------------------------------------------------------------
-# The four models
-# ---------------------------------------------------------------------------------------------
-def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tensor:
-    """V(s_t) for each completion token t: the critic's head on the hidden state *before* y_t. (B, T)
-
-    The hidden state at position S-1+t has read the prompt and y_<t, which is the state s_t.
-    """
-    S, T = prompt_ids.shape[1], completion_ids.shape[1]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
-    attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
-    inner = common.unwrap(critic)  # through a LoRA wrapper
-    with common.autocast(critic):
-        hidden = inner.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                  position_ids=common.position_ids(attention_mask)).last_hidden_state  # (B, S+T, H)
-        return inner.score(hidden[:, S - 1 : S + T - 1]).squeeze(-1).float()  # (B, T)
-
-
-def check_args(args: Args) -> None:
-    runs.check_options(args, at_least_one=("steps", "batch_size", "minibatch_size", "ppo_epochs", "max_new_tokens",
-                                           "eval_size", "kl_horizon"))
-    require(args.batch_size % args.minibatch_size == 0,
-            f"--minibatch-size {args.minibatch_size} must divide --batch-size {args.batch_size}")
-    require(args.reward != "model" or args.reward_model is not None,
-            "--reward model needs --reward-model PATH: train one with `python reward_model.py` (it prints its run "
-            "folder; the checkpoint is <run folder>/model), or score with --reward verifier")
-    for name, used in (("ensemble", args.ensemble), ("reward-clip", args.reward_clip is not None),
-                       ("verifier-weight", args.verifier_weight)):
-        require(not used or args.reward == "model",
-                f"--{name} shapes a learned reward: use it with --reward model --reward-model PATH")
-    require(args.reward_clip is None or args.reward_clip > 0, "--reward-clip must be > 0")
-    require(args.kl_budget is None or args.kl_budget > 0, "--kl-budget must be > 0")
-    require(args.critic_init != "reward-model" or args.reward_model is not None,
-            "--critic-init reward-model needs --reward-model PATH; without one leave --critic-init out "
-            "(the critic starts from the policy)")
-    require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
-    require(0 < args.top_p <= 1, "--top-p must be in (0, 1]")
-    require(args.target_kl is None or args.target_kl > 0, "--target-kl must be > 0")
-    require(0 <= args.lam <= 1 and 0 <= args.gamma <= 1, "--gamma and --lam must be in [0, 1]")
-
-
-# ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
 def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> dict:
-    """Train with PPO-RLHF; returns the final metrics (also in eval.json). With --reward verifier,
-    reward_fn(completion, answer) scores the samples; held-out accuracy always uses the verifier."""
+    """Train with PPO-RLHF; returns the final metrics (also in eval.json). With --reward verifier, reward_fn(completion,
+    answer) scores the samples; held-out accuracy always uses the verifier."""
     check_args(args)
     common.set_seed(args.seed)
     device = common.resolve_device(args.run.device)
@@ -414,7 +408,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad,
                                                    args.temperature, args.top_p, generator)
         mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
-        width = int(mask.sum(1).max())
+        width = int(mask.sum(1).max())  # drop columns that are padding in every row
         completion_ids, mask = completion_ids[:, :width], mask[:, :width]
         ones = torch.ones(args.batch_size, dtype=torch.long, device=device)
         memory_generate = runs.peak_memory_gb(device)
@@ -504,15 +498,13 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "score_shaped": shaped.mean().item(),  # after the mitigations, before the missing-EOS penalty
             "score_penalised": penalised.mean().item(),
             "verifier": verified.mean().item(),  # the true reward of the same samples: over-optimisation shows
-            "kl": kl_per_completion,
-            "non_score_reward": non_score.mean().item(),
-            "rlhf_reward": (penalised + non_score).mean().item(),
-            "kl_coef": kl_used,
+            "kl": kl_per_completion, "kl_coef": kl_used,
+            "non_score_reward": non_score.mean().item(), "rlhf_reward": (penalised + non_score).mean().item(),
             **averaged,
             "explained_variance": explained_variance(old_values, returns, mask),
             "completion_length": mask.sum(1).float().mean().item(),
-            "completions/distinct": common.distinct_fraction(completion_ids, mask, len(completion_ids)),  # the batch
             "completion_finished": finished.float().mean().item(),
+            "completions/distinct": common.distinct_fraction(completion_ids, mask, len(completion_ids)),  # the batch
             "time/generate": time_generate, "time/score": time_score, "time/update": time_update,
             "time/step": step_time, "tokens_per_second": mask.sum().item() / step_time,
             "memory/generate_gb": memory_generate, "memory/score_gb": memory_score, "memory/update_gb": memory_update,

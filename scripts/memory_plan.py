@@ -194,8 +194,4 @@ def loaded_table(models: dict[str, torch.nn.Module], trainable: set[str]) -> lis
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except runs.InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+    runs.run_main(main, sys.argv[1:])
