@@ -98,7 +98,8 @@ def ppo_expected_loss(theta, r, pi_ref, beta):
 
 def dpo_expected_loss(theta, r, pi_ref, beta):
     logprobs = torch.log_softmax(theta, 0)  # (K,)
-    pairs = torch.tensor([(a, b) for a, b in itertools.permutations(range(len(r)), 2)])  # every ordered pair: a chosen, b rejected
+    # every ordered pair: a chosen, b rejected
+    pairs = torch.tensor([(a, b) for a, b in itertools.permutations(range(len(r)), 2)])
     chosen, rejected = pairs[:, 0], pairs[:, 1]
     p_chosen = torch.sigmoid(r[chosen] - r[rejected])  # Bradley-Terry: how often a is preferred to b
     losses, _, _ = dpo_loss(logprobs[chosen], logprobs[rejected], pi_ref.log()[chosen], pi_ref.log()[rejected], beta)
@@ -112,7 +113,8 @@ def grpo_expected_loss(theta, r, pi_ref, beta, group_size, kl_kind, scale_by_std
     group_prob = logprobs.detach().exp()[groups].prod(1)  # (K^G,)
     arms = groups.reshape(-1)  # (K^G·G,) consecutive runs of G are one group
     advantages = group_advantages(r[arms], group_size, scale_by_std)  # (K^G·G,)
-    weights = group_prob.repeat_interleave(group_size)[:, None]  # (K^G·G, 1) token-mean over these = E over groups of the group mean
+    # (K^G·G, 1) token-mean over these = E over groups of the group mean
+    weights = group_prob.repeat_interleave(group_size)[:, None]
     lp = logprobs[arms][:, None]  # (K^G·G, 1)
     loss, _ = grpo_loss(lp, lp.detach(), pi_ref.log()[arms][:, None], advantages, weights, beta=beta,
                         loss_agg="token-mean", kl_kind=kl_kind)
@@ -138,8 +140,10 @@ def cases() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     return {
         "PPO, k1 in the reward": (reach(ppo_expected_loss, R, PI_REF, BETA), kl_optimum(R, PI_REF, BETA)),
         "DPO on Bradley-Terry preferences": (reach(dpo_expected_loss, R, PI_REF, BETA), kl_optimum(R, PI_REF, BETA)),
-        "GRPO, k2 in the loss, no std scaling": (reach(grpo_expected_loss, R, PI_REF, BETA, G, "k2", False), kl_optimum(c * R, PI_REF, BETA)),
-        "GRPO, k3 in the loss, no std scaling": (reach(grpo_expected_loss, R, PI_REF, BETA, G, "k3", False), forward_kl_optimum(c * R, PI_REF, BETA)),
+        "GRPO, k2 in the loss, no std scaling": (reach(grpo_expected_loss, R, PI_REF, BETA, G, "k2", False),
+                                                 kl_optimum(c * R, PI_REF, BETA)),
+        "GRPO, k3 in the loss, no std scaling": (reach(grpo_expected_loss, R, PI_REF, BETA, G, "k3", False),
+                                                 forward_kl_optimum(c * R, PI_REF, BETA)),
     }
 
 
@@ -185,7 +189,8 @@ def test_grpo_with_k3_reaches_the_forward_kl_optimum(reached):
 
 
 def expected_standardised_advantage(pi: list[float], r: list[float], group_size: int, eps: float = 1e-4) -> list[float]:
-    """ρ_a = E[Â_g | y_g = a] over all groups π samples, Â standardised within each group: a plain loop, by the definition."""
+    """ρ_a = E[Â_g | y_g = a] over all groups π samples, Â standardised within each group: a plain loop, by the
+    definition."""
     joint = [0.0] * len(r)  # E[Â_g 1{y_g = a}], the same for every position g
     for group in itertools.product(range(len(r)), repeat=group_size):
         rewards = [r[a] for a in group]
@@ -204,7 +209,8 @@ def test_grpo_with_std_scaling_lands_on_its_own_fixed_point():
     rho = torch.tensor(expected_standardised_advantage(reached_r.tolist(), R.tolist(), G), dtype=torch.float64)
     lam = rho + BETA * PI_REF / reached_r  # (b)'s stationarity with ρ(π) for c·r: the same λ for every arm
     assert (lam.max() - lam.min()).item() < 1e-6
-    assert lam.mean().item() == pytest.approx(BETA, abs=1e-6)  # Σ π λ = E[Â] + β Σ π_ref = β: each group's advantages sum to 0
+    # Σ π λ = E[Â] + β Σ π_ref = β: each group's advantages sum to 0
+    assert lam.mean().item() == pytest.approx(BETA, abs=1e-6)
     assert tv(reached_r, forward_kl_optimum((G - 1) / G * R, PI_REF, BETA)) > 0.05  # not (b)'s policy
     assert reached_r[1] < reached_r[3]  # the r = 0.7 arm below the r = 0 arm: ordered by π_ref, not by reward
 
@@ -226,6 +232,9 @@ if __name__ == "__main__":
     print("| algorithm | closed form | reached | TV(reached, closed form) | TV(reached, π*) |")
     print("| --- | --- | --- | --- | --- |")
     for name, (policy, closed_form) in rows.items():
-        print(f"| {name} | {fmt(closed_form)} | {fmt(policy)} | {tv(policy, closed_form):.1e} | {tv(policy, star):.3f} |")
-    print(f"| GRPO, k3, std scaling, reward r | (none: depends on the policy) | {fmt(std_r)} | | {tv(std_r, star):.3f} |")
-    print(f"| GRPO, k3, std scaling, reward 10 r | | {fmt(std_10r)} | TV to the row above: {tv(std_10r, std_r):.1e} | {tv(std_10r, kl_optimum(10 * R, PI_REF, BETA)):.3f} (to π* of 10 r) |")
+        print(f"| {name} | {fmt(closed_form)} | {fmt(policy)} | {tv(policy, closed_form):.1e} "
+              f"| {tv(policy, star):.3f} |")
+    print(f"| GRPO, k3, std scaling, reward r | (none: depends on the policy) | {fmt(std_r)} | "
+          f"| {tv(std_r, star):.3f} |")
+    print(f"| GRPO, k3, std scaling, reward 10 r | | {fmt(std_10r)} | TV to the row above: {tv(std_10r, std_r):.1e} "
+          f"| {tv(std_10r, kl_optimum(10 * R, PI_REF, BETA)):.3f} (to π* of 10 r) |")

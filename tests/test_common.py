@@ -68,7 +68,8 @@ def one_token_at_a_time(model, prompt: torch.Tensor, completion: torch.Tensor, t
 def test_completion_logprobs_equal_one_token_at_a_time_reference(tiny_model, tokenizer, prompts, share_prompt):
     ids, mask = prompts
     completions = common.sample_completions(tiny_model, ids, mask, 3, 6, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    logprobs, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([3, 3]), 0.7, share_prompt=share_prompt)
+    logprobs, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([3, 3]), 0.7,
+                                             share_prompt=share_prompt)
     for b in range(6):
         prompt = ids[b // 3][mask[b // 3].bool()]
         reference = one_token_at_a_time(tiny_model, prompt, completions[b], temperature=0.7)
@@ -93,8 +94,10 @@ def test_one_token_prompts_share_nothing_and_lose_nothing(tiny_model, tokenizer)
     pad, completions = tokenizer.pad_token_id, torch.randint(10, 60, (4, 5))
     for ids, mask in [(torch.tensor([[pad, pad, 17], [21, 22, 23]]), torch.tensor([[0, 0, 1], [1, 1, 1]])),
                       (torch.tensor([[17], [23]]), torch.tensor([[1], [1]]))]:
-        shared, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]), share_prompt=True)
-        concatenated, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]), share_prompt=False)
+        shared, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]),
+                                               share_prompt=True)
+        concatenated, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]),
+                                                     share_prompt=False)
         reference = one_token_at_a_time(tiny_model, ids[0][mask[0].bool()], completions[0], temperature=1.0)
         assert torch.isfinite(shared).all() and torch.allclose(shared, concatenated, atol=1e-5)
         assert torch.allclose(shared[0], reference, atol=1e-5)
@@ -104,9 +107,11 @@ def test_right_padded_prompts_are_refused_not_silently_wrong(tiny_model, tokeniz
     ids, mask = prompts
     right_ids, right_mask = ids.flip(1), mask.flip(1)  # row 0 is shorter: its padding now sits on the right
     with pytest.raises(ValueError, match="left-padded"):
-        common.completion_logprobs(tiny_model, right_ids, right_mask, torch.randint(10, 60, (2, 3)), torch.tensor([1, 1]))
+        common.completion_logprobs(tiny_model, right_ids, right_mask, torch.randint(10, 60, (2, 3)),
+                                   torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="left-padded"):
-        common.sample_completions(tiny_model, right_ids, right_mask, 1, 3, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        common.sample_completions(tiny_model, right_ids, right_mask, 1, 3, tokenizer.eos_token_id,
+                                  tokenizer.pad_token_id)
 
 
 def test_shared_prompt_and_concatenated_forward_give_the_same_gradient(tokenizer, prompts):
@@ -115,7 +120,8 @@ def test_shared_prompt_and_concatenated_forward_give_the_same_gradient(tokenizer
     grads = []
     for share in (True, False):
         model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
-        logprobs, _ = common.completion_logprobs(model, ids, mask, completions, torch.tensor([1, 3]), share_prompt=share)
+        logprobs, _ = common.completion_logprobs(model, ids, mask, completions, torch.tensor([1, 3]),
+                                                 share_prompt=share)
         logprobs.sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5)
@@ -185,10 +191,12 @@ def test_dropout_is_off_in_a_loaded_model_whose_config_has_dropout(dropout_check
     ids = torch.randint(5, 50, (2, 9))
     torch.manual_seed(0)
     as_transformers_loads_it = transformers.AutoModelForCausalLM.from_pretrained(dropout_checkpoint).train()
-    assert not torch.equal(as_transformers_loads_it(ids).logits, as_transformers_loads_it(ids).logits)  # it can show the bug
+    # it can show the bug
+    assert not torch.equal(as_transformers_loads_it(ids).logits, as_transformers_loads_it(ids).logits)
     for head in ("lm", "score"):  # a policy, and a reward model or critic
         model = common.load_model(dropout_checkpoint, len(tokenizer), torch.device("cpu"), "fp32", head=head).train()
-        output = (lambda: model(ids).logits) if head == "lm" else (lambda: common.reward_scores(model, ids, torch.ones_like(ids)))
+        output = ((lambda: model(ids).logits) if head == "lm"
+                  else (lambda: common.reward_scores(model, ids, torch.ones_like(ids))))
         first = output()
         assert torch.equal(first, output())
         model.eval()
@@ -211,7 +219,8 @@ def test_one_token_completions_have_log_probs(tiny_model, tokenizer, prompts):
     ids, mask = prompts
     completion = torch.full((2, 1), tokenizer.eos_token_id)
     for share_prompt in (True, False):
-        logprobs, entropy = common.completion_logprobs(tiny_model, ids, mask, completion, torch.tensor([1, 1]), with_entropy=True, share_prompt=share_prompt)
+        logprobs, entropy = common.completion_logprobs(tiny_model, ids, mask, completion, torch.tensor([1, 1]),
+                                                       with_entropy=True, share_prompt=share_prompt)
         assert logprobs.shape == (2, 1) and entropy.shape == (2, 1) and (logprobs < 0).all()
     assert common.gather_logprobs(torch.zeros(2, 0, 5), torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0)
 
@@ -247,11 +256,13 @@ def fraction_of_weights_changed(precision: str, tokenizer, prompts) -> float:
         optimizer.zero_grad()
         (-logprobs.mean()).backward()
         optimizer.step()
-    return sum((p.detach() != b).sum().item() for p, b in zip(model.parameters(), before)) / sum(b.numel() for b in before)
+    return (sum((p.detach() != b).sum().item() for p, b in zip(model.parameters(), before))
+            / sum(b.numel() for b in before))
 
 
 def test_bf16_mixed_keeps_every_small_update_and_bf16_true_loses_most(tokenizer, prompts):
-    # An AdamW update of ~lr = 1e-6 is below half the bf16 rounding step (|w|·2^-8) of any |w| ≳ 2.4e-4: bf16-true loses it.
+    # An AdamW update of ~lr = 1e-6 is below half the bf16 rounding step (|w|·2^-8) of any |w| ≳ 2.4e-4:
+    # bf16-true loses it.
     assert fraction_of_weights_changed("bf16-mixed", tokenizer, prompts) >= 0.99
     assert fraction_of_weights_changed("bf16-true", tokenizer, prompts) < 0.2
 

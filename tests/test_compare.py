@@ -1,4 +1,5 @@
-"""scripts/compare.py and scripts/beta_sweep.py: the budget arithmetic, the tables, the uniform KL, tiny runs end to end."""
+"""scripts/compare.py and scripts/beta_sweep.py: the budget arithmetic, the tables, the uniform KL, tiny runs end
+to end."""
 
 import json
 import re
@@ -47,7 +48,8 @@ def test_table_rows(tmp_path):
     args = compare.parse_args(["--algos", "grpo", "dpo", "--seeds", "0", "1", "--budget", "320"])
     row = dict(accuracy_before=0.2, steps=10, kl=1.0, wall_time_s=60.0, peak_gb=4.0, **{"pass@8_before": 0.5})
     rows = [{**row, "algo": "grpo", "name": "GRPO", "seed": 0, "accuracy": 0.5, "pass@8": 0.75},
-            {**row, "algo": "grpo", "name": "GRPO", "seed": 1, "accuracy": 0.7, "pass@8": 0.75, "kl": 3.0, "wall_time_s": 180.0,
+            {**row, "algo": "grpo", "name": "GRPO", "seed": 1, "accuracy": 0.7, "pass@8": 0.75, "kl": 3.0,
+             "wall_time_s": 180.0,
              "pass@8_before": 0.7},  # the starting model's pass@8 is sampled with each seed's random numbers
             {**row, "algo": "dpo", "name": "DPO", "seed": 1, "accuracy": 0.4, "pass@8": 0.6, "pass@8_before": 0.7}]
     text = compare.table(rows, args)
@@ -59,18 +61,21 @@ def test_table_rows(tmp_path):
 def test_command_settings_are_named_as_args_json_names_them():
     dapo = compare.ALGORITHMS["dapo"][1]  # grpo.py --loss-agg token-mean --eps-high 0.28 --dynamic-sampling --beta 0
     assert compare.command_settings([*dapo, "--no-scale-by-std", "--kl-coef", "-1", "--output-dir", "x"]) == {
-        "loss_agg": "token-mean", "eps_high": "0.28", "dynamic_sampling": True, "beta": "0", "scale_by_std": False, "kl_coef": "-1"}
-    assert compare.same_setting(0.0, "0") and compare.same_setting(0.28, "0.28") and not compare.same_setting(0.04, "0.4")
+        "loss_agg": "token-mean", "eps_high": "0.28", "dynamic_sampling": True, "beta": "0", "scale_by_std": False,
+        "kl_coef": "-1"}
+    assert (compare.same_setting(0.0, "0") and compare.same_setting(0.28, "0.28")
+            and not compare.same_setting(0.04, "0.4"))
     assert compare.same_setting(False, False) and not compare.same_setting(None, "runs/rm/model")
 
 
 def test_a_finished_run_is_read_back_only_if_its_command_made_it(tmp_path):
     run_dir = tmp_path / "grpo-smollm2-0-20261122-000000"
     run_dir.mkdir()
-    made = {"model": "smollm2", "seed": 0, "steps": 5, "eval_size": 50, "beta": 0.04, "verifier": "last-number", "scale_by_std": True,
-            "output_dir": "elsewhere"}
+    made = {"model": "smollm2", "seed": 0, "steps": 5, "eval_size": 50, "beta": 0.04, "verifier": "last-number",
+            "scale_by_std": True, "output_dir": "elsewhere"}
     (run_dir / "args.json").write_text(json.dumps(made))
-    command = ["grpo.py", "--model", "smollm2", "--seed", "0", "--steps", "5", "--eval-size", "50", "--beta", "0.04", "--output-dir", str(tmp_path)]
+    command = ["grpo.py", "--model", "smollm2", "--seed", "0", "--steps", "5", "--eval-size", "50", "--beta", "0.04",
+               "--output-dir", str(tmp_path)]
     assert compare.finished_run(tmp_path, command) is None  # not finished: no eval.json
     (run_dir / "eval.json").write_text("{}")
     assert compare.finished_run(tmp_path, command) == run_dir  # the folder it was written to does not matter
@@ -91,10 +96,13 @@ def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokeni
     runs.save_checkpoint(model, tokenizer, tmp_path / "model")
     itself = compare.sampled_measures(str(tmp_path / "same"), "tiny", 8, seed=3, device="cpu", k=2, max_new_tokens=6)
     assert itself == {"pass@2": 0.0, "kl": 0.0}  # the reference is scored too (a path is not the base name): exactly 0
-    one = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=1, max_new_tokens=6)["kl"]
-    four = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=4, max_new_tokens=6)["kl"]
+    one = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=1,
+                                   max_new_tokens=6)["kl"]
+    four = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=4,
+                                    max_new_tokens=6)["kl"]
     assert one > 0.05  # two different near-uniform random tiny models; the reversed sign would give < 0
-    assert 0.5 < four / one < 2  # a mean per completion: summed over k samples but divided by the prompts only, it would be ~4×
+    # a mean per completion: summed over k samples but divided by the prompts only, it would be ~4×
+    assert 0.5 < four / one < 2
 
 
 def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
@@ -105,8 +113,10 @@ def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
     row = json.loads((tmp_path / "results.jsonl").read_text())
     assert row["algo"] == "grpo" and row["steps"] == 1 and row["completions"] == 32 and "pass@2" in row
     run_dir = tmp_path / "grpo" / "seed-0"
-    assert not list(run_dir.glob("*/model")) and list(run_dir.glob("*/sampled-k2.json"))  # the model is measured, then deleted
-    assert json.loads(next(run_dir.glob("*/args.json")).read_text())["pass_k"] == 0  # the script does not sample pass@k twice
+    # the model is measured, then deleted
+    assert not list(run_dir.glob("*/model")) and list(run_dir.glob("*/sampled-k2.json"))
+    # the script does not sample pass@k twice
+    assert json.loads(next(run_dir.glob("*/args.json")).read_text())["pass_k"] == 0
     assert list((tmp_path / "starting-model").glob("seed-0-k2-4-problems-6-tokens.json"))  # measured once per seed
     log = (run_dir / "log.txt").stat().st_mtime
     again = run_script("scripts/compare.py", *argv)
@@ -117,7 +127,8 @@ def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
 # ---- scripts/beta_sweep.py ------------------------------------------------------------------------------------------
 
 def test_beta_sweep_table_shows_the_learned_score_only_for_ppo():
-    rows = [{"beta": 0.04, "accuracy_before": 0.2, "accuracy": 0.6, "score_before": -1.0, "score": 2.5, "kl": 3.25, "distinct": 0.5, "entropy": 0.75}]
+    rows = [{"beta": 0.04, "accuracy_before": 0.2, "accuracy": 0.6, "score_before": -1.0, "score": 2.5, "kl": 3.25,
+             "distinct": 0.5, "entropy": 0.75}]
     grpo = beta_sweep.table(rows, beta_sweep.parse_args(["grpo"]))
     assert "| starting model | 0 | 0.200 | | |\n| 0.04 | 3.25 | 0.600 | 0.50 | 0.75 |" in grpo and "learned" not in grpo
     ppo = beta_sweep.table(rows, beta_sweep.parse_args(["ppo", "--reward-model", "x"]))
@@ -127,8 +138,9 @@ def test_beta_sweep_table_shows_the_learned_score_only_for_ppo():
 
 
 def test_a_tiny_grpo_beta_sweep_runs_each_beta_with_its_flag(tmp_path):
-    proc = run_script("scripts/beta_sweep.py", "grpo", "--model", "tiny", "--betas", "0", "0.5", "--steps", "1", "--eval-size", "4",
-                      "--out", str(tmp_path), "--extra", "--max-new-tokens 6 --prompts-per-step 2 --group-size 2")
+    proc = run_script("scripts/beta_sweep.py", "grpo", "--model", "tiny", "--betas", "0", "0.5", "--steps", "1",
+                      "--eval-size", "4", "--out", str(tmp_path),
+                      "--extra", "--max-new-tokens 6 --prompts-per-step 2 --group-size 2")
     assert proc.returncode == 0, proc.stderr
     for beta in ("0", "0.5"):
         run_args = json.loads(next((tmp_path / f"beta-{beta}").glob("*/args.json")).read_text())

@@ -11,7 +11,8 @@ import transformers
 import common
 import runs
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
+from conftest import (HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing,
+                      assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write)
 from dpo import Args, concatenated_logps, dpo_loss, main
 
 
@@ -35,13 +36,15 @@ def test_dpo_loss_by_hand():
 
 def test_dpo_label_smoothing_cdpo_by_hand():
     # h = 1, β = 0.1, ε = 0.1: 0.9 · log(1 + e^-0.1) + 0.1 · log(1 + e^0.1) = 0.9 · 0.644397 + 0.1 · 0.744397 = 0.654397
-    losses, _, _ = dpo_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-3.0]), 0.1, label_smoothing=0.1)
+    losses, _, _ = dpo_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-3.0]), 0.1,
+                            label_smoothing=0.1)
     assert losses.item() == pytest.approx(0.654397, abs=1e-6)
 
 
 def test_beta_scales_the_log_ratio_inside_the_sigmoid():
     # h = 2 (chosen log-ratio 2, rejected 0), β = 0.5: -log σ(1) = log(1 + e^-1) = 0.313262; rewards β·2 = 1 and 0
-    losses, chosen_rewards, rejected_rewards = dpo_loss(torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([-2.0]), torch.tensor([0.0]), 0.5)
+    losses, chosen_rewards, rejected_rewards = dpo_loss(torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([-2.0]),
+                                                        torch.tensor([0.0]), 0.5)
     assert losses.item() == pytest.approx(0.313262, abs=1e-6)
     assert (chosen_rewards.item(), rejected_rewards.item()) == pytest.approx((1.0, 0.0))
 
@@ -81,8 +84,10 @@ def naive_sequence_logp(model, tokenizer, prompt: str, completion: str) -> float
 def test_concatenated_forward_equals_two_separate_forwards_and_sums_tokens(tiny_model_and_tokenizer):
     tiny_model, tokenizer = tiny_model_and_tokenizer  # on tiny-gpt2 pad = EOS: the EOS still counts, and is scored
     chosen, rejected, tokens = concatenated_logps(tiny_model, tokenizer, PAIR_ROWS, max_completion_tokens=256)
-    chosen_alone = [concatenated_logps(tiny_model, tokenizer, [{**p, "rejected": p["chosen"]}], 256)[0].item() for p in PAIR_ROWS]
-    rejected_alone = [concatenated_logps(tiny_model, tokenizer, [{**p, "chosen": p["rejected"]}], 256)[1].item() for p in PAIR_ROWS]
+    chosen_alone = [concatenated_logps(tiny_model, tokenizer, [{**p, "rejected": p["chosen"]}], 256)[0].item()
+                    for p in PAIR_ROWS]
+    rejected_alone = [concatenated_logps(tiny_model, tokenizer, [{**p, "chosen": p["rejected"]}], 256)[1].item()
+                      for p in PAIR_ROWS]
     assert chosen.tolist() == pytest.approx(chosen_alone, abs=1e-4)
     assert rejected.tolist() == pytest.approx(rejected_alone, abs=1e-4)
     # the sum (not the mean) of the completion's token log-probs, EOS included, as one unpadded forward gives it
@@ -102,7 +107,8 @@ def test_completions_are_tokenised_apart_so_the_prompt_tokens_are_the_same():
     vocab["\n7"] = len(vocab)
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[("\n", "7")], unk_token="<unk>"))
     backend.add_special_tokens(["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"])
-    merging = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>")
+    merging = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>",
+                                                   unk_token="<unk>")
     merging.chat_template = base.chat_template
     prompt = tasks.format_prompt(merging, "What is 3 + 4?")  # ends in "assistant\n"
     prompt_ids = merging(prompt, add_special_tokens=False).input_ids
@@ -163,18 +169,22 @@ def test_default_data_is_the_models_own_samples_built_once(tmp_path, preference_
 
 
 def test_no_pairs_is_one_clear_error(tmp_path, preference_cache):
-    with pytest.raises(runs.InputError, match="no train preference pairs: the tiny samples .* are all correct or all wrong"):
+    with pytest.raises(runs.InputError,
+                       match="no train preference pairs: the tiny samples .* are all correct or all wrong"):
         main(tiny_args(tmp_path, dataset=None, num_prompts=8, samples_per_prompt=2))
 
 
 @pytest.mark.parametrize("precompute", [True, False])
 def test_resume_continues_exactly(tmp_path, precompute):
-    assert_resume_is_exact(tmp_path, main, lambda out, **kw: tiny_args(out, eval_every=2, precompute_ref_logprobs=precompute, **kw))
+    assert_resume_is_exact(tmp_path, main,
+                           lambda out, **kw: tiny_args(out, eval_every=2, precompute_ref_logprobs=precompute, **kw))
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     args = tiny_args(tmp_path, steps=6, eval_every=1, lr=1e12, max_grad_norm=1e30)
-    with pytest.raises(runs.InputError, match=r"loss became nan at step \d; stopped without saving it; the last good checkpoint \(step \d\)"):
+    with pytest.raises(runs.InputError,
+                       match=r"loss became nan at step \d; stopped without saving it; "
+                             r"the last good checkpoint \(step \d\)"):
         main(args)
     run_dir = next((tmp_path / "runs").iterdir())
     assert (run_dir / "model" / "model.safetensors").exists() and not (run_dir / "model.tmp").exists()
@@ -200,7 +210,8 @@ def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n', r"data.jsonl:2: field 'rejected' missing"),
+        ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n',
+         r"data.jsonl:2: field 'rejected' missing"),
         ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n', "1 pair; need at least 2"),
         ("not json\n", r"data.jsonl:1: not valid JSON"),
     ],
@@ -212,7 +223,8 @@ def test_bad_dataset_is_one_clear_error(tmp_path, text, message):
 
 # ---- the command line ---------------------------------------------------------------------------------------------
 def test_cli_tiny_run(tmp_path):
-    proc = run_script("dpo.py", "--model", "tiny", "--dataset", PAIRS, "--steps", "3", "--eval-size", "8", "--output-dir", str(tmp_path))
+    proc = run_script("dpo.py", "--model", "tiny", "--dataset", PAIRS, "--steps", "3", "--eval-size", "8",
+                      "--output-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "held-out accuracy" in proc.stdout and len(os.listdir(tmp_path)) == 1
 
@@ -242,4 +254,5 @@ def test_embedded_smollm2_takes_one_dpo_step(tmp_path):
 
 
 def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch):
-    assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main, lambda out, **kw: tiny_args(out, save_model=False, **kw))
+    assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main,
+                                         lambda out, **kw: tiny_args(out, save_model=False, **kw))

@@ -10,7 +10,8 @@ import torch
 import common
 import runs
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, HAS_PEFT, PAIRS, RUN_FILES, args_of, assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script, write
+from conftest import (HAS_EMBEDDED_MODEL, HAS_PEFT, PAIRS, RUN_FILES, args_of, assert_one_line_error,
+                      assert_resume_is_exact, digit_fraction, metrics_of, run_script, write)
 from grpo import Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty
 
 
@@ -77,7 +78,8 @@ def test_expected_gradient_of_each_kl_estimator_by_enumeration(kind):
     ref_logp = torch.log_softmax(torch.randn(5), -1)
     logp = torch.log_softmax(theta, -1)
     per_token = kl_estimate(logp[None], ref_logp[None], kind)[0]  # (5,) the estimator at each possible token
-    expected = sum(logp[y].exp().detach() * torch.autograd.grad(per_token[y], theta, retain_graph=True)[0] for y in range(5))
+    expected = sum(logp[y].exp().detach() * torch.autograd.grad(per_token[y], theta, retain_graph=True)[0]
+                   for y in range(5))
     p, p_ref = logp.exp(), ref_logp.exp()
     target = {"k1": torch.zeros(()), "k2": (p * (logp - ref_logp)).sum(), "k3": (p_ref * (ref_logp - logp)).sum()}[kind]
     true_grad = torch.autograd.grad(target, theta)[0] if target.requires_grad else torch.zeros(5)
@@ -88,7 +90,8 @@ def test_expected_gradient_of_each_kl_estimator_by_enumeration(kind):
 
 def test_grpo_loss_refuses_k1():
     with pytest.raises(ValueError, match="k1"):
-        grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), kl_kind="k1")
+        grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2),
+                  kl_kind="k1")
 
 
 # ---- grpo_loss -----------------------------------------------------------------------------------------------
@@ -106,13 +109,15 @@ RAGGED_MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
 def test_grpo_loss_aggregations_on_a_ragged_mask(loss_agg, expected):
     logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -9.0, -9.0]])
     advantages = torch.tensor([1.0, -2.0])
-    loss, _ = grpo_loss(logprobs, logprobs, None, advantages, RAGGED_MASK, beta=0.0, loss_agg=loss_agg, max_completion_length=4)
+    loss, _ = grpo_loss(logprobs, logprobs, None, advantages, RAGGED_MASK, beta=0.0, loss_agg=loss_agg,
+                        max_completion_length=4)
     assert loss.item() == pytest.approx(expected)
     # two more padded columns with arbitrary values: the same loss (Dr. GRPO's divisor is a constant)
     pad = torch.full((2, 2), 3.0)
     padded, _ = grpo_loss(
         torch.cat([logprobs, pad], 1), torch.cat([logprobs, -pad], 1), torch.cat([logprobs, pad], 1), advantages,
-        torch.cat([RAGGED_MASK, torch.zeros(2, 2, dtype=torch.long)], 1), beta=0.0, loss_agg=loss_agg, max_completion_length=4,
+        torch.cat([RAGGED_MASK, torch.zeros(2, 2, dtype=torch.long)], 1), beta=0.0, loss_agg=loss_agg,
+        max_completion_length=4,
     )
     assert padded.item() == pytest.approx(expected)
 
@@ -121,7 +126,8 @@ def test_both_clip_branches_with_asymmetric_eps():
     ratio = torch.tensor([[1.5], [0.5], [0.5], [1.5]])
     advantages = torch.tensor([1.0, 1.0, -1.0, -1.0])
     logprobs = torch.log(ratio).requires_grad_(True)
-    loss, metrics = grpo_loss(logprobs, torch.zeros(4, 1), None, advantages, torch.ones(4, 1), eps_low=0.2, eps_high=0.28, beta=0.0, loss_agg="token-mean")
+    loss, metrics = grpo_loss(logprobs, torch.zeros(4, 1), None, advantages, torch.ones(4, 1), eps_low=0.2,
+                              eps_high=0.28, beta=0.0, loss_agg="token-mean")
     # per token max(-Aρ, -A clip(ρ, 0.8, 1.28)):
     #   A=+1 ρ=1.5: max(-1.5, -1.28) = -1.28 (clipped high)   A=+1 ρ=0.5: max(-0.5, -0.8) = -0.5 (not clipped)
     #   A=-1 ρ=0.5: max( 0.5,  0.8) =  0.8  (clipped low)    A=-1 ρ=1.5: max( 1.5,  1.28) = 1.5 (not clipped)
@@ -135,14 +141,16 @@ def test_both_clip_branches_with_asymmetric_eps():
 def test_beta_adds_k3_kl_to_each_token_and_zero_beta_needs_no_reference():
     logprobs, ref = torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.25)]])
     loss, metrics = grpo_loss(logprobs, logprobs, ref, torch.zeros(1), torch.ones(1, 1), beta=0.04)
-    assert loss.item() == pytest.approx(0.04 * 0.193147, abs=1e-7) and metrics["kl"] == pytest.approx(0.193147, abs=1e-6)
+    assert (loss.item() == pytest.approx(0.04 * 0.193147, abs=1e-7)
+            and metrics["kl"] == pytest.approx(0.193147, abs=1e-6))
     loss, metrics = grpo_loss(logprobs, logprobs, None, torch.zeros(1), torch.ones(1, 1), beta=0.0)
     assert loss.item() == 0.0 and "kl" not in metrics  # not measured: not logged as 0
 
 
 def test_dr_grpo_needs_max_completion_length():
     with pytest.raises(ValueError, match="max_completion_length"):
-        grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), None, torch.ones(1), torch.ones(1, 1), beta=0.0, loss_agg="seq-mean-token-sum-norm")
+        grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), None, torch.ones(1), torch.ones(1, 1), beta=0.0,
+                  loss_agg="seq-mean-token-sum-norm")
 
 
 @pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
@@ -156,7 +164,8 @@ def test_weighted_micro_batches_sum_to_the_full_batch_loss(loss_agg):
     parts = 0.0
     for i in range(8):
         s = slice(i, i + 1)
-        part, _ = grpo_loss(logprobs[s], old[s], None, advantages[s], mask[s], beta=0.0, loss_agg=loss_agg, max_completion_length=5)
+        part, _ = grpo_loss(logprobs[s], old[s], None, advantages[s], mask[s], beta=0.0, loss_agg=loss_agg,
+                            max_completion_length=5)
         parts += part * micro_batch_weight(loss_agg, mask[s], mask)
     assert parts.item() == pytest.approx(full.item(), abs=1e-6)
 
@@ -198,7 +207,8 @@ def spy_on_grpo_loss(monkeypatch) -> list[dict]:
     return calls
 
 
-@pytest.mark.parametrize("lora_r", [0, pytest.param(4, marks=pytest.mark.skipif(not HAS_PEFT, reason="peft (optional) not installed"))])
+@pytest.mark.parametrize(
+    "lora_r", [0, pytest.param(4, marks=pytest.mark.skipif(not HAS_PEFT, reason="peft (optional) not installed"))])
 def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path, monkeypatch, lora_r, tiny_or_dropout_model):
     # μ = 2 makes the loop compute log π_θold in a separate forward; at T = 0.7 it must still equal the
     # first iteration's log π_θ exactly (same weights, same temperature), so ratio = 1 and nothing clips.
@@ -211,7 +221,8 @@ def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path, monkeypatch, lo
     first_iterations, second_iterations = calls[0::2], calls[1::2]  # one micro-batch per iteration
     for call in first_iterations:
         assert torch.allclose(call["logprobs"], call["old"], atol=1e-5)
-    assert all(not torch.allclose(c["logprobs"], c["old"], atol=1e-3) for c in second_iterations)  # the first update moved it
+    # the first update moved it
+    assert all(not torch.allclose(c["logprobs"], c["old"], atol=1e-3) for c in second_iterations)
     assert torch.allclose(calls[0]["logprobs"], calls[0]["ref"], atol=1e-5)  # step 1: the policy is the reference
     assert all(row["kl"] >= 0.0 for row in metrics_of(result))
 
@@ -224,7 +235,8 @@ def test_log_probs_are_recomputed_at_the_sampling_temperature(tmp_path, monkeypa
         return real(model, prompt_ids, prompt_mask, completion_ids, repeats, temperature, *args, **kwargs)
 
     monkeypatch.setattr(common, "completion_logprobs", spy)
-    main(tiny_args(tmp_path, steps=2, beta=0.1, num_iterations=2, temperature=0.6, save_model=False), reward_fn=digit_fraction)
+    main(tiny_args(tmp_path, steps=2, beta=0.1, num_iterations=2, temperature=0.6, save_model=False),
+         reward_fn=digit_fraction)
     assert len(temperatures) == 2 * (1 + 1 + 2) and set(temperatures) == {0.6}  # old, ref, 2 updates per step
 
 
@@ -239,7 +251,8 @@ def test_one_micro_batch_of_8_equals_8_of_1_and_checkpointing(tmp_path, monkeypa
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
     for config in (dict(batch_size=None), dict(batch_size=1), dict(batch_size=2, gradient_checkpointing=True)):
-        main(tiny_args(tmp_path, steps=1, loss_agg=loss_agg, beta=0.1, save_model=False, **config), reward_fn=digit_fraction)
+        main(tiny_args(tmp_path, steps=1, loss_agg=loss_agg, beta=0.1, save_model=False, **config),
+             reward_fn=digit_fraction)
     assert grads[0].norm() > 1e-2  # a real policy gradient, not float noise from the KL term at KL = 0
     assert torch.allclose(grads[0], grads[1], atol=1e-6) and torch.allclose(grads[0], grads[2], atol=1e-6)
 
@@ -263,7 +276,8 @@ def test_num_iterations_reuses_the_batch_with_stored_old_logprobs(tmp_path, monk
 def test_logged_metrics_do_not_depend_on_the_micro_batch(tmp_path):
     # kl, clip_ratio and entropy are token means over the whole batch; weighting each micro-batch by its
     # share of rows (right for the loss under sequence-level aggregation) would make them differ here.
-    rows = [metrics_of(main(tiny_args(tmp_path, steps=2, beta=0.1, num_iterations=2, lr=1e-2, save_model=False, batch_size=b),
+    rows = [metrics_of(main(tiny_args(tmp_path, steps=2, beta=0.1, num_iterations=2, lr=1e-2, save_model=False,
+                                      batch_size=b),
                             reward_fn=digit_fraction))[-1] for b in (None, 1)]
     assert rows[0]["kl"] > 0 and rows[0]["clip_ratio"] > 0
     for name in ("kl", "clip_ratio", "entropy", "loss"):
@@ -290,8 +304,10 @@ def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypat
                                              output_dir=str(tmp_path / "rm")))
     rm_path = os.path.join(rm["run_dir"], "model")
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id  # tiny: <|im_end|> 2 and <pad> 0; tiny-gpt2: both 2
-    table = torch.tensor([[40, 41, eos], [42, eos, pad]])  # the second row's score must be read at its EOS, not at the padding
-    monkeypatch.setattr(common, "sample_completions", lambda model, prompt_ids, *a, **k: table.repeat(prompt_ids.shape[0], 1))
+    # the second row's score must be read at its EOS, not at the padding
+    table = torch.tensor([[40, 41, eos], [42, eos, pad]])
+    monkeypatch.setattr(common, "sample_completions",
+                        lambda model, prompt_ids, *a, **k: table.repeat(prompt_ids.shape[0], 1))
     args = tiny_args(tmp_path / "grpo", model=name, steps=1, prompts_per_step=1, group_size=2, reward_model=rm_path,
                      save_model=False)
     result = main(args, reward_fn=lambda completion, answer: 1.0)
@@ -309,19 +325,22 @@ def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypat
 def test_overlong_penalty_is_added_to_the_reward_in_the_loop(tmp_path):
     # Reward 1 for everything; the random tiny model runs to max_new_tokens = 8 in most rows, where DAPO's
     # penalty with a buffer of 4 is -1 (eq. 13): reward = score + penalty < score.
-    rows = metrics_of(main(tiny_args(tmp_path, steps=2, overlong_buffer=4, save_model=False), reward_fn=lambda c, a: 1.0))
+    rows = metrics_of(main(tiny_args(tmp_path, steps=2, overlong_buffer=4, save_model=False),
+                           reward_fn=lambda c, a: 1.0))
     for row in rows:
         assert row["score"] == 1.0 and 0.0 <= row["reward"] < 0.9
 
 
 def test_non_finite_reward_is_reported_as_the_rewards_fault(tmp_path):
-    with pytest.raises(runs.InputError, match=r"reward became nan at step 1: the reward function returned a non-finite score"):
+    with pytest.raises(runs.InputError,
+                       match=r"reward became nan at step 1: the reward function returned a non-finite score"):
         main(tiny_args(tmp_path, steps=2), reward_fn=lambda completion, answer: float("nan"))
 
 
 def test_dynamic_sampling_drops_groups_of_an_inexact_constant_reward(tmp_path):
     # one group of 8: the case where float32's std kernel returns 6e-8 instead of 0
-    result = main(tiny_args(tmp_path, steps=1, dynamic_sampling=True, prompts_per_step=1, group_size=8), reward_fn=lambda completion, answer: 0.7)
+    result = main(tiny_args(tmp_path, steps=1, dynamic_sampling=True, prompts_per_step=1, group_size=8),
+                  reward_fn=lambda completion, answer: 0.7)
     assert metrics_of(result)[0]["skipped"] == 1
 
 
@@ -360,7 +379,8 @@ def test_resume_is_exact_across_a_skipped_batch(tmp_path):
 
 
 def test_grpo_raises_a_dense_reward_on_the_tiny_model(tmp_path):
-    args = tiny_args(tmp_path, steps=40, prompts_per_step=4, group_size=8, lr=3e-3, beta=0.0, warmup_steps=1, save_model=False)
+    args = tiny_args(tmp_path, steps=40, prompts_per_step=4, group_size=8, lr=3e-3, beta=0.0, warmup_steps=1,
+                     save_model=False)
     rewards = [row["reward"] for row in metrics_of(main(args, reward_fn=digit_fraction))]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.2, (first, last)
@@ -368,7 +388,9 @@ def test_grpo_raises_a_dense_reward_on_the_tiny_model(tmp_path):
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     args = tiny_args(tmp_path, steps=5, eval_every=1, lr=1e12, warmup_steps=1, max_grad_norm=1e30)
-    with pytest.raises(runs.InputError, match=r"loss became nan at step \d; stopped without saving it; the last good checkpoint \(step \d\)"):
+    with pytest.raises(runs.InputError,
+                       match=r"loss became nan at step \d; stopped without saving it; "
+                             r"the last good checkpoint \(step \d\)"):
         main(args, reward_fn=digit_fraction)
     run_dir = next(tmp_path.iterdir())
     assert (run_dir / "model" / "model.safetensors").exists() and not (run_dir / "model.tmp").exists()
@@ -382,8 +404,8 @@ def test_run_folder_is_complete(tmp_path):
     evaluation = json.load(open(os.path.join(run_dir, "eval.json")))
     assert {"accuracy_before", "accuracy_after", "samples_before", "samples_after", "pass@8_before", "pass@8_after",
             "unearned_before", "unearned_after"} <= set(evaluation)
-    names = {"reward", "reward_std", "frac_reward_zero_std", "kl", "clip_ratio", "entropy", "completion_length", "reward/unearned",
-             "time/generate", "time/train", "tokens_per_second", "memory/peak_gb"}
+    names = {"reward", "reward_std", "frac_reward_zero_std", "kl", "clip_ratio", "entropy", "completion_length",
+             "reward/unearned", "time/generate", "time/train", "tokens_per_second", "memory/peak_gb"}
     assert all(names <= set(row) for row in metrics_of(result))
     assert os.path.exists(os.path.join(run_dir, "model", "model.safetensors"))
 
@@ -400,7 +422,8 @@ def test_verifier_option_picks_the_training_reward_and_accuracy_keeps_the_last_n
 
 # ---- resume -------------------------------------------------------------------------------------------------------
 def test_resume_continues_exactly(tmp_path):
-    assert_resume_is_exact(tmp_path, main, lambda out, **kw: tiny_args(out, beta=0.1, eval_every=2, **kw), reward_fn=digit_fraction)
+    assert_resume_is_exact(tmp_path, main, lambda out, **kw: tiny_args(out, beta=0.1, eval_every=2, **kw),
+                           reward_fn=digit_fraction)
 
 
 def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path):
@@ -456,7 +479,8 @@ def test_local_checkpoint_without_chat_template_or_pad_token(tmp_path, tokenizer
     model = common.make_tiny_model(len(plain), "gpt2")
     model.save_pretrained(tmp_path / "ckpt")
     plain.save_pretrained(tmp_path / "ckpt")
-    result = main(tiny_args(tmp_path, model=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "runs")), reward_fn=digit_fraction)
+    result = main(tiny_args(tmp_path, model=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "runs")),
+                  reward_fn=digit_fraction)
     assert result["samples_before"][0]["prompt"].startswith("What is")
     assert common.load_tokenizer(str(tmp_path / "ckpt")).pad_token == plain.eos_token
     assert os.path.basename(result["run_dir"]).startswith("grpo-ckpt-0-")
@@ -473,7 +497,8 @@ def test_cli_help_lists_every_option_with_its_default():
     assert proc.returncode == 0
     for flag in ("--model", "--group-size", "--num-iterations", "--eps-low", "--eps-high", "--beta", "--kl-estimator",
                  "--loss-agg", "--scale-by-std", "--dynamic-sampling", "--overlong-buffer", "--lr", "--warmup-steps",
-                 "--batch-size", "--gradient-checkpointing", "--max-new-tokens", "--temperature", "--top-p", "--eval-every"):
+                 "--batch-size", "--gradient-checkpointing", "--max-new-tokens", "--temperature", "--top-p",
+                 "--eval-every"):
         assert flag in proc.stdout, flag
     assert "default: smollm2" in proc.stdout and "seq-mean-token-sum-norm" in proc.stdout
 

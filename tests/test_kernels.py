@@ -55,7 +55,8 @@ def test_token_logprobs_kernel_with_a_minus_infinity_logit():
     logits = torch.tensor([[[0.0, -math.inf, math.log(3.0)], [1.0, 2.0, -math.inf]]], requires_grad=True)
     (plain_lp, plain_h, plain_grad), (fast_lp, fast_h, fast_grad) = plain_and_fast(
         logits, torch.tensor([[2, 0]]), torch.tensor([[0.5, -1.0]]), torch.tensor([[2.0, 1.0]]))
-    assert torch.allclose(fast_lp, plain_lp) and torch.allclose(fast_h, plain_h) and torch.allclose(fast_grad, plain_grad)
+    assert (torch.allclose(fast_lp, plain_lp) and torch.allclose(fast_h, plain_h)
+            and torch.allclose(fast_grad, plain_grad))
     assert torch.isfinite(fast_grad).all()
 
 
@@ -112,18 +113,21 @@ def test_cpu_bf16_decoding_leaves_layers_with_a_forward_of_their_own_alone(token
 
     model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "bf16-true", seed=0, use_kernels=True)
     mlp = model.model.layers[0].mlp
-    mlp.down_proj = QuantizedLinear(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False, dtype=torch.bfloat16)
+    mlp.down_proj = QuantizedLinear(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False,
+                                    dtype=torch.bfloat16)
     hook = lambda x: torch.nn.Linear.forward(mlp.up_proj, x)  # noqa: E731 - as accelerate installs one
     mlp.up_proj.forward = hook
     mlp.gate_proj.float()  # kept in float32 on purpose: it computes in float32
     with kernels.cpu_bf16_decoding(model, rows=2):
-        assert "forward" not in vars(mlp.down_proj) and mlp.up_proj.forward is hook and "forward" not in vars(mlp.gate_proj)
+        assert ("forward" not in vars(mlp.down_proj) and mlp.up_proj.forward is hook
+                and "forward" not in vars(mlp.gate_proj))
         assert "forward" in vars(model.model.layers[0].self_attn.q_proj)
     assert mlp.up_proj.forward is hook  # restored as it was, not popped
 
 
 def test_kernels_auto_is_on_for_a_cpu_and_off_for_cuda():
-    assert common.resolve_kernels("auto", torch.device("cpu")) and not common.resolve_kernels("auto", torch.device("cuda"))
+    assert (common.resolve_kernels("auto", torch.device("cpu"))
+            and not common.resolve_kernels("auto", torch.device("cuda")))
     assert common.resolve_kernels("on", torch.device("cuda")) and not common.resolve_kernels("off", torch.device("cpu"))
     with pytest.raises(runs.InputError, match="--kernels must be auto, on or off"):
         common.resolve_kernels("fast", torch.device("cpu"))

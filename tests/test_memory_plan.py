@@ -19,41 +19,46 @@ from live_memory import peak_live_bytes  # noqa: E402
 
 
 LLAMAS = {  # published parameter counts: SmolLM2-135M (tied embeddings), TinyLlama-1.1B, Llama-2-7B
-    "135M": (dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
-                  vocab_size=49152, tie_word_embeddings=True), 134_515_008),
-    "1.1B": (dict(hidden_size=2048, num_hidden_layers=22, intermediate_size=5632, num_attention_heads=32, num_key_value_heads=4,
-                  vocab_size=32000), 1_100_048_384),
-    "7B": (dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
-                vocab_size=32000), 6_738_415_616),
+    "135M": (dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9,
+                  num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True), 134_515_008),
+    "1.1B": (dict(hidden_size=2048, num_hidden_layers=22, intermediate_size=5632, num_attention_heads=32,
+                  num_key_value_heads=4, vocab_size=32000), 1_100_048_384),
+    "7B": (dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=11008, num_attention_heads=32,
+                num_key_value_heads=32, vocab_size=32000), 6_738_415_616),
 }
 
 
 @pytest.mark.parametrize("size", LLAMAS)
 def test_parameter_counts_of_llama_configs_built_on_the_meta_device(size):
     kwargs, published = LLAMAS[size]
-    assert memory_plan.parameter_counts(transformers.LlamaConfig(**kwargs), "lm", runs.LoraOptions()) == (published, published)
+    assert (memory_plan.parameter_counts(transformers.LlamaConfig(**kwargs), "lm", runs.LoraOptions())
+            == (published, published))
 
 
 def test_lora_trainable_parameters_of_llama_7b():
     config = transformers.LlamaConfig(**LLAMAS["7B"][0])
     # per layer r·(in + out): q, k, v, o 4 × 16 · (4096 + 4096) = 524,288; gate, up 2 × 16 · (4096 + 11008) = 483,328;
-    # down 16 · (11008 + 4096) = 241,664; sum 1,249,280 × 32 layers = 39,976,960 (what peft reports for r = 16, all-linear)
+    # down 16 · (11008 + 4096) = 241,664; sum 1,249,280 × 32 layers = 39,976,960
+    # (what peft reports for r = 16, all-linear)
     total, trainable = memory_plan.parameter_counts(config, "lm", runs.LoraOptions(lora_r=16))
     assert trainable == 39_976_960 and total == 6_738_415_616 + 39_976_960
     # a reward model: the score head (4096 × 1) trains in full beside the adapters
     assert memory_plan.parameter_counts(config, "score", runs.LoraOptions(lora_r=16))[1] == 39_976_960 + 4096
-    assert memory_plan.parameter_counts(config, "lm", runs.LoraOptions(lora_r=16, lora_targets="q_proj,v_proj"))[1] == 2 * 16 * 8192 * 32
+    assert (memory_plan.parameter_counts(config, "lm", runs.LoraOptions(lora_r=16, lora_targets="q_proj,v_proj"))[1]
+            == 2 * 16 * 8192 * 32)
 
 
 def test_activation_bytes_by_hand():
-    config = transformers.LlamaConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16, vocab_size=10)
-    # 2 sequences of 4 tokens: per layer s·b·h·(34 + 5·a·s/h) = 8·8·(34 + 5·2·4/8) = 2496 bytes at 16 bits, 4992 in fp32;
-    # 2 layers 9984, plus 4 float32 logits tensors of 6 scored positions: 4·6·10·4 = 960 bytes
+    config = transformers.LlamaConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
+                                      vocab_size=10)
+    # 2 sequences of 4 tokens: per layer s·b·h·(34 + 5·a·s/h) = 8·8·(34 + 5·2·4/8) = 2496 bytes at 16 bits,
+    # 4992 in fp32; 2 layers 9984, plus 4 float32 logits tensors of 6 scored positions: 4·6·10·4 = 960 bytes
     assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False) == 9984 + 960
     assert memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False) == 4992 + 960
     # with the kernel, 2 tensors (the logits and their gradient): 2·6·10·4 = 480 bytes in fp32, 2·6·10·2 = 240 in bf16
     assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False, fast_kernels=True) == 9984 + 480
-    assert memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False, fast_kernels=True) == 4992 + 240
+    assert (memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False, fast_kernels=True)
+            == 4992 + 240)
     # checkpointing keeps each layer's input 2·(s·b·h) = 2·64 = 128 bytes (×2 in fp32) and one layer's full set
     assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=True) == 2 * 256 + 4992 + 960
 
@@ -72,13 +77,14 @@ def test_activation_plan_matches_the_allocators_live_bytes(tokenizer, share_prom
     completion_ids = torch.randint(3, len(tokenizer), (P * G, T), generator=generator)
 
     def forward_backward():
-        logprobs, _ = common.completion_logprobs(model, prompt_ids, torch.ones_like(prompt_ids), completion_ids, torch.full((P,), G),
-                                                 share_prompt=share_prompt)
+        logprobs, _ = common.completion_logprobs(model, prompt_ids, torch.ones_like(prompt_ids), completion_ids,
+                                                 torch.full((P,), G), share_prompt=share_prompt)
         logprobs.sum().backward()
 
     peak = peak_live_bytes(forward_backward)
     tokens = P * S + P * G * T if share_prompt else P * G * (S + T)
-    planned = memory_plan.activation_bytes(model.config, P * G, tokens, P * G * T, "fp32", False) + 4 * sum(p.numel() for p in model.parameters())
+    planned = (memory_plan.activation_bytes(model.config, P * G, tokens, P * G * T, "fp32", False)
+               + 4 * sum(p.numel() for p in model.parameters()))
     assert 0.75 < peak / planned < 1.25, peak / planned
 
 
@@ -86,10 +92,12 @@ def test_activation_plan_matches_the_allocators_live_bytes(tokenizer, share_prom
 def test_memory_plan_matches_the_loaded_models(tokenizer, precision):
     policy = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision)
     critic = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, head="score")
-    measured = memory_plan.loaded_table({"policy": policy, "reference": common.frozen_copy(policy), "critic": critic}, {"policy", "critic"})
+    measured = memory_plan.loaded_table({"policy": policy, "reference": common.frozen_copy(policy), "critic": critic},
+                                        {"policy", "critic"})
     config = memory_plan.model_config("tiny", len(tokenizer))
-    plan = memory_plan.memory_plan([("policy", config, "lm", True), ("reference", config, "lm", False), ("critic", config, "score", True)],
-                              precision, runs.LoraOptions(), False, 2, 16, 8)["memory_plan"]
+    plan = memory_plan.memory_plan([("policy", config, "lm", True), ("reference", config, "lm", False),
+                                    ("critic", config, "score", True)],
+                                   precision, runs.LoraOptions(), False, 2, 16, 8)["memory_plan"]
     for planned, real in zip(plan, measured):
         for key in ("parameters", "weights_gb", "gradients_gb", "optimizer_gb"):
             assert planned[key] == pytest.approx(real[key], rel=1e-9), (planned["model"], key)
@@ -129,7 +137,8 @@ def test_the_plans_logits_term_matches_the_allocators_live_bytes(precision, fast
     model.zero_grad(set_to_none=True)
     peak = peak_live_bytes(forward_backward)
     gradients = 4 * sum(p.numel() for p in model.parameters())
-    planned = memory_plan.activation_bytes(model.config, P * G, P * S + P * G * T, P * G * (T + 1), precision, False, fast_kernels)
+    planned = memory_plan.activation_bytes(model.config, P * G, P * S + P * G * T, P * G * (T + 1), precision, False,
+                                           fast_kernels)
     assert 0.8 < peak / (planned + gradients) < 1.2, peak / (planned + gradients)
 
 

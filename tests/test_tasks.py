@@ -35,7 +35,8 @@ def test_verifier_table(completion, reward):
 
 
 def test_verifier_reads_the_answer_the_same_way():
-    assert tasks.verify("so 1234", "1,234") == 1.0 and tasks.verify("-3", "-3.0") == 1.0 and tasks.verify("7", "seven") == 0.0
+    assert (tasks.verify("so 1234", "1,234") == 1.0 and tasks.verify("-3", "-3.0") == 1.0
+            and tasks.verify("7", "seven") == 0.0)
 
 
 @pytest.mark.parametrize(
@@ -104,8 +105,10 @@ def test_evaluate_pass_at_k_groups_each_problems_k_samples(tiny_model, tokenizer
     generator, texts = torch.Generator().manual_seed(3), []
     for start in range(0, 12, 4):
         ids, mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems[start : start + 4]], "cpu")
-        completion_ids = common.sample_completions(tiny_model, ids, mask, k, 6, tokenizer.eos_token_id, tokenizer.pad_token_id, 1.0, 1.0, generator)
-        texts += tasks.decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, tokenizer.eos_token_id))
+        completion_ids = common.sample_completions(tiny_model, ids, mask, k, 6, tokenizer.eos_token_id,
+                                                   tokenizer.pad_token_id, 1.0, 1.0, generator)
+        texts += tasks.decode_completions(tokenizer, completion_ids,
+                                          common.completion_mask(completion_ids, tokenizer.eos_token_id))
     solved = [any(reward(t, p.answer) for t in texts[k * i : k * i + k]) for i, p in enumerate(problems)]
     assert got == pytest.approx(sum(solved) / 12) and 0 < got < 1
 
@@ -127,7 +130,8 @@ def test_before_and_after_pairs_the_comparable_numbers():
 
 @pytest.mark.parametrize(
     "text, number",
-    [("12 - 20 = -8", -8.0), ("5-3=2", 2.0), ("5-3", 3.0), ("1,234", 1234.0), ("pi is 3.14.", 3.14), ("x", None), ("1e5", 5.0)],
+    [("12 - 20 = -8", -8.0), ("5-3=2", 2.0), ("5-3", 3.0), ("1,234", 1234.0), ("pi is 3.14.", 3.14), ("x", None),
+     ("1e5", 5.0)],
 )
 def test_extract_final_number(text, number):
     assert tasks.extract_final_number(text) == number
@@ -143,7 +147,8 @@ def test_heldout_set_is_fixed_distinct_and_never_trained_on():
 
 
 def test_prompt_format_with_and_without_chat_template(tokenizer):
-    assert tasks.format_prompt(tokenizer, "What is 1 + 2?") == "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
+    assert tasks.format_prompt(tokenizer, "What is 1 + 2?") == ("<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n"
+                                                                "<|im_start|>assistant\n")
     plain = common.make_tiny_tokenizer()
     plain.chat_template = None
     assert tasks.format_prompt(plain, "What is 1 + 2?") == "Question: What is 1 + 2?\nAnswer:"
@@ -183,17 +188,21 @@ def test_pair_samples_pairs_each_correct_with_an_incorrect_once():
         {"prompt": "q", "answer": "1", "completion": "1", "label": 1},  # all correct: no pair
     ]
     assert tasks.pair_samples(samples) == [
-        {"prompt": "p", "chosen": "7", "rejected": "8 and more", "answer": "7", "chosen_finished": True, "rejected_finished": False},
-        {"prompt": "p", "chosen": "= 7", "rejected": "6", "answer": "7", "chosen_finished": True, "rejected_finished": True},
+        {"prompt": "p", "chosen": "7", "rejected": "8 and more", "answer": "7", "chosen_finished": True,
+         "rejected_finished": False},
+        {"prompt": "p", "chosen": "= 7", "rejected": "6", "answer": "7", "chosen_finished": True,
+         "rejected_finished": True},
     ]
 
 
-def test_preference_data_is_built_once_and_holds_out_whole_prompts(tokenizer, preference_cache, digits_are_correct, monkeypatch):
+def test_preference_data_is_built_once_and_holds_out_whole_prompts(tokenizer, preference_cache, digits_are_correct,
+                                                                   monkeypatch):
     data, folder = tasks.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
     assert len(data["heldout_samples"]) == 4 * 4  # an eighth of the 32 prompts, 4 samples each
     assert {p["prompt"] for p in data["train"]}.isdisjoint({p["prompt"] for p in data["heldout"]})
     assert {p["prompt"] for p in data["train"]}.isdisjoint({p.prompt for p in tasks.heldout_problems()})
-    assert all(any(ch.isdigit() for ch in p["chosen"]) and not any(ch.isdigit() for ch in p["rejected"]) for p in data["train"])
+    assert all(any(ch.isdigit() for ch in p["chosen"]) and not any(ch.isdigit() for ch in p["rejected"])
+               for p in data["train"])
     monkeypatch.setattr(tasks, "label_samples", None)  # the second call must not sample again
     again, same_folder = tasks.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
     assert again == data and same_folder == folder
@@ -209,7 +218,8 @@ def test_tokenize_completions_appends_eos_and_masks_by_length_when_pad_is_eos(to
     assert ids[0].tolist()[:3] == plain("12", add_special_tokens=False).input_ids + [eos] and ids[0, 3:].eq(eos).all()
     assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
     cut_ids, cut_mask = tasks.tokenize_completions(tokenizer, ["abcd"], "cpu", max_tokens=3)
-    assert cut_ids.tolist() == [tokenizer("abc", add_special_tokens=False).input_ids] and cut_mask.sum() == 3  # cut: no EOS
+    # cut: no EOS
+    assert cut_ids.tolist() == [tokenizer("abc", add_special_tokens=False).input_ids] and cut_mask.sum() == 3
 
 
 def test_epoch_batches_visit_every_item_once_per_epoch():
