@@ -26,45 +26,34 @@ class Stop(Exception):
     """Raised by a spy once it has what the script would train on."""
 
 
-def demonstration_prompts(monkeypatch, run) -> set[str]:
-    seen, real = [], sft.load_demonstrations
+def prompts_trained_on(monkeypatch, run, module, name: str, prompts) -> set[str]:
+    """Run the script until it calls module.name, whose result (or arguments) `prompts` turns into the prompts the
+    script would train on; then stop it."""
+    seen, real = [], getattr(module, name)
 
-    def spy(*args):
-        train, heldout = real(*args)
-        seen.extend(r["prompt"] for r in train + heldout)
+    def spy(*args, **kwargs):
+        seen.extend(prompts(real, *args, **kwargs))
         raise Stop
 
-    monkeypatch.setattr(sft, "load_demonstrations", spy)
+    monkeypatch.setattr(module, name, spy)
     with pytest.raises(Stop):
         run()
     return set(seen)
+
+
+def demonstration_prompts(monkeypatch, run) -> set[str]:
+    return prompts_trained_on(monkeypatch, run, sft, "load_demonstrations",
+                              lambda real, *args: [r["prompt"] for rows in real(*args) for r in rows])
 
 
 def preference_prompts(monkeypatch, run) -> set[str]:
-    seen = []
-
-    def spy(model, tokenizer, problems, *args, **kwargs):
-        seen.extend(p.prompt for p in problems)
-        raise Stop
-
-    monkeypatch.setattr(tasks, "label_samples", spy)
-    with pytest.raises(Stop):
-        run()
-    return set(seen)
+    return prompts_trained_on(monkeypatch, run, tasks, "label_samples",
+                              lambda real, model, tokenizer, problems, *args, **kwargs: [p.prompt for p in problems])
 
 
 def stream_prompts(monkeypatch, run) -> set[str]:
-    seen, real = [], tasks.load_problems
-
-    def spy(*args):
-        stream, heldout = real(*args)
-        seen.extend(p.prompt for p in itertools.islice(stream, STREAM))
-        raise Stop
-
-    monkeypatch.setattr(tasks, "load_problems", spy)
-    with pytest.raises(Stop):
-        run()
-    return set(seen)
+    return prompts_trained_on(monkeypatch, run, tasks, "load_problems",
+                              lambda real, *args: [p.prompt for p in itertools.islice(real(*args)[0], STREAM)])
 
 
 SCRIPTS = {  # name: (what it trains on, how many distinct problems at least, main, its Args beyond the defaults)
