@@ -19,7 +19,7 @@ fails there, the check reports it and stops (exit status 1), since a kill would 
 Otherwise the exit status is 0 whatever the kill rate: this is a report.
 
 Run (from the repository root; standard library and pytest only):
-    python dev/mutation_check.py                  # all mutations, one at a time (~10-15 min on 2 cores)
+    python dev/mutation_check.py                  # all mutations, one at a time (~40 min on 2 cores)
     python dev/mutation_check.py --list           # the mutations and whether each snippet is found
     python dev/mutation_check.py --only ppo.py    # those whose "file: description" contains the text
     python dev/mutation_check.py --only GAE --only KTO --jobs 2
