@@ -188,11 +188,8 @@ def kl_penalized_rewards(
     kl_coef: float,
     kl_kind: str = "k1",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """r_t = -β·KL_t on every completion token, plus the score on the last one (Ziegler et al. 2019, eq. 2).
-
-    KL_t is k1 = log π - log π_ref, or k3 = r - 1 - log r with r = π_ref/π. Padding gets 0.
-    Returns (rewards (B, T), kl (B, T)).
-    """
+    """r_t = -β·KL_t on every completion token, plus the score on the last one (Ziegler et al. 2019, eq. 2), with
+    KL_t = k1 = log π - log π_ref, or k3 = r - 1 - log r with r = π_ref/π. Padding gets 0. -> rewards, kl (B, T)"""
     log_ratio = logprobs - ref_logprobs  # (B, T)
     kl = log_ratio if kl_kind == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
     rewards = -kl_coef * kl * mask  # (B, T)
@@ -226,10 +223,7 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
 
 def ppo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float = 0.2) -> tuple[torch.Tensor, dict]:
     """L^CLIP (PPO eq. 7), negated for minimising, token mean over the mask. All (B, T); advantages per token.
-
-    Returns (loss, {approx_kl, clip_ratio}) with approx_kl = mean ½(log ρ)² (as TRL) and
-    clip_ratio the share of tokens where the clipped term was the one used.
-    """
+    -> (loss, {approx_kl: mean ½(log ρ)² as TRL, clip_ratio: the share of tokens where the clipped term is used})"""
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)  # (B, T)
     pg_loss1 = -advantages * ratio
@@ -245,9 +239,7 @@ def ppo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float = 
 
 def ppo_value_loss(values, old_values, returns, mask, clip_range: float = 0.2) -> tuple[torch.Tensor, float]:
     """½ max((V - R)², (V_old + clip(V - V_old, ±ε_v) - R)²), token mean. All (B, T).
-
-    Returns (loss, value clip ratio: the share of tokens where the clipped term was larger).
-    """
+    -> (loss, value clip ratio: the share of tokens where the clipped term was larger)"""
     clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
     vf_loss1 = (values - returns) ** 2
     vf_loss2 = (clipped - returns) ** 2
@@ -271,9 +263,7 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tensor:
     """V(s_t) for each completion token t: the critic's head on the hidden state *before* y_t. (B, T)
-
-    The hidden state at position S-1+t has read the prompt and y_<t, which is the state s_t.
-    """
+    The hidden state at position S-1+t has read the prompt and y_<t, which is the state s_t."""
     S, T = prompt_ids.shape[1], completion_ids.shape[1]
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)

@@ -9,9 +9,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 ALGORITHMS = ("grpo", "dpo", "ppo", "reward_model", "sft", "variants")
 # A budget is a reader's time: a file a newcomer reads top to bottom in one go. When new code would break one,
-# find its right room rather than raising the number. The layout was planned at ppo 520 and tasks, common and runs
-# 450 each; those four are held where they stand (they may only shrink) until their surplus finds a room.
-BUDGETS = {"grpo": 450, "dpo": 320, "ppo": 527, "reward_model": 300, "sft": 260, "variants": 420, "tasks": 486,
+# find its right room rather than raising the number. The layout was planned at 450 for tasks, common and runs;
+# those three are held where they stand (they may only shrink) until their surplus finds a room.
+BUDGETS = {"grpo": 450, "dpo": 320, "ppo": 520, "reward_model": 300, "sft": 260, "variants": 420, "tasks": 486,
            "common": 517, "runs": 549, "kernels": 150}
 # Imports run one way: scripts and dev -> algorithm files -> tasks -> common -> runs; kernels from common only.
 MAY_IMPORT = {**{name: {"tasks", "common", "runs"} for name in ALGORITHMS},
