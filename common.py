@@ -1,8 +1,8 @@
-"""Model mechanics every algorithm file shares: set-up, models, LoRA and the reference, log-probs, masks, sampling.
+"""Model mechanics every algorithm file shares: set-up, LoRA and the reference, log-probs, masks, sampling.
 
-Nothing here is specific to one algorithm or to the task (tasks.py), and nothing is run bookkeeping
-(runs.py). Read an algorithm file first (grpo.py); come here when it calls something you want to check.
-kernels.py holds faster versions of two functions here, each reached through one visible seam beside the
+Nothing here is specific to one algorithm or to the task (tasks.py), loads a model by name (models.py), or is
+run bookkeeping (runs.py). Read an algorithm file first (grpo.py); come here when it calls something you want to
+check. kernels.py holds faster versions of two functions here, each reached through one visible seam beside the
 plain code it must equal. Shapes: B sequences, P prompts, G samples per prompt, S prompt tokens, T completion
 tokens, V vocabulary.
 
@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import warnings
-import json
-import os
 import random
-from pathlib import Path
+import warnings
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import torch
-import transformers
 
 import kernels
 import runs
@@ -80,8 +77,16 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 
 def fast_kernels(model) -> bool:
-    """Whether `model` takes kernels.py's faster versions (load_model's use_kernels, from --kernels)."""
+    """Whether `model` takes kernels.py's faster versions (enable_kernels, from --kernels)."""
     return getattr(model, "fast_kernels", False)
+
+
+def enable_kernels(model, on: bool, device: torch.device, precision: str) -> None:
+    """Switch kernels.py's faster paths on or off for `model` (read by the seams below, `fast_kernels`), and choose
+    its CPU attention. Off, every number comes from the plain code in this file."""
+    model.fast_kernels = on  # not `use_kernels`: that name is a transformers property
+    if on:
+        kernels.choose_attention(model, device, precision)
 
 
 def autocast(model: torch.nn.Module):
@@ -107,154 +112,30 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.0,
 
 
 # ---------------------------------------------------------------------------------------------
-# Models and tokenizers: "smollm2" (embedded), "tiny" / "tiny-gpt2" (random), or a hub id / path
-# ---------------------------------------------------------------------------------------------
-def make_tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    """A character-level tokenizer with a ChatML template, built in memory (no files, no hub)."""
-    from tokenizers import Tokenizer, decoders, models
-
-    specials = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
-    chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    vocab = {tok: i for i, tok in enumerate(specials + chars)}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    backend.add_special_tokens(specials)
-    backend.decoder = decoders.Fuse()
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = (
-        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-    )
-    return tokenizer
-
-
-def make_tiny_model(vocab_size: int, arch: str = "llama", head: str = "lm") -> transformers.PreTrainedModel:
-    """A randomly initialised 2-layer model: Llama (rotary positions) or GPT-2 (absolute positions),
-    with a language-model head (head="lm") or a scalar score head (head="score", a reward model)."""
-    if arch == "llama":
-        config = transformers.LlamaConfig(
-            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
-            num_labels=1,
-        )
-        return (transformers.LlamaForCausalLM if head == "lm" else transformers.LlamaForSequenceClassification)(config)
-    config = transformers.GPT2Config(
-        vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=512,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, num_labels=1,
-    )
-    return (transformers.GPT2LMHeadModel if head == "lm" else transformers.GPT2ForSequenceClassification)(config)
-
-
-def load_tokenizer(name: str, prompt_format: str = "auto") -> transformers.PreTrainedTokenizerBase:
-    """The tokenizer, and how prompts are shown to the model (tasks.format_prompt): auto = its chat
-    template if it has one, else plain `Question: ...\nAnswer:`; plain drops the template, as a base
-    model (gpt2) would meet the task; chat requires one."""
-    if name in ("tiny", "tiny-gpt2"):
-        tokenizer = make_tiny_tokenizer()
-        if name == "tiny-gpt2":  # as gpt2: no chat template, pad = eos
-            tokenizer.chat_template, tokenizer.pad_token = None, tokenizer.eos_token
-    else:
-        tokenizer = runs.from_pretrained(transformers.AutoTokenizer, runs.model_path(name))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token  # gpt2 has none; masks below stay correct when pad == eos
-    if prompt_format == "plain":
-        tokenizer.chat_template = None  # saved with the checkpoint: a model trained on plain prompts keeps them
-    elif prompt_format == "chat" and not tokenizer.chat_template:
-        raise InputError(f"--prompt-format chat: {name} has no chat template; use --prompt-format plain (or auto)")
-    return tokenizer
-
-
-def load_model(name: str, vocab_size: int, device: torch.device, precision: str = "fp32", seed: int = 0,
-               head: str = "lm", keep_adapter: bool = False, use_kernels: bool = False):
-    """Load a causal LM (head="lm"), or a reward model (head="score": the same backbone with a scalar
-    head, new if the checkpoint has none; head="trained-score" refuses a checkpoint without a trained
-    one, since a random head would score noise), with dropout off (`switch_off_dropout`: dropout makes old
-    and new log-probs disagree at ratio 1, and a reward model score the same text differently). Weights are float32
-    unless precision is bf16-true; a bf16-mixed model is marked so that `autocast(model)` applies.
-    A LoRA checkpoint (an adapter folder) is loaded onto its base and merged, or kept as a trainable
-    adapter with keep_adapter (--resume)."""
-    dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
-    if os.path.isfile(os.path.join(name, "adapter_config.json")):  # a LoRA run's checkpoint: its base, then the adapter
-        peft = _peft()
-        base = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
-        base_model = load_model(base, vocab_size, device, precision, seed, "score" if head != "lm" else "lm",
-                                use_kernels=use_kernels)
-        model = peft.PeftModel.from_pretrained(base_model, name, is_trainable=keep_adapter)
-        return model if keep_adapter else model.merge_and_unload()
-    if name in ("tiny", "tiny-gpt2"):
-        # One fixed random model whatever the seed, as a checkpoint is: a LoRA adapter trained on it at any seed
-        # reloads onto the same base. The global generator is left as it was, for what the seed drives next.
-        with torch.random.fork_rng():
-            torch.manual_seed(0)
-            model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama",
-                                    "lm" if head == "lm" else "score")
-    else:
-        path = runs.model_path(name)
-        if head == "lm":
-            model = runs.from_pretrained(transformers.AutoModelForCausalLM, path, dtype=dtype)
-        else:
-            torch.manual_seed(seed)  # the new head's initialisation
-            model, info = runs.from_pretrained(transformers.AutoModelForSequenceClassification, path, dtype=dtype,
-                                               num_labels=1, output_loading_info=True)
-            if head == "trained-score" and any(key.startswith("score.") for key in info["missing_keys"]):
-                raise InputError(f"{name} has no trained score head (is it a language model, not a reward_model.py "
-                                 "checkpoint?); "
-                                 "train one with `python reward_model.py`")
-    switch_off_dropout(model)
-    model.bf16_mixed = precision == "bf16-mixed"
-    model.fast_kernels = use_kernels  # read by the seams below (`use_kernels` is a transformers property)
-    if use_kernels:
-        kernels.choose_attention(model, device, precision)
-    return model.to(device=device, dtype=dtype)
-
-
-def switch_off_dropout(model: torch.nn.Module) -> None:
-    """Every dropout of `model` to 0, in train() mode too: each nn.Dropout's p, and every float `*dropout*` or
-    `*pdrop*` attribute of its modules and config, since some attention layers (Llama's) read a float, not a
-    module. The config is saved with the model, so a checkpoint reloads without dropout as well. peft's
-    --lora-dropout lives in the adapter's own modules, added later, and stays what the user asked for."""
-    configs = [m.config for m in model.modules()
-               if isinstance(getattr(m, "config", None), transformers.PretrainedConfig)]
-    for obj in [*model.modules(), *configs]:
-        if isinstance(obj, torch.nn.Dropout):
-            obj.p = 0.0
-        for name, value in list(vars(obj).items()):
-            if isinstance(value, float) and ("dropout" in name or "pdrop" in name):
-                setattr(obj, name, 0.0)
-
-
-def load_reward_model(path: str, tokenizer, device: torch.device, precision: str = "fp32",
-                      use_kernels: bool = False) -> torch.nn.Module:
-    """A frozen reward_model.py checkpoint that scores the policy's own token ids (read it with reward_scores).
-
-    It must share the policy's tokenizer: re-tokenising the text would work, but would score a
-    different sequence than the one the policy is updated on."""
-    model = load_model(path, len(tokenizer), device, precision, head="trained-score", use_kernels=use_kernels)
-    model.eval().requires_grad_(False)
-    if load_tokenizer(path).get_vocab() != tokenizer.get_vocab():
-        raise InputError(f"--reward-model {path} was trained with a different tokenizer than the policy; train the "
-                         "reward model from the same base model")
-    return model
-
-
-# ---------------------------------------------------------------------------------------------
 # LoRA (Hu et al. 2021, arXiv:2106.09685), with the optional peft package
 # ---------------------------------------------------------------------------------------------
-def _peft():
-    try:
-        import peft
-    except ImportError:
-        raise InputError("--lora-r needs the peft package: pip install peft") from None
-    return peft
+@dataclass
+class LoraOptions:
+    """LoRA: train low-rank adapters instead of every weight (pip install peft); the reference: adapter off"""
+
+    lora_r: int = 0
+    """adapter rank r (0 = off: full fine-tuning); an adapter wants about 10x the full fine-tuning --lr"""
+    lora_alpha: float = 32.0
+    """α: the adapter's update is scaled by α / r"""
+    lora_dropout: float = 0.0
+    """dropout on the adapter's input (0: dropout would make old and new log-probs disagree at ratio 1)"""
+    lora_targets: str = "all-linear"
+    """modules that get adapters: all-linear (every attention and MLP projection), or a list: q_proj,v_proj"""
+    merge_lora: bool = False
+    """also write the final model with the adapter merged in (run folder/merged: a plain from_pretrained checkpoint)"""
 
 
-def add_lora(model, base: str, lora: runs.LoraOptions):
+def add_lora(model, base: str, lora: LoraOptions):
     """Freeze `model` and train adapters on `lora.lora_targets`: W x + (α/r)·B A x with B = 0 at the start, so
     the first forward is the base model's. A score head (reward model, critic) stays fully trainable.
     With the adapter switched off the model *is* its base, which is the reference (`reference`): one
     set of base weights, no copy. `base` (the --model it came from) is recorded to load the adapter again."""
-    peft = _peft()
+    peft = runs.import_peft()
     targets = lora.lora_targets
     targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
     config = peft.LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,

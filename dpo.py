@@ -24,7 +24,7 @@ Conventions a reader could get wrong (each pinned by a test):
 
 Data. By default, pairs are the reference model's own samples on the arithmetic task, labelled by
 the verifier: each prompt is sampled `--samples-per-prompt` times and a correct completion is
-paired with an incorrect one (tasks.preference_data; built once, cached as JSONL, an eighth of
+paired with an incorrect one (preferences.preference_data; built once, cached as JSONL, an eighth of
 the prompts held out). `--dataset pairs.jsonl` with TRL's fields prompt, chosen, rejected trains on
 your own pairs (a tenth held out). Completions get EOS appended (sampled ones only where the model
 emitted it: a truncated sample stays truncated) and are tokenised apart from the
@@ -54,6 +54,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import common
+import models
+import preferences
 import runs
 import tasks
 from runs import require
@@ -111,7 +113,7 @@ class Args:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
     run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
+    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,8 +152,8 @@ def concatenated_logps(model, tokenizer, pairs: list[dict],
     completions (common.completion_logprobs), which is the same function as two separate forwards.
     """
     prompts = [p["prompt"] for p in pairs]
-    texts, finished = tasks.pair_completions(pairs)  # chosen_0, rejected_0, chosen_1, ...
-    logps, lengths = tasks.sequence_logps(model, tokenizer, prompts, texts, max_completion_tokens,
+    texts, finished = preferences.pair_completions(pairs)  # chosen_0, rejected_0, chosen_1, ...
+    logps, lengths = preferences.sequence_logps(model, tokenizer, prompts, texts, max_completion_tokens,
                                           finished)  # (2P,) sums, never means
     prompt_tokens = sum(len(tokenizer(tasks.format_prompt(tokenizer, p), add_special_tokens=False).input_ids)
                         for p in prompts)
@@ -208,12 +210,12 @@ def main(args: Args) -> dict:
     precision = common.resolve_precision(args.run.precision, device)
     fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
-    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
-    train_pairs, heldout_pairs, _ = tasks.load_preference_pairs(
+    tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
+    train_pairs, heldout_pairs, _ = preferences.load_preference_pairs(
         args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens,
         args.temperature, device, precision, args.eval_size)
     heldout_problems = tasks.heldout_problems(args.eval_size)
-    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
+    policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
     batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run appends
 
@@ -233,7 +235,7 @@ def main(args: Args) -> dict:
     if not args.precompute_ref_logprobs and not args.lora.lora_r:
         ref_model = common.frozen_copy(policy)  # the starting model, also when resuming; with LoRA: adapter off
     if resumed:
-        policy = common.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
+        policy = models.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
                                    keep_adapter=True, use_kernels=fast)
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)

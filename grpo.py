@@ -51,6 +51,7 @@ from typing import Annotated, Callable, Literal, Optional
 import torch
 
 import common
+import models
 import runs
 import tasks
 from common import masked_mean, masked_sum
@@ -126,7 +127,7 @@ class Args:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
     run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
+    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
 
 
 def check_args(args: Args) -> None:
@@ -286,15 +287,15 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
-    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
-    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
+    tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
+    policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    reward_model = common.load_reward_model(args.reward_model, tokenizer, device, precision, use_kernels=fast) \
+    reward_model = models.load_reward_model(args.reward_model, tokenizer, device, precision, use_kernels=fast) \
         if args.reward_model else None
     # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
     ref_model = common.frozen_copy(policy) if args.beta != 0.0 and not args.lora.lora_r else None
     if resumed:
-        policy = common.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
+        policy = models.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
                                    keep_adapter=True, use_kernels=fast)
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)

@@ -56,6 +56,7 @@ import torch
 from tqdm.auto import tqdm
 
 import common
+import models
 import runs
 import tasks
 from common import masked_mean, masked_whiten
@@ -151,7 +152,7 @@ class Args:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory (policy and critic)"""
     run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
+    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
 
 
 def check_args(args: Args) -> None:
@@ -321,22 +322,22 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
-    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
+    tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
 
     # ---- the four models ----------------------------------------------------------------------
-    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
+    policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     ref_model = common.frozen_copy(policy) if not args.lora.lora_r else None  # with LoRA: the policy, adapter off
-    reward_models = [common.load_reward_model(path, tokenizer, device, precision, use_kernels=fast)  # frozen; one,
+    reward_models = [models.load_reward_model(path, tokenizer, device, precision, use_kernels=fast)  # frozen; one,
                      for path in ((args.reward_model, *args.ensemble) if args.reward_model else ())]  # or --ensemble
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
     critic_source = args.reward_model if critic_init == "reward-model" else args.model
     # With LoRA the critic is its own model with its own adapter and a fully trained head (not a second adapter on
     # the policy's weights: the value head would then read features the policy's adapter keeps moving).
-    critic = common.load_model(f"{args.run.resume}/model/critic" if resumed else critic_source, len(tokenizer), device,
+    critic = models.load_model(f"{args.run.resume}/model/critic" if resumed else critic_source, len(tokenizer), device,
                                precision, args.seed, head="score", keep_adapter=bool(resumed), use_kernels=fast)
     if resumed:  # the reference stays the starting model
-        policy = common.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
+        policy = models.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
                                    keep_adapter=True, use_kernels=fast)
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)

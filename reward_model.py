@@ -47,6 +47,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import common
+import models
+import preferences
 import runs
 import tasks
 from runs import require
@@ -96,7 +98,7 @@ class Args:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
     run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
+    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,7 +153,7 @@ def score_texts(model, tokenizer, prompts: list[str], completions: list[str], ma
 def pair_scores(model, tokenizer, pairs: list[dict], max_completion_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores of chosen and rejected, both in one batch of 2P rows [chosen_0, rejected_0, ...]: (P,), (P,)."""
     prompts = [p["prompt"] for p in pairs for _ in range(2)]
-    completions, finished = tasks.pair_completions(pairs)
+    completions, finished = preferences.pair_completions(pairs)
     scores = score_texts(model, tokenizer, prompts, completions, max_completion_tokens,
                          finished).view(len(pairs), 2)  # (P, 2)
     return scores[:, 0], scores[:, 1]
@@ -212,15 +214,15 @@ def main(args: Args) -> dict:
     precision = common.resolve_precision(args.run.precision, device)
     fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
-    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
-    train_pairs, heldout_pairs, heldout_samples = tasks.load_preference_pairs(
+    tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
+    train_pairs, heldout_pairs, heldout_samples = preferences.load_preference_pairs(
         args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens,
         args.temperature, device, precision)
     for pair in train_pairs + heldout_pairs:  # TRL's optional per-pair margin
         margin = pair.get("margin", 0.0)
         require(isinstance(margin, (int, float)) and math.isfinite(margin),
                 f"{args.dataset}: margin {margin!r} of prompt {pair['prompt']!r} is not a finite number")
-    model = common.load_model(f"{args.run.resume}/model" if resumed else args.model, len(tokenizer), device, precision,
+    model = models.load_model(f"{args.run.resume}/model" if resumed else args.model, len(tokenizer), device, precision,
                               args.seed, head="score", keep_adapter=bool(resumed), use_kernels=fast)
     if args.lora.lora_r and not resumed:
         model = common.add_lora(model, args.model, args.lora)  # the score head stays fully trainable

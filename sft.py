@@ -42,6 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 import common
+import models
 import runs
 import tasks
 from common import masked_mean, masked_sum
@@ -88,7 +89,7 @@ class Args:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
     run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
+    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,9 +169,9 @@ def main(args: Args) -> dict:
     fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_rows, heldout_rows = load_demonstrations(args.dataset, args.num_demonstrations, args.seed, args.eval_size)
-    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
+    tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     heldout_problems = tasks.heldout_problems(args.eval_size)
-    policy = common.load_model(args.run.resume + "/model" if resumed else args.model, len(tokenizer), device, precision,
+    policy = models.load_model(args.run.resume + "/model" if resumed else args.model, len(tokenizer), device, precision,
                                args.seed, keep_adapter=bool(resumed), use_kernels=fast)
     if args.lora.lora_r and not resumed:
         policy = common.add_lora(policy, args.model, args.lora)

@@ -58,11 +58,13 @@ import torch
 import torch.nn.functional as F
 
 import common
+import models
+import preferences
 import runs
 import tasks
 from common import masked_sum
+from preferences import sequence_logps
 from runs import InputError, require
-from tasks import sequence_logps
 
 OFFLINE = ("ipo", "kto", "simpo", "orpo")
 # The β of each algorithm means something different: IPO's τ, KTO's β, SimPO's β, ORPO's λ, RLOO/ReMax's KL coefficient.
@@ -126,7 +128,7 @@ class Args:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
     run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[runs.LoraOptions, runs.Shared] = runs.shared(runs.LoraOptions)
+    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,7 +212,7 @@ def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> tor
 def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, dict]:
     """The mean loss of one batch of pairs and its metrics, for ipo, simpo, orpo (paired) or kto (unpaired)."""
     prompts = [p["prompt"] for p in pairs]
-    texts, finished = tasks.pair_completions(pairs)  # chosen_0, rejected_0, chosen_1, ...
+    texts, finished = preferences.pair_completions(pairs)  # chosen_0, rejected_0, chosen_1, ...
     logps, lengths = sequence_logps(policy, tokenizer, prompts, texts, args.max_completion_tokens, finished)  # (2P,)
     chosen, rejected = logps[0::2], logps[1::2]
     if args.algo in ("ipo", "kto"):
@@ -288,24 +290,24 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     precision = common.resolve_precision(args.run.precision, device)
     fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
-    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
+    tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     offline = args.algo in OFFLINE
     if offline:
-        train_pairs, _, _ = tasks.load_preference_pairs(
+        train_pairs, _, _ = preferences.load_preference_pairs(
             args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt,
             args.max_new_tokens, args.temperature, device, precision, args.eval_size)
         batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run appends
         heldout = tasks.heldout_problems(args.eval_size)
     else:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
-    policy = common.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
+    policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     # SimPO and ORPO are reference-free: no second model is loaded. The reference is the starting model, also
     # when resuming; with LoRA it is the policy with its adapter off.
     uses_reference = args.algo in ("ipo", "kto", "rloo", "remax")
     ref_model = common.frozen_copy(policy) if uses_reference and not args.lora.lora_r else None
     if resumed:
-        policy = common.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
+        policy = models.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
                                    keep_adapter=True, use_kernels=fast)
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)

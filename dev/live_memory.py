@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import common  # noqa: E402
 import memory_plan  # noqa: E402
-import runs  # noqa: E402
+import models  # noqa: E402
 
 
 def peak_live_bytes(fn) -> int:
@@ -57,10 +57,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--completion-tokens", type=int, default=32, help="T (--max-new-tokens)")
     args = parser.parse_args(argv)
     P, G, S, T = args.prompts, args.group_size, args.prompt_tokens, args.completion_tokens
-    tokenizer = common.load_tokenizer(args.model)
-    lora = runs.LoraOptions(lora_r=args.lora_r)
+    tokenizer = models.load_tokenizer(args.model)
+    lora = common.LoraOptions(lora_r=args.lora_r)
     kernels = common.resolve_kernels("auto", torch.device("cpu"))
-    policy = common.load_model(args.model, len(tokenizer), torch.device("cpu"), use_kernels=kernels)
+    policy = models.load_model(args.model, len(tokenizer), torch.device("cpu"), use_kernels=kernels)
     reference = None if args.lora_r else common.frozen_copy(policy)
     if args.lora_r:
         policy = common.add_lora(policy, args.model, lora)
@@ -85,9 +85,9 @@ def main(argv=None) -> dict:
                 if torch.is_tensor(s))
     live = held + peak_live_bytes(step)
     config = memory_plan.model_config(args.model, len(tokenizer))
-    models = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (not args.lora_r)
+    held = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (not args.lora_r)
     tokens = P * S + P * G * T
-    plan = memory_plan.memory_plan(models, "fp32", lora, False, P * G, tokens, P * G * T, kernels)["total_gb"]
+    plan = memory_plan.memory_plan(held, "fp32", lora, False, P * G, tokens, P * G * T, kernels)["total_gb"]
     print(f"live tensors at the peak: {live / 2**30:.2f} GiB; "
           f"the plan: {plan:.2f} GiB ({(plan - live / 2**30) / (live / 2**30):+.0%})")
     return {"live_gb": live / 2**30, "plan_gb": plan}

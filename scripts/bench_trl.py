@@ -8,7 +8,7 @@ The median skips the first two steps, as the docs' medians of ours do (with two 
 Peak RSS is the process's own (resource.getrusage), model loading included.
 
 The settings. Where docs/performance.md states one it is mirrored; everything else is TRL's default:
-- both: the model folder runs.model_path("smollm2") with its tokenizer (common.load_tokenizer), loaded by TRL itself
+- both: the model folder models.model_path("smollm2") with its tokenizer (models.load_tokenizer), loaded by TRL itself
   (float32 weights); bf16=True (bfloat16 autocast) with use_cpu=True, which TRL needs for bf16 on a CPU;
   logging every step, no evaluation, no saving, no trackers. TRL's defaults are kept for gradient checkpointing
   (on), the optimizer (fused AdamW, weight decay 0, gradient clipping at 1), the schedule (no warm-up, linear decay
@@ -20,11 +20,11 @@ The settings. Where docs/performance.md states one it is mirrored; everything el
   (tasks.format_prompt), rewarded by tasks.verify. TRL's defaults: loss_type "dapo", scale_rewards "group",
   epsilon 0.2, top_k 0, top_p 1.
 - dpo: 8 pairs per step, beta 0.1, lr 5e-6, the 44 training pairs of `dpo.py --dataset tests/data/pairs.jsonl`
-  (tasks.load_preference_pairs, seed 0) with the prompt in its chat template, a frozen reference copy scoring each
+  (preferences.load_preference_pairs, seed 0) with the prompt in its chat template, a frozen reference copy scoring each
   batch (TRL's default; dpo.py scores the reference once up front). TRL appends EOS to every completion and
   tokenises prompt + completion together (the same 39 prompt tokens here). `--dataset own` trains instead on the
   model's own pairs that `python dpo.py --precision bf16-mixed` samples and caches under
-  ~/.cache/minimal-rlhf/preference-data/ (built by tasks.preference_data if missing: minutes of sampling); TRL
+  ~/.cache/minimal-rlhf/preference-data/ (built by preferences.preference_data if missing: minutes of sampling); TRL
   appends EOS there also to a sample cut off at 32 tokens, which dpo.py leaves without one.
 
 The docs' comparison, ours and TRL's one after the other (A B A B) on a quiet machine, each timed by the OS:
@@ -59,7 +59,8 @@ import transformers
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import common  # noqa: E402
+import models  # noqa: E402
+import preferences  # noqa: E402
 import runs  # noqa: E402
 import tasks  # noqa: E402
 
@@ -120,8 +121,8 @@ def grpo_trainer(args, tokenizer, output_dir: str):
         num_generations=group_size, max_completion_length=32, temperature=1.0, learning_rate=1e-5,
         beta=args.beta, num_iterations=1, bf16=True, use_cpu=True, logging_steps=1, save_strategy="no",
         eval_strategy="no", report_to="none")
-    return trl.GRPOTrainer(model=runs.model_path("smollm2"), reward_funcs=verifier, args=config, train_dataset=dataset,
-                           processing_class=tokenizer)
+    return trl.GRPOTrainer(model=models.model_path("smollm2"), reward_funcs=verifier, args=config,
+                           train_dataset=dataset, processing_class=tokenizer)
 
 
 def dpo_trainer(args, tokenizer, output_dir: str):
@@ -132,7 +133,7 @@ def dpo_trainer(args, tokenizer, output_dir: str):
     # a file: shuffled by the seed, a tenth held out, as dpo.py --dataset; `own`: the cached samples (the rest of
     # OWN_PAIRS is what they are sampled with, unused for a file)
     dataset = None if args.dataset == "own" else repo_file(args.dataset)
-    train, _, _ = tasks.load_preference_pairs(
+    train, _, _ = preferences.load_preference_pairs(
         dataset, "smollm2", tokenizer, SEED, OWN_PAIRS["num_prompts"], OWN_PAIRS["samples_per_prompt"],
         OWN_PAIRS["max_new_tokens"], OWN_PAIRS["temperature"], torch.device("cpu"), "bf16-mixed",
         OWN_PAIRS["eval_size"])
@@ -142,7 +143,7 @@ def dpo_trainer(args, tokenizer, output_dir: str):
     config = trl.DPOConfig(
         output_dir=output_dir, max_steps=args.steps, per_device_train_batch_size=8, beta=0.1, learning_rate=5e-6,
         bf16=True, use_cpu=True, logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none")
-    return trl.DPOTrainer(model=runs.model_path("smollm2"), args=config, train_dataset=dataset,
+    return trl.DPOTrainer(model=models.model_path("smollm2"), args=config, train_dataset=dataset,
                           processing_class=tokenizer)
 
 
@@ -190,7 +191,7 @@ def main(argv=None) -> None:
 
     print(f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
-    tokenizer = common.load_tokenizer("smollm2")
+    tokenizer = models.load_tokenizer("smollm2")
     with tempfile.TemporaryDirectory(prefix="bench-trl-") as output_dir:  # save_strategy="no": nothing is written
         trainer = (grpo_trainer if args.trainer == "grpo" else dpo_trainer)(args, tokenizer, output_dir)
         shown = SHOWN[args.trainer] + SHOWN_BOTH

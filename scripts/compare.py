@@ -175,13 +175,14 @@ def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: s
     import torch
 
     import common
+    import models
     import tasks
 
     dev = common.resolve_device(device)
-    tokenizer = common.load_tokenizer(str(model))
+    tokenizer = models.load_tokenizer(str(model))
     kernels = common.resolve_kernels("auto", dev)
-    policy = common.load_model(str(model), len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
-    reference = (common.load_model(base, len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
+    policy = models.load_model(str(model), len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
+    reference = (models.load_model(base, len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
                  if model != base else None)
     problems = tasks.heldout_problems(eval_size)
     generator = torch.Generator(device=dev).manual_seed(seed)

@@ -24,22 +24,23 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import common  # noqa: E402
+import models  # noqa: E402
 import runs  # noqa: E402
 import tasks  # noqa: E402
 
 def model_config(name: str, vocab_size: int) -> transformers.PretrainedConfig:
     """The architecture of `name` without its weights: tiny, smollm2, a LoRA run's base, a local folder or a hub id."""
     if name in ("tiny", "tiny-gpt2"):
-        return common.make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama").config
+        return models.make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama").config
     if os.path.isfile(os.path.join(name, "adapter_config.json")):
         name = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
-    path = runs.model_path(name)
+    path = models.model_path(name)
     if os.path.isfile(os.path.join(path, "config.json")):
         return transformers.AutoConfig.from_pretrained(path)
-    return runs.from_pretrained(transformers.AutoConfig, path)
+    return models.from_pretrained(transformers.AutoConfig, path)
 
 
-def parameter_counts(config: transformers.PretrainedConfig, head: str, lora: runs.LoraOptions) -> tuple[int, int]:
+def parameter_counts(config: transformers.PretrainedConfig, head: str, lora: common.LoraOptions) -> tuple[int, int]:
     """(parameters, trainable parameters) of the model built on the meta device. With LoRA only the adapters,
     r·(in + out) for each targeted linear layer, and a score head train."""
     config = copy.deepcopy(config)
@@ -82,7 +83,7 @@ def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, pre
     return int(kept + logits)
 
 
-def memory_plan(models: list[tuple], precision: str, lora: runs.LoraOptions, checkpointing: bool, sequences: int,
+def memory_plan(held: list[tuple], precision: str, lora: common.LoraOptions, checkpointing: bool, sequences: int,
                 tokens: int, logit_tokens: int, fast_kernels: bool = False) -> dict:
     """Print and return the plan: one row per model (name, config, head "lm" or "score", trained?) with its
     parameters and GiB of weights, and for a trained model its gradients, AdamW state (two moments in the
@@ -91,9 +92,9 @@ def memory_plan(models: list[tuple], precision: str, lora: runs.LoraOptions, che
     Returns {"memory_plan": rows, "total_gb": total}."""
     width = 2 if precision == "bf16-true" else 4
     rows = []
-    for name, config, head, trained in models:
+    for name, config, head, trained in held:
         # a frozen model has no adapter
-        params, trainable = parameter_counts(config, head, lora if trained else runs.LoraOptions())
+        params, trainable = parameter_counts(config, head, lora if trained else common.LoraOptions())
         trainable = trainable if trained else 0
         activations = activation_bytes(config, sequences, tokens, logit_tokens if head == "lm" else 0, precision,
                                        checkpointing, fast_kernels) if trained else 0
@@ -169,18 +170,18 @@ def main(argv: list[str]) -> dict:
     args = tyro.cli(module.Args, args=rest, prog=f"scripts/memory_plan.py {algo}")
     device = common.resolve_device(args.run.device)
     precision = common.resolve_precision(args.run.precision, device)
-    tokenizer = common.load_tokenizer(args.model, args.run.prompt_format)
+    tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     S = prompt_tokens or tasks.longest_prompt(tokenizer, tasks.heldout_problems(getattr(args, "eval_size", 200)))
     rows, sequences, tokens, logit_tokens = models_held(algo, args, len(tokenizer), S)
     return memory_plan(rows, precision, args.lora, args.gradient_checkpointing, sequences, tokens, logit_tokens,
                        common.resolve_kernels(args.run.kernels, device))
 
 
-def loaded_table(models: dict[str, torch.nn.Module], trainable: set[str]) -> list[dict]:
+def loaded_table(held: dict[str, torch.nn.Module], trainable: set[str]) -> list[dict]:
     """Parameters and bytes of weights, and of gradients and AdamW state (two fp32 moments) of the trained
     parameters (with LoRA: the adapters and heads only), for each model."""
     rows = []
-    for name, model in models.items():
+    for name, model in held.items():
         params = sum(p.numel() for p in model.parameters())
         trained = [p for p in model.parameters() if p.requires_grad] if name in trainable else []
         rows.append({

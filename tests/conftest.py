@@ -12,6 +12,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: E402
+import models  # noqa: E402
+import preferences  # noqa: E402
 import runs  # noqa: E402
 import tasks  # noqa: E402
 
@@ -24,7 +26,7 @@ RUN_FILES = sorted(["args.json", "eval.json", "metrics.jsonl", "model"] + ["curv
 
 
 RUN_OPTIONS = {f.name for f in dataclasses.fields(runs.RunOptions)}
-LORA_OPTIONS = {f.name for f in dataclasses.fields(runs.LoraOptions)}
+LORA_OPTIONS = {f.name for f in dataclasses.fields(common.LoraOptions)}
 
 
 def args_of(args_class, **options):
@@ -33,19 +35,19 @@ def args_of(args_class, **options):
     run = {k: options.pop(k) for k in list(options) if k in RUN_OPTIONS}
     lora = {k: options.pop(k) for k in list(options) if k in LORA_OPTIONS}
     options["run"] = dataclasses.replace(options.get("run") or runs.RunOptions(), **run)
-    options["lora"] = dataclasses.replace(options.get("lora") or runs.LoraOptions(), **lora)
+    options["lora"] = dataclasses.replace(options.get("lora") or common.LoraOptions(), **lora)
     return args_class(**options)
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    return common.make_tiny_tokenizer()
+    return models.make_tiny_tokenizer()
 
 
 @pytest.fixture(params=["tiny", "tiny-gpt2"])
 def tiny_model(request, tokenizer):
     """Both tiny architectures: Llama (rotary positions) and GPT-2 (absolute positions)."""
-    return common.load_model(request.param, len(tokenizer), torch.device("cpu"), "fp32", seed=0)
+    return models.load_model(request.param, len(tokenizer), torch.device("cpu"), "fp32", seed=0)
 
 
 @pytest.fixture(params=["tiny", "tiny-gpt2"])
@@ -53,14 +55,14 @@ def tiny_name_and_tokenizer(request):
     """Each tiny architecture with its own tokenizer: tiny (Llama; pad 0, EOS 2, a ChatML template) and tiny-gpt2
     (GPT-2; pad = EOS and no template, as gpt2). Only the second shows a mask computed as `ids != pad`, which
     drops the EOS that ends a completion, so a test of what counts as a token runs on both."""
-    return request.param, common.load_tokenizer(request.param)
+    return request.param, models.load_tokenizer(request.param)
 
 
 @pytest.fixture
 def tiny_model_and_tokenizer(tiny_name_and_tokenizer):
     """The language model of each tiny architecture, with its own tokenizer (tiny_name_and_tokenizer)."""
     name, tokenizer = tiny_name_and_tokenizer
-    return common.load_model(name, len(tokenizer), torch.device("cpu"), "fp32", seed=0), tokenizer
+    return models.load_model(name, len(tokenizer), torch.device("cpu"), "fp32", seed=0), tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -68,17 +70,17 @@ def dropout_checkpoint(tmp_path_factory, tokenizer) -> str:
     """A GPT-2-shaped checkpoint folder with GPT-2's own dropout (resid_pdrop = embd_pdrop = attn_pdrop = 0.1),
     as `--model gpt2` loads: the tiny models have dropout 0 in their config, so they cannot show dropout left on."""
     path = tmp_path_factory.mktemp("dropout-gpt2")
-    model = common.make_tiny_model(len(tokenizer), "gpt2")
+    model = models.make_tiny_model(len(tokenizer), "gpt2")
     model.config.resid_pdrop = model.config.embd_pdrop = model.config.attn_pdrop = 0.1
     model.save_pretrained(path)
-    plain = common.load_tokenizer("tiny-gpt2")  # as gpt2: no chat template, pad = eos
+    plain = models.load_tokenizer("tiny-gpt2")  # as gpt2: no chat template, pad = eos
     plain.save_pretrained(path)
     return str(path)
 
 
 @pytest.fixture(params=["tiny", "dropout-gpt2"])
 def tiny_or_dropout_model(request, dropout_checkpoint) -> str:
-    """A model name for args_of(Args, model=...) or common.load_model: tiny, and dropout_checkpoint (dropout 0.1 in its
+    """A model name for args_of(Args, model=...) or models.load_model: tiny, and dropout_checkpoint (dropout 0.1 in its
     config). An invariant that holds only with dropout off (ratio 1 at the first update, train mode scoring as
     eval mode) must also run on the second: on tiny it would hold with dropout left on."""
     return dropout_checkpoint if request.param == "dropout-gpt2" else request.param
@@ -136,8 +138,8 @@ PAIRS = str(REPO / "tests" / "data" / "pairs.jsonl")
 def digits_are_correct(monkeypatch, preference_cache):
     """Label preference samples 'correct' when they contain a digit: the random tiny model never
     solves a sum, so the verifier alone would give it no pairs."""
-    real = tasks.label_samples
-    monkeypatch.setattr(tasks, "label_samples",
+    real = preferences.label_samples
+    monkeypatch.setattr(preferences, "label_samples",
                         lambda *a, **k: real(*a, **k,
                                              label_fn=lambda text, answer: float(any(ch.isdigit() for ch in text))))
 

@@ -8,6 +8,7 @@ import torch
 import transformers
 
 import common
+import models
 import runs
 
 
@@ -119,7 +120,7 @@ def test_shared_prompt_and_concatenated_forward_give_the_same_gradient(tokenizer
     completions = torch.randint(10, 60, (4, 5))
     grads = []
     for share in (True, False):
-        model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
+        model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
         logprobs, _ = common.completion_logprobs(model, ids, mask, completions, torch.tensor([1, 3]),
                                                  share_prompt=share)
         logprobs.sum().backward()
@@ -171,7 +172,7 @@ def test_temperature_divides_the_logits_before_sampling():
 
 # ---- checkpoints and loaded models ---------------------------------------------------------------------------
 def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, tokenizer, monkeypatch):
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32")
+    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32")
     target = tmp_path / "model"
     runs.save_checkpoint(model, tokenizer, target)
     good = (target / "model.safetensors").read_bytes()
@@ -194,7 +195,7 @@ def test_dropout_is_off_in_a_loaded_model_whose_config_has_dropout(dropout_check
     # it can show the bug
     assert not torch.equal(as_transformers_loads_it(ids).logits, as_transformers_loads_it(ids).logits)
     for head in ("lm", "score"):  # a policy, and a reward model or critic
-        model = common.load_model(dropout_checkpoint, len(tokenizer), torch.device("cpu"), "fp32", head=head).train()
+        model = models.load_model(dropout_checkpoint, len(tokenizer), torch.device("cpu"), "fp32", head=head).train()
         output = ((lambda: model(ids).logits) if head == "lm"
                   else (lambda: common.reward_scores(model, ids, torch.ones_like(ids))))
         first = output()
@@ -205,11 +206,11 @@ def test_dropout_is_off_in_a_loaded_model_whose_config_has_dropout(dropout_check
 
 
 def test_dropout_is_off_in_llama_attention_which_reads_a_float(tmp_path, tokenizer):
-    model = common.make_tiny_model(len(tokenizer), "llama")
+    model = models.make_tiny_model(len(tokenizer), "llama")
     model.config.attention_dropout = 0.5  # LlamaAttention has no nn.Dropout: it passes this float to attention
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    model = common.load_model(str(tmp_path), len(tokenizer), torch.device("cpu"), "fp32").train()
+    model = models.load_model(str(tmp_path), len(tokenizer), torch.device("cpu"), "fp32").train()
     ids = torch.randint(5, 50, (2, 9))
     assert torch.equal(model(ids).logits, model(ids).logits)
 
@@ -247,7 +248,7 @@ def test_auto_precision_is_bf16_mixed_on_cuda_and_fp32_on_cpu():
 
 def fraction_of_weights_changed(precision: str, tokenizer, prompts) -> float:
     """Three AdamW steps at lr 1e-6 on the tiny model: the share of weight elements that moved."""
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, seed=0)
+    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, seed=0)
     before = [p.detach().clone() for p in model.parameters()]
     optimizer, _ = common.make_optimizer(model, lr=1e-6)
     completions = torch.randint(5, 90, (4, 6), generator=torch.Generator().manual_seed(1))
@@ -270,7 +271,7 @@ def test_bf16_mixed_keeps_every_small_update_and_bf16_true_loses_most(tokenizer,
 @pytest.mark.parametrize("fast", [False, True])
 def test_bf16_mixed_computes_in_bf16_and_returns_float32_log_probs(tokenizer, prompts, fast):
     completions = torch.randint(5, 90, (4, 6), generator=torch.Generator().manual_seed(1))
-    fp32, mixed = (common.load_model("tiny", len(tokenizer), torch.device("cpu"), p, seed=0, use_kernels=fast)
+    fp32, mixed = (models.load_model("tiny", len(tokenizer), torch.device("cpu"), p, seed=0, use_kernels=fast)
                    for p in ("fp32", "bf16-mixed"))
     assert all(p.dtype == torch.float32 for p in mixed.parameters())  # master weights
     # With the kernels on a CPU the bf16-mixed model attends eagerly and the fp32 one with sdpa: float32 through the two

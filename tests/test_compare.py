@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-import common
+import models
 import runs
 from conftest import REPO, args_of, run_script
 
@@ -23,7 +23,11 @@ def test_mean_std_is_the_sample_std_over_seeds():
 
 
 def test_completions_per_step_are_the_scripts_own_defaults():
-    import dpo, grpo, ppo, sft, variants
+    import dpo
+    import grpo
+    import ppo
+    import sft
+    import variants
 
     per_step = {slug: n for slug, (_, _, n) in compare.ALGORITHMS.items()}
     assert per_step["grpo"] == args_of(grpo.Args).prompts_per_step * args_of(grpo.Args).group_size
@@ -88,7 +92,7 @@ def test_a_finished_run_is_read_back_only_if_its_command_made_it(tmp_path):
 
 
 def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokenizer):
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
+    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"))
     runs.save_checkpoint(model, tokenizer, tmp_path / "same")
     with torch.no_grad():  # a model trained away from the base "tiny"
         for p in model.parameters():

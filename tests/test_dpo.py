@@ -8,7 +8,8 @@ import pytest
 import torch
 import transformers
 
-import common
+import models
+import preferences
 import runs
 import tasks
 from conftest import (HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing,
@@ -100,12 +101,13 @@ def test_concatenated_forward_equals_two_separate_forwards_and_sums_tokens(tiny_
 
 def test_completions_are_tokenised_apart_so_the_prompt_tokens_are_the_same():
     """A tokenizer that merges '\\n7' across the prompt/completion boundary when tokenising the joined text."""
-    from tokenizers import Tokenizer, models
+    from tokenizers import Tokenizer
+    from tokenizers.models import BPE
 
-    base = common.make_tiny_tokenizer()
+    base = models.make_tiny_tokenizer()
     vocab = dict(base.get_vocab())
     vocab["\n7"] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("\n", "7")], unk_token="<unk>"))
+    backend = Tokenizer(BPE(vocab=vocab, merges=[("\n", "7")], unk_token="<unk>"))
     backend.add_special_tokens(["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"])
     merging = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>",
                                                    unk_token="<unk>")
@@ -159,11 +161,11 @@ def test_run_folder_is_complete_and_the_model_reloads(tmp_path):
 
 
 def test_default_data_is_the_models_own_samples_built_once(tmp_path, preference_cache, digits_are_correct, monkeypatch):
-    tokenizer = common.make_tiny_tokenizer()
+    tokenizer = models.make_tiny_tokenizer()
     args = tiny_args(tmp_path, dataset=None, num_prompts=16, samples_per_prompt=4, temperature=1.0)
-    data, folder = tasks.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), "fp32")
+    data, folder = preferences.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), "fp32")
     assert folder.parent == preference_cache / "preference-data"
-    monkeypatch.setattr(tasks, "label_samples", None)  # a second build would fail: the cache is used
+    monkeypatch.setattr(preferences, "label_samples", None)  # a second build would fail: the cache is used
     result = main(args)
     assert result["pairs_train"] == len(data["train"]) and result["pairs_heldout"] == len(data["heldout"])
 

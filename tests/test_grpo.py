@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import common
+import models
 import runs
 import tasks
 from conftest import (HAS_EMBEDDED_MODEL, HAS_PEFT, PAIRS, RUN_FILES, args_of, assert_one_line_error,
@@ -179,7 +180,7 @@ def test_overlong_penalty_dapo_eq13():
 
 def test_eos_is_inside_the_loss_mask_and_gets_gradient(tokenizer, prompts):
     ids, mask = prompts
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32")
+    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32")
     eos = tokenizer.eos_token_id
     completions = torch.tensor([[40, eos, tokenizer.pad_token_id], [41, 42, eos]])
     completion_mask = common.completion_mask(completions, eos)
@@ -316,7 +317,7 @@ def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypat
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [problem.prompt] * 2, "cpu")
     mask = common.completion_mask(table, eos)
     with torch.no_grad():
-        expected = common.reward_scores(common.load_reward_model(rm_path, tokenizer, torch.device("cpu")),
+        expected = common.reward_scores(models.load_reward_model(rm_path, tokenizer, torch.device("cpu")),
                                         torch.cat([prompt_ids, table], 1), torch.cat([prompt_mask, mask], 1))
     assert row["score"] == pytest.approx(expected.mean().item(), abs=1e-5) and row["reward"] == row["score"]
     assert row["verifier"] == 1.0  # the reward_fn's (the verifier's) score of the same samples, logged beside it
@@ -474,15 +475,15 @@ def test_user_dataset_trains_and_holds_out_a_tenth(tmp_path):
 
 def test_local_checkpoint_without_chat_template_or_pad_token(tmp_path, tokenizer):
     """Like gpt2: no chat template (plain Question/Answer prompts) and no pad token (pad = eos)."""
-    plain = common.make_tiny_tokenizer()
+    plain = models.make_tiny_tokenizer()
     plain.chat_template, plain.pad_token = None, None
-    model = common.make_tiny_model(len(plain), "gpt2")
+    model = models.make_tiny_model(len(plain), "gpt2")
     model.save_pretrained(tmp_path / "ckpt")
     plain.save_pretrained(tmp_path / "ckpt")
     result = main(tiny_args(tmp_path, model=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "runs")),
                   reward_fn=digit_fraction)
     assert result["samples_before"][0]["prompt"].startswith("What is")
-    assert common.load_tokenizer(str(tmp_path / "ckpt")).pad_token == plain.eos_token
+    assert models.load_tokenizer(str(tmp_path / "ckpt")).pad_token == plain.eos_token
     assert os.path.basename(result["run_dir"]).startswith("grpo-ckpt-0-")
 
 

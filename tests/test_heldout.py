@@ -12,6 +12,7 @@ import torch
 import dpo
 import grpo
 import ppo
+import preferences
 import reward_model
 import sft
 import tasks
@@ -47,7 +48,7 @@ def demonstration_prompts(monkeypatch, run) -> set[str]:
 
 
 def preference_prompts(monkeypatch, run) -> set[str]:
-    return prompts_trained_on(monkeypatch, run, tasks, "label_samples",
+    return prompts_trained_on(monkeypatch, run, preferences, "label_samples",
                               lambda real, model, tokenizer, problems, *args, **kwargs: [p.prompt for p in problems])
 
 
@@ -100,14 +101,15 @@ def test_default_data_is_the_same_at_any_eval_size_up_to_200():
 
 def test_preference_cache_names_eval_size_only_above_200(tokenizer, preference_cache, digits_are_correct, monkeypatch):
     def build(n: int):
-        return tasks.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), "fp32", eval_size=n)
+        return preferences.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), "fp32",
+                                            eval_size=n)
 
     default, folder = build(200)
     assert folder.name == "v2-tiny-seed0-prompts16-samples4-tokens8-temp1-fp32"  # the name caches were built under
-    monkeypatch.setattr(tasks, "label_samples", None)  # 8 evaluated problems: the same data, so no new sampling
+    monkeypatch.setattr(preferences, "label_samples", None)  # 8 evaluated problems: the same data, so no new sampling
     assert build(8) == (default, folder)
     sampled = []
-    monkeypatch.setattr(tasks, "label_samples", lambda *args, **kwargs: sampled.append(args) or [])
+    monkeypatch.setattr(preferences, "label_samples", lambda *args, **kwargs: sampled.append(args) or [])
     with pytest.raises(tasks.InputError, match="no train preference pairs"):  # the spy samples nothing: no pairs
         build(400)
     assert sampled and (preference_cache / "preference-data" / f"{folder.name}-eval400").is_dir()

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import common
-import runs
 import kernels
+import models
+import runs
 
 
 def plain_and_fast(logits, labels, g, h, **kwargs):
@@ -68,11 +69,11 @@ NO_BF16_MATMUL = not torch.ops.mkldnn._is_mkldnn_bf16_supported()
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
 def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer, prompts, precision, lora):
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, seed=0, use_kernels=True)
+    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, seed=0, use_kernels=True)
     assert model.config._attn_implementation == "eager"  # training and scoring (kernels.choose_attention)
     if lora:  # peft keeps the adapter in float32; under bf16-true it computes in float32, so it must not be packed
         pytest.importorskip("peft")
-        model = common.add_lora(model, "tiny", runs.LoraOptions(lora_r=4, lora_alpha=8.0))
+        model = common.add_lora(model, "tiny", common.LoraOptions(lora_r=4, lora_alpha=8.0))
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if "lora_B" in name:  # B = 0 at the start would hide any error in the adapter's product
@@ -100,7 +101,7 @@ def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer
         raise RuntimeError("sampling failed")
     assert not any("forward" in m.__dict__ for m in model.modules())  # nn.Linear.forward again, even after an error
     assert model.config._attn_implementation == "eager"
-    fp32 = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, use_kernels=True)
+    fp32 = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, use_kernels=True)
     with kernels.cpu_bf16_decoding(fp32, rows=2):  # float32: nothing to gain, nothing changed
         assert not any("forward" in m.__dict__ for m in fp32.modules()) and fp32.config._attn_implementation == "sdpa"
 
@@ -111,7 +112,7 @@ def test_cpu_bf16_decoding_leaves_layers_with_a_forward_of_their_own_alone(token
         def forward(self, x):
             return super().forward(x) * 2
 
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "bf16-true", seed=0, use_kernels=True)
+    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "bf16-true", seed=0, use_kernels=True)
     mlp = model.model.layers[0].mlp
     mlp.down_proj = QuantizedLinear(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False,
                                     dtype=torch.bfloat16)
@@ -139,7 +140,7 @@ def test_a_model_loaded_without_kernels_takes_the_plain_path(tokenizer, prompts,
 
     monkeypatch.setattr(kernels, "token_logprobs", refuse)
     monkeypatch.setattr(kernels, "cpu_bf16_decoding", refuse)
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "bf16-mixed")
+    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "bf16-mixed")
     assert model.config._attn_implementation == "sdpa"  # transformers' default, not kernels.choose_attention's eager
     ids, mask = prompts
     completions = common.sample_completions(model, ids, mask, 2, 4, tokenizer.eos_token_id, tokenizer.pad_token_id)

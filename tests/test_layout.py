@@ -9,13 +9,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 ALGORITHMS = ("grpo", "dpo", "ppo", "reward_model", "sft", "variants")
 # A budget is a reader's time: a file a newcomer reads top to bottom in one go. When new code would break one,
-# find its right room rather than raising the number. The layout was planned at 450 for tasks, common and runs;
-# those three are held where they stand (they may only shrink) until their surplus finds a room.
-BUDGETS = {"grpo": 450, "dpo": 320, "ppo": 520, "reward_model": 300, "sft": 260, "variants": 420, "tasks": 486,
-           "common": 517, "runs": 549, "kernels": 150}
-# Imports run one way: scripts and dev -> algorithm files -> tasks -> common -> runs; kernels from common only.
-MAY_IMPORT = {**{name: {"tasks", "common", "runs"} for name in ALGORITHMS},
-              "tasks": {"common", "runs"}, "common": {"runs", "kernels"}, "runs": set(), "kernels": set()}
+# find its right room rather than raising the number.
+BUDGETS = {"grpo": 450, "dpo": 320, "ppo": 520, "reward_model": 300, "sft": 260, "variants": 420,
+           "preferences": 200, "tasks": 450, "models": 250, "common": 450, "runs": 450, "kernels": 150}
+# Imports run one way: scripts and dev -> algorithm files -> preferences -> tasks -> models -> common -> runs;
+# kernels from common only.
+BELOW = {"preferences": {"tasks", "models", "common", "runs"}, "tasks": {"common", "runs"},
+         "models": {"common", "runs"}, "common": {"runs", "kernels"}, "runs": set(), "kernels": set()}
+MAY_IMPORT = {**{name: {"preferences", "tasks", "models", "common", "runs"} for name in ALGORITHMS}, **BELOW}
 PROJECT = set(MAY_IMPORT)
 
 

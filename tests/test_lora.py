@@ -9,12 +9,14 @@ import pytest
 import torch
 
 import common
+import models
+import preferences
 import runs
 import tasks
 from conftest import PAIRS, args_of, assert_resume_is_exact, digit_fraction, metrics_of
 
 pytest.importorskip("peft")
-LORA = runs.LoraOptions(lora_r=4, lora_alpha=8.0)
+LORA = common.LoraOptions(lora_r=4, lora_alpha=8.0)
 
 
 def logprobs(model, tokenizer, prompts, completion_ids):
@@ -24,7 +26,7 @@ def logprobs(model, tokenizer, prompts, completion_ids):
 
 @pytest.mark.parametrize("arch", ["tiny", "tiny-gpt2"])
 def test_the_reference_is_the_untouched_base_with_the_adapter_off(tokenizer, arch):
-    base = common.load_model(arch, len(tokenizer), torch.device("cpu"))
+    base = models.load_model(arch, len(tokenizer), torch.device("cpu"))
     untouched = copy.deepcopy(base)
     policy = common.add_lora(base, arch, LORA)
     prompts = ["What is 3 + 4?", "What is 12 + 45?"]
@@ -45,7 +47,7 @@ def test_the_reference_is_the_untouched_base_with_the_adapter_off(tokenizer, arc
 
 @pytest.mark.parametrize("head", ["lm", "score"])
 def test_only_adapters_and_the_score_head_are_trained(tokenizer, head):
-    model = common.add_lora(common.load_model("tiny", len(tokenizer), torch.device("cpu"), head=head), "tiny", LORA)
+    model = common.add_lora(models.load_model("tiny", len(tokenizer), torch.device("cpu"), head=head), "tiny", LORA)
     ids = torch.tensor([[5, 6, 7, 8]])
     out = model(input_ids=ids).logits
     out.sum().backward()
@@ -93,9 +95,9 @@ def test_every_script_trains_with_lora_and_its_checkpoints_load(tmp_path):
     # PPO's critic: its own adapter
     assert os.path.exists(os.path.join(runs[5]["run_dir"], "model", "critic", "adapter_config.json"))
     # --merge-lora: a plain checkpoint that gives the same log-probs as the adapter loaded onto its base
-    tokenizer = common.load_tokenizer("tiny")
-    merged = common.load_model(os.path.join(runs[4]["run_dir"], "merged"), len(tokenizer), torch.device("cpu"))
-    from_adapter = common.load_model(os.path.join(runs[4]["run_dir"], "model"), len(tokenizer), torch.device("cpu"))
+    tokenizer = models.load_tokenizer("tiny")
+    merged = models.load_model(os.path.join(runs[4]["run_dir"], "merged"), len(tokenizer), torch.device("cpu"))
+    from_adapter = models.load_model(os.path.join(runs[4]["run_dir"], "model"), len(tokenizer), torch.device("cpu"))
     prompts, completion_ids = ["What is 1 + 2?"], torch.tensor([[40, 41, 2]])
     with torch.no_grad():
         torch.testing.assert_close(logprobs(merged, tokenizer, prompts, completion_ids),
@@ -108,8 +110,8 @@ def test_a_lora_reward_model_trained_at_any_seed_reloads_onto_its_own_base(tmp_p
     args = args_of(reward_model.Args, model="tiny", seed=3, steps=2, lora_r=4, lora_alpha=8.0, dataset=PAIRS,
                    batch_size=4, output_dir=str(tmp_path))
     result = reward_model.main(args)
-    loaded = common.load_reward_model(os.path.join(result["run_dir"], "model"), tokenizer, torch.device("cpu"))
-    _, heldout_pairs, _ = tasks.load_preference_pairs(PAIRS, "tiny", tokenizer, 3, 0, 0, 0, 1.0, "cpu", "fp32")
+    loaded = models.load_reward_model(os.path.join(result["run_dir"], "model"), tokenizer, torch.device("cpu"))
+    _, heldout_pairs, _ = preferences.load_preference_pairs(PAIRS, "tiny", tokenizer, 3, 0, 0, 0, 1.0, "cpu", "fp32")
     with torch.no_grad():
         again = reward_model.evaluate(loaded, tokenizer, heldout_pairs, [], args.max_completion_tokens)
     # as it scored when trained

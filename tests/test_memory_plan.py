@@ -9,7 +9,7 @@ import torch
 import transformers
 
 import common
-import runs
+import models
 from conftest import run_script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -31,7 +31,7 @@ LLAMAS = {  # published parameter counts: SmolLM2-135M (tied embeddings), TinyLl
 @pytest.mark.parametrize("size", LLAMAS)
 def test_parameter_counts_of_llama_configs_built_on_the_meta_device(size):
     kwargs, published = LLAMAS[size]
-    assert (memory_plan.parameter_counts(transformers.LlamaConfig(**kwargs), "lm", runs.LoraOptions())
+    assert (memory_plan.parameter_counts(transformers.LlamaConfig(**kwargs), "lm", common.LoraOptions())
             == (published, published))
 
 
@@ -40,11 +40,11 @@ def test_lora_trainable_parameters_of_llama_7b():
     # per layer r·(in + out): q, k, v, o 4 × 16 · (4096 + 4096) = 524,288; gate, up 2 × 16 · (4096 + 11008) = 483,328;
     # down 16 · (11008 + 4096) = 241,664; sum 1,249,280 × 32 layers = 39,976,960
     # (what peft reports for r = 16, all-linear)
-    total, trainable = memory_plan.parameter_counts(config, "lm", runs.LoraOptions(lora_r=16))
+    total, trainable = memory_plan.parameter_counts(config, "lm", common.LoraOptions(lora_r=16))
     assert trainable == 39_976_960 and total == 6_738_415_616 + 39_976_960
     # a reward model: the score head (4096 × 1) trains in full beside the adapters
-    assert memory_plan.parameter_counts(config, "score", runs.LoraOptions(lora_r=16))[1] == 39_976_960 + 4096
-    assert (memory_plan.parameter_counts(config, "lm", runs.LoraOptions(lora_r=16, lora_targets="q_proj,v_proj"))[1]
+    assert memory_plan.parameter_counts(config, "score", common.LoraOptions(lora_r=16))[1] == 39_976_960 + 4096
+    assert (memory_plan.parameter_counts(config, "lm", common.LoraOptions(lora_r=16, lora_targets="q_proj,v_proj"))[1]
             == 2 * 16 * 8192 * 32)
 
 
@@ -69,7 +69,7 @@ def test_activation_plan_matches_the_allocators_live_bytes(tokenizer, share_prom
     profiler) through one forward and backward. Measured here: 0.88 (shared prompt) and 0.81 of the plan. The
     bound catches a factor-2 slip (fp32 activations counted as 16-bit, or the layers counted once)."""
 
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
+    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"))
     model.train()
     P, G, S, T = 2, 4, 6, 10
     generator = torch.Generator().manual_seed(0)
@@ -90,14 +90,14 @@ def test_activation_plan_matches_the_allocators_live_bytes(tokenizer, share_prom
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
 def test_memory_plan_matches_the_loaded_models(tokenizer, precision):
-    policy = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision)
-    critic = common.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, head="score")
+    policy = models.load_model("tiny", len(tokenizer), torch.device("cpu"), precision)
+    critic = models.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, head="score")
     measured = memory_plan.loaded_table({"policy": policy, "reference": common.frozen_copy(policy), "critic": critic},
                                         {"policy", "critic"})
     config = memory_plan.model_config("tiny", len(tokenizer))
     plan = memory_plan.memory_plan([("policy", config, "lm", True), ("reference", config, "lm", False),
                                     ("critic", config, "score", True)],
-                                   precision, runs.LoraOptions(), False, 2, 16, 8)["memory_plan"]
+                                   precision, common.LoraOptions(), False, 2, 16, 8)["memory_plan"]
     for planned, real in zip(plan, measured):
         for key in ("parameters", "weights_gb", "gradients_gb", "optimizer_gb"):
             assert planned[key] == pytest.approx(real[key], rel=1e-9), (planned["model"], key)
@@ -121,7 +121,7 @@ def test_the_plans_logits_term_matches_the_allocators_live_bytes(precision, fast
     on the plain path, 0.89 and 0.99 with kernels.token_logprobs. Three float32 tensors for both (the plan before)
     gave 1.35 and 1.28 plain, 0.64 and 0.44 with the kernel."""
 
-    model = common.make_tiny_model(32768, "llama").train()
+    model = models.make_tiny_model(32768, "llama").train()
     model.bf16_mixed, model.fast_kernels = precision == "bf16-mixed", fast_kernels
     P, G, S, T = 2, 4, 6, 15
     generator = torch.Generator().manual_seed(0)

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import common
-import runs
+import models
 import ppo
-import tasks
 import reward_model
+import runs
+import tasks
 from conftest import (HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, TIMING, args_of, assert_checkpointing_changes_nothing,
                       assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script)
 from ppo import (Args, adaptive_kl_coef, compute_gae, ensemble_score, explained_variance, kl_penalized_rewards, main,
@@ -78,7 +79,7 @@ def naive_gae(rewards, values, length, gamma, lam):
     """Â_t = Σ_l (γλ)^l δ_t+l written as the sum, for one unpadded sequence."""
     v = values[:length].tolist() + [0.0]
     deltas = [rewards[t].item() + gamma * v[t + 1] - v[t] for t in range(length)]
-    return [sum((gamma * lam) ** l * deltas[t + l] for l in range(length - t)) for t in range(length)]
+    return [sum((gamma * lam) ** k * deltas[t + k] for k in range(length - t)) for t in range(length)]
 
 
 def test_gae_matches_the_naive_sum_on_random_ragged_masks():
@@ -173,7 +174,7 @@ def test_value_of_the_first_token_is_read_before_it(tokenizer, prompts, name):
     """V(s_1) comes from the last prompt token: changing y_1 cannot change it, changing y_2 cannot change V(s_1),
     V(s_2). Positions come from the mask: the first prompt, left-padded beside a longer one, gets the values it gets
     alone (shown by tiny-gpt2, whose positions are absolute; Llama's rotary attention sees only distances)."""
-    critic = common.load_model(name, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score").eval()
+    critic = models.load_model(name, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score").eval()
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, ["What is 3 + 4?"],
                                                      "cpu")
     with torch.no_grad():
@@ -206,14 +207,14 @@ def test_resume_continues_exactly(tmp_path, tiny_reward_model_path):
 
 def test_reward_model_without_a_trained_head_or_with_another_tokenizer_is_refused(tmp_path, tiny_reward_model_path):
     lm = tmp_path / "lm"
-    runs.save_checkpoint(common.load_model("tiny", len(common.make_tiny_tokenizer()),
-                                             torch.device("cpu"), "fp32"), common.make_tiny_tokenizer(), lm)
+    runs.save_checkpoint(models.load_model("tiny", len(models.make_tiny_tokenizer()),
+                                             torch.device("cpu"), "fp32"), models.make_tiny_tokenizer(), lm)
     with pytest.raises(runs.InputError, match="has no trained score head"):
         main(tiny_args(tmp_path, str(lm)))
     other = tmp_path / "other"
-    tokenizer = common.make_tiny_tokenizer()
+    tokenizer = models.make_tiny_tokenizer()
     tokenizer.add_tokens(["<extra>"])
-    runs.save_checkpoint(common.load_model(tiny_reward_model_path, len(tokenizer), torch.device("cpu"), "fp32",
+    runs.save_checkpoint(models.load_model(tiny_reward_model_path, len(tokenizer), torch.device("cpu"), "fp32",
                                            head="score"), tokenizer, other)
     with pytest.raises(runs.InputError, match="different tokenizer"):
         main(tiny_args(tmp_path, str(other)))
@@ -424,8 +425,8 @@ def test_bad_arguments_are_one_clear_error(tmp_path, tiny_reward_model_path, ove
 @pytest.mark.parametrize("with_reward_model", [True, False])
 def test_critic_starts_from_the_reward_model_when_given_else_from_the_policy(tmp_path, tiny_reward_model_path,
                                                                              monkeypatch, with_reward_model):
-    real, score_heads = common.load_model, []
-    monkeypatch.setattr(common, "load_model",
+    real, score_heads = models.load_model, []
+    monkeypatch.setattr(models, "load_model",
                         lambda name, *a, **k: ((score_heads.append(name) if k.get("head") == "score" else None)
                                                or real(name, *a, **k)))
     overrides = {} if with_reward_model else dict(reward="verifier", reward_model=None)  # no --critic-init either way

@@ -11,11 +11,12 @@ import torch
 import tyro
 
 import common
-import runs
 import dpo
 import grpo
+import models
 import ppo
 import reward_model
+import runs
 import sft
 import variants
 from conftest import HAS_MATPLOTLIB, PAIRS, args_of, assert_one_line_error, digit_fraction, run_script, write
@@ -27,8 +28,8 @@ TINY = ["--model", "tiny", "--steps", "1"]  # every case fails before the first 
 def broken_checkpoints(tmp_path_factory):
     """A tiny checkpoint with its weights file cut in half, one with only config.json, one causal LM."""
     root = tmp_path_factory.mktemp("checkpoints")
-    tokenizer = common.make_tiny_tokenizer()
-    lm = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
+    tokenizer = models.make_tiny_tokenizer()
+    lm = models.load_model("tiny", len(tokenizer), torch.device("cpu"))
     runs.save_checkpoint(lm, tokenizer, root / "lm")
     runs.save_checkpoint(lm, tokenizer, root / "truncated")
     weights = root / "truncated" / "model.safetensors"
@@ -130,8 +131,8 @@ def test_a_nan_gradient_with_a_finite_loss_stops_before_the_update(tmp_path, mon
 
 
 def test_non_finite_weights_are_never_saved(tmp_path):
-    tokenizer = common.make_tiny_tokenizer()
-    model = common.load_model("tiny", len(tokenizer), torch.device("cpu"))
+    tokenizer = models.make_tiny_tokenizer()
+    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"))
     runs.save_checkpoint(model, tokenizer, tmp_path / "model")
     good = (tmp_path / "model" / "model.safetensors").read_bytes()
     with torch.no_grad():
@@ -214,7 +215,7 @@ def test_help_shows_the_shared_groups_in_boxes_with_flat_flags_and_one_default_p
     assert "{None}" not in text and "--device {auto,cpu,cuda,cuda:N}" in text
     assert "--precision {auto,fp32,bf16-mixed,bf16-true}" in text and "--kernels {auto,on,off}" in text
     assert text.lower().count("default") == text.count("(default:")  # no option states its default twice
-    groups = (SCRIPTS[name].Args, runs.RunOptions, runs.LoraOptions)
+    groups = (SCRIPTS[name].Args, runs.RunOptions, common.LoraOptions)
     for field in [f for group in groups for f in dataclasses.fields(group) if f.name not in ("run", "lora")]:
         flag = f"--{field.name.replace('_', '-')}"
         assert f"{flag} " in text or f"{flag}," in text  # flat: --lr and --device, not --run.device
@@ -238,7 +239,7 @@ def test_the_command_line_builds_the_same_flat_args_as_python():
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb (optional) not installed")
 def test_report_to_wandb_goes_offline_without_a_network(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.setattr(common, "_reachable", lambda host: False)
+    monkeypatch.setattr(runs, "reachable", lambda host: False)
     result = grpo.main(args_of(grpo.Args, model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
                                eval_size=4, output_dir=str(tmp_path / "runs"), save_model=False, report_to="wandb"),
                        reward_fn=digit_fraction)

@@ -10,8 +10,9 @@ import torch
 import transformers
 
 import common
-import runs
+import models
 import reward_model
+import runs
 import tasks
 from conftest import (HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing,
                       assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write)
@@ -57,7 +58,7 @@ def test_auc_by_hand():
 # ---- where the score is read ----------------------------------------------------------------------------------------
 @pytest.fixture(params=["tiny", "tiny-gpt2"])
 def tiny_reward_model(request, tokenizer):
-    return common.load_model(request.param, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score").eval()
+    return models.load_model(request.param, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score").eval()
 
 
 def test_score_does_not_depend_on_padding_side_or_amount(tiny_reward_model):
@@ -86,7 +87,7 @@ def test_score_is_read_at_the_last_real_token(tiny_reward_model):
 def test_score_is_read_at_the_appended_eos_when_pad_is_eos_and_the_prompt_holds_an_eos(tiny_reward_model):
     """As with SmolLM2 and gpt2: pad == eos, and the chat template puts an EOS (<|im_end|>) inside the prompt.
     The last real token is the EOS appended to the completion; only the attention mask tells it from padding."""
-    tokenizer = common.make_tiny_tokenizer()  # not the shared fixture: its pad token changes here
+    tokenizer = models.make_tiny_tokenizer()  # not the shared fixture: its pad token changes here
     tokenizer.pad_token = tokenizer.eos_token
     eos = tokenizer.eos_token_id
     # EOS pad
@@ -115,7 +116,7 @@ def test_score_is_read_at_the_appended_eos_when_pad_is_eos_and_the_prompt_holds_
 
 def test_pair_rows_share_the_prompt_tokens_and_end_in_eos(tiny_name_and_tokenizer, monkeypatch):
     name, tokenizer = tiny_name_and_tokenizer  # tiny-gpt2: pad = EOS, only the attention mask tells its final EOS
-    model = common.load_model(name, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score")
+    model = models.load_model(name, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score")
     seen = {}
     monkeypatch.setattr(common, "reward_scores",
                         lambda model, ids, mask: seen.update(ids=ids, mask=mask) or torch.zeros(len(ids)))
@@ -171,8 +172,8 @@ def test_checkpoint_reloads_with_transformers_and_scores_the_same(tmp_path, toke
 def test_training_and_scoring_give_the_same_score(tiny_or_dropout_model):
     """Dropout is off, so train mode and eval mode score a text identically: also from a checkpoint whose config
     has dropout 0.1, where a model with dropout left on would score differently in train mode."""
-    tokenizer = common.load_tokenizer(tiny_or_dropout_model)
-    model = common.load_model(tiny_or_dropout_model, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score")
+    tokenizer = models.load_tokenizer(tiny_or_dropout_model)
+    model = models.load_model(tiny_or_dropout_model, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score")
     prompts, completions = ["What is 3 + 4?"], ["7"]
     model.train()
     in_training = score_texts(model, tokenizer, prompts, completions, 256)

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-import common
+import models
 import runs
 import tasks
 from conftest import (PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing, assert_one_line_error,
@@ -115,11 +115,11 @@ def test_the_plain_prompt_pipeline_runs_on_tiny_gpt2(tmp_path):
 
 
 def test_prompt_format_plain_drops_the_template_and_chat_requires_one():
-    plain = common.load_tokenizer("tiny", "plain")
+    plain = models.load_tokenizer("tiny", "plain")
     assert tasks.format_prompt(plain, "What is 1 + 2?") == "Question: What is 1 + 2?\nAnswer:"
-    assert tasks.format_prompt(common.load_tokenizer("tiny"), "What is 1 + 2?").startswith("<|im_start|>user\n")
+    assert tasks.format_prompt(models.load_tokenizer("tiny"), "What is 1 + 2?").startswith("<|im_start|>user\n")
     with pytest.raises(runs.InputError, match="has no chat template"):
-        common.load_tokenizer("tiny-gpt2", "chat")
+        models.load_tokenizer("tiny-gpt2", "chat")
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import common
+import models
+import preferences
 import runs
 import tasks
 
@@ -149,7 +151,7 @@ def test_heldout_set_is_fixed_distinct_and_never_trained_on():
 def test_prompt_format_with_and_without_chat_template(tokenizer):
     assert tasks.format_prompt(tokenizer, "What is 1 + 2?") == ("<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n"
                                                                 "<|im_start|>assistant\n")
-    plain = common.make_tiny_tokenizer()
+    plain = models.make_tiny_tokenizer()
     plain.chat_template = None
     assert tasks.format_prompt(plain, "What is 1 + 2?") == "Question: What is 1 + 2?\nAnswer:"
 
@@ -187,7 +189,7 @@ def test_pair_samples_pairs_each_correct_with_an_incorrect_once():
         {"prompt": "p", "answer": "7", "completion": "   ", "label": 0},  # empty: skipped
         {"prompt": "q", "answer": "1", "completion": "1", "label": 1},  # all correct: no pair
     ]
-    assert tasks.pair_samples(samples) == [
+    assert preferences.pair_samples(samples) == [
         {"prompt": "p", "chosen": "7", "rejected": "8 and more", "answer": "7", "chosen_finished": True,
          "rejected_finished": False},
         {"prompt": "p", "chosen": "= 7", "rejected": "6", "answer": "7", "chosen_finished": True,
@@ -197,21 +199,21 @@ def test_pair_samples_pairs_each_correct_with_an_incorrect_once():
 
 def test_preference_data_is_built_once_and_holds_out_whole_prompts(tokenizer, preference_cache, digits_are_correct,
                                                                    monkeypatch):
-    data, folder = tasks.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
+    data, folder = preferences.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
     assert len(data["heldout_samples"]) == 4 * 4  # an eighth of the 32 prompts, 4 samples each
     assert {p["prompt"] for p in data["train"]}.isdisjoint({p["prompt"] for p in data["heldout"]})
     assert {p["prompt"] for p in data["train"]}.isdisjoint({p.prompt for p in tasks.heldout_problems()})
     assert all(any(ch.isdigit() for ch in p["chosen"]) and not any(ch.isdigit() for ch in p["rejected"])
                for p in data["train"])
-    monkeypatch.setattr(tasks, "label_samples", None)  # the second call must not sample again
-    again, same_folder = tasks.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
+    monkeypatch.setattr(preferences, "label_samples", None)  # the second call must not sample again
+    again, same_folder = preferences.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
     assert again == data and same_folder == folder
     assert folder.name == "v2-tiny-seed0-prompts32-samples4-tokens8-temp1-fp32"  # v2: samples record `finished`
     assert tasks.read_jsonl(str(folder / "train.jsonl"), ("prompt", "chosen", "rejected")) == data["train"]
 
 
 def test_tokenize_completions_appends_eos_and_masks_by_length_when_pad_is_eos(tokenizer):
-    plain = common.make_tiny_tokenizer()
+    plain = models.make_tiny_tokenizer()
     plain.pad_token = plain.eos_token  # like gpt2 and SmolLM2
     ids, mask = tasks.tokenize_completions(plain, ["12", "abcd"], "cpu")
     eos = plain.eos_token_id
@@ -232,7 +234,7 @@ def test_epoch_batches_visit_every_item_once_per_epoch():
 
 def test_truncated_samples_keep_no_eos_in_the_preference_data(tokenizer, preference_cache, digits_are_correct):
     # 8 new tokens from a random model: most samples are cut off, a few end with EOS.
-    data, _ = tasks.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
+    data, _ = preferences.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
     samples = data["heldout_samples"]
     assert {s["finished"] for s in samples} == {True, False}, "the fixture should sample both kinds"
     texts = [s["completion"] for s in samples]
@@ -240,10 +242,10 @@ def test_truncated_samples_keep_no_eos_in_the_preference_data(tokenizer, prefere
     last = ids.gather(1, (mask.sum(1, keepdim=True) - 1)).squeeze(1)  # the last real token of each row
     assert ((last == tokenizer.eos_token_id) == torch.tensor([s["finished"] for s in samples])).all()
     pairs = data["train"] + data["heldout"]
-    texts, finished = tasks.pair_completions(pairs)
+    texts, finished = preferences.pair_completions(pairs)
     assert finished == [p[k] for p in pairs for k in ("chosen_finished", "rejected_finished")] and False in finished
 
 
 def test_pair_completions_of_a_users_pairs_are_finished():
-    texts, finished = tasks.pair_completions([{"prompt": "p", "chosen": "a", "rejected": "b"}])
+    texts, finished = preferences.pair_completions([{"prompt": "p", "chosen": "a", "rejected": "b"}])
     assert texts == ["a", "b"] and finished == [True, True]

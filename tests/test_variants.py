@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-import common
+import models
 import runs
 import tasks
 import variants
@@ -112,7 +112,7 @@ def test_sequence_logps_are_sums_and_lengths_count_eos(tiny_model_and_tokenizer)
 
 
 def test_ipo_uses_summed_log_probs_and_simpo_orpo_the_length_normalised_ones(tokenizer):
-    policy = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
+    policy = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
     ref = copy.deepcopy(policy)
     with torch.no_grad():
         for p in policy.parameters():
@@ -135,7 +135,7 @@ def test_ipo_uses_summed_log_probs_and_simpo_orpo_the_length_normalised_ones(tok
 def test_kto_reference_point_pairs_each_prompt_with_the_next_pairs_completions(tokenizer):
     # ref is the perturbed model here, so that the KL estimates come out positive and z0 is not clamped
     # to 0 whichever pairs it is taken from: only then can the test tell mismatched pairs from matched ones.
-    policy = common.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
+    policy = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
     ref = copy.deepcopy(policy)
     torch.manual_seed(1)
     with torch.no_grad():

