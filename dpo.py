@@ -75,9 +75,9 @@ class Args:
     """seed for data, pair order and initialisation"""
     eval_every: int = 0
     """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
-    eval_size: int = 200
-    """number of held-out arithmetic problems for greedy accuracy"""
-    pass_k: int = 8
+    eval_size: Annotated[Optional[int], runs.none_means("200; 16 for the tiny random models", "INT")] = None
+    """held-out problems for greedy accuracy (verifier reward)"""
+    pass_k: Annotated[Optional[int], runs.none_means("8; 0 (off) for the tiny random models", "INT")] = None
     """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
     # ---- algorithm: DPO and conservative DPO ---------------------------------------------------------------------
     steps: int = 60
@@ -204,6 +204,7 @@ def check_args(args: Args) -> None:
 # ---------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     """Train with DPO; returns the final metrics (also written to the run folder's eval.json)."""
+    args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
     common.set_seed(args.seed)
     device = common.resolve_device(args.run.device)

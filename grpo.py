@@ -71,9 +71,9 @@ class Args:
     """seed for problems, sampling and initialisation"""
     eval_every: int = 50
     """evaluate held-out accuracy and save a checkpoint every this many steps (0 = only before and after)"""
-    eval_size: int = 200
-    """number of held-out problems (greedy decoding, verifier reward)"""
-    pass_k: int = 8
+    eval_size: Annotated[Optional[int], runs.none_means("200; 16 for the tiny random models", "INT")] = None
+    """held-out problems for greedy accuracy (verifier reward)"""
+    pass_k: Annotated[Optional[int], runs.none_means("8; 0 (off) for the tiny random models", "INT")] = None
     """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
     verifier: Literal["last-number", "strict"] = "last-number"
     """the training reward: the last number, or strict (only a result stated as one); held-out uses last-number"""
@@ -279,6 +279,7 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, pe
 def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) -> dict:
     """Train with GRPO; returns the final metrics (also in eval.json). reward_fn(completion, answer) -> float scores
     the samples (default: --verifier's); held-out accuracy is always the last-number verifier's."""
+    args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
     reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]
     common.set_seed(args.seed)

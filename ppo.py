@@ -83,9 +83,9 @@ class Args:
     """seed for problems, sampling and initialisation"""
     eval_every: int = 10
     """evaluate (accuracy and reward) and save a checkpoint every this many steps (0 = only before and after)"""
-    eval_size: int = 200
-    """number of held-out problems (greedy decoding)"""
-    pass_k: int = 8
+    eval_size: Annotated[Optional[int], runs.none_means("200; 16 for the tiny random models", "INT")] = None
+    """held-out problems for greedy accuracy (verifier reward)"""
+    pass_k: Annotated[Optional[int], runs.none_means("8; 0 (off) for the tiny random models", "INT")] = None
     """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
     # ---- algorithm: PPO, GAE and the KL penalty in the reward ----------------------------------------------------
     steps: int = 40
@@ -315,6 +315,7 @@ def shaped_score(scores: torch.Tensor, verified: torch.Tensor, lengths: torch.Te
 def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> dict:
     """Train with PPO-RLHF; returns the final metrics (also in eval.json). With --reward verifier, reward_fn(completion,
     answer) scores the samples; held-out accuracy always uses the verifier."""
+    args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
     common.set_seed(args.seed)
     device = common.resolve_device(args.run.device)

@@ -178,8 +178,7 @@ def make_run_dir(output_dir: str, algo: str, model: str, seed: int, args, resume
 
 
 def load_trainer_state(resume: Optional[str], steps: int) -> Optional[dict]:
-    """The state saved with a run's last checkpoint (see save_checkpoint), checked before any model loads; None
-    for a new run."""
+    """A run's last checkpoint state (save_checkpoint), checked before any model loads; None for a new run."""
     if not resume:
         return None
     path = Path(resume) / "model" / "trainer_state.pt"
@@ -254,8 +253,7 @@ class MetricsLog:
             self.wandb.log(numbers, step=step)
 
     def write_eval(self, evaluation: dict) -> dict:
-        """Send an evaluation's numbers to the tracker as eval/... (they live in eval.json, not in
-        metrics.jsonl) and return it, for the run's list of evaluations."""
+        """An evaluation's numbers to the tracker as eval/... (eval.json keeps them, not metrics.jsonl)."""
         self.track(evaluation["step"], {k if k.startswith("eval/") else f"eval/{k}": v
                                         for k, v in evaluation.items() if k != "step"})
         return evaluation
@@ -268,8 +266,7 @@ class MetricsLog:
 
 
 def plot_curves(run_dir: Path, evals: list[dict], accuracy_key: str = "accuracy") -> None:
-    """curves.png in the run folder: reward (or loss), KL and held-out accuracy against step.
-    matplotlib is optional: without it the picture is skipped with one note."""
+    """curves.png: reward (or loss), KL and held-out accuracy against step; skipped, with a note, without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -296,8 +293,7 @@ def plot_curves(run_dir: Path, evals: list[dict], accuracy_key: str = "accuracy"
 
 
 def reachable(host: str) -> bool:
-    """A 3-second TCP probe, so an offline machine fails (or goes offline) at once instead of after minutes of
-    retries."""
+    """A 3-second TCP probe: an offline machine fails (or goes offline) at once, not after minutes of retries."""
     try:
         socket.create_connection((host, 443), timeout=3).close()
         return True
@@ -324,8 +320,7 @@ def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, 
     models = {"": model, **(others or {})}
     require(all(torch.isfinite(p).all() for m in models.values() for p in m.parameters()),
             f"refusing to save non-finite weights to {path}; the previous checkpoint there is kept")
-    tmp = path.with_name(path.name + ".tmp")
-    old = path.with_name(path.name + ".old")
+    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     for name, m in models.items():  # a LoRA model saves its adapter (and heads); never look up its base on the Hub
         m.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}))
@@ -376,9 +371,11 @@ class Run:
 
     def begin(self, evaluate: Callable) -> dict:
         """The starting model's evaluation (step 0, with pass@k), or a resumed run's from its checkpoint."""
+        start = time.time()
         if self.before is None:
             self.before = evaluate(0, getattr(self.args, "pass_k", 0))
             self.evals.append(self.metrics.write_eval({"step": 0, **self.eval_row(self.before)}))
+        self.eval_seconds, self.loop_start = time.time() - start, time.time()
         self.bar = progress(self.args.steps, self.algo, initial=self.first_step - 1)
         return self.before
 
@@ -396,6 +393,12 @@ class Run:
         self.metrics.write(step, {**stats, "memory/peak_gb": peak_memory_gb(self.device)})
         self.bar.update(1)
         self.bar.set_postfix(postfix or {})
+        if step == self.first_step and step < self.args.steps:  # the expected duration, once a step is timed
+            step_s, every, steps_left = time.time() - self.loop_start, self.args.eval_every, self.args.steps - step
+            evals_left = 1 + ((self.args.steps - 1) // every - step // every if every else 0)
+            minutes = (step_s * steps_left + self.eval_seconds * evals_left) / 60
+            self.bar.write(f"{self.algo}: step {step} took {step_s:.1f} s; about {minutes:.1f} min to go "
+                           f"({steps_left} steps, {evals_left} evaluations)")
 
     def evaluate(self, step: int, evaluate: Callable) -> None:
         """The held-out evaluation every --eval-every steps (the last step's is finish's)."""

@@ -22,6 +22,7 @@ a restated question ("0 + 24", "the sum of 0 and 24") earns 0.0 there.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -49,7 +50,7 @@ class Problem:
 
 # (digits of a, digits of b): one-digit sums are mostly solved, two-digit ones mostly not.
 DIFFICULTIES = [(1, 1), (2, 1), (2, 2)]
-DEFAULT_EVAL_SIZE = 200  # every script's --eval-size
+DEFAULT_EVAL_SIZE = 200  # every script's --eval-size for a real model
 _NUMBER = re.compile(r"(?<![\d.])-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -70,6 +71,16 @@ def heldout_problems(n: int = DEFAULT_EVAL_SIZE, seed: int = 1234) -> list[Probl
         p = make_problem(rng)
         problems.setdefault(p.prompt, p)
     return list(problems.values())
+
+
+def evaluation_for_model(args):
+    """`args` with an unset --eval-size and --pass-k chosen for the model: 200 held-out problems and pass@8, or for
+    the tiny random models, which answer nothing right, 16 problems and no pass@k, so that a smoke run takes
+    seconds. args.json records the values chosen."""
+    tiny = args.model in ("tiny", "tiny-gpt2")
+    eval_size = args.eval_size if args.eval_size is not None else 16 if tiny else DEFAULT_EVAL_SIZE
+    pass_k = getattr(args, "pass_k", 0) if getattr(args, "pass_k", 0) is not None else 0 if tiny else 8
+    return dataclasses.replace(args, eval_size=eval_size, **({"pass_k": pass_k} if hasattr(args, "pass_k") else {}))
 
 
 def training_exclusion(eval_size: int) -> list[Problem]:

@@ -87,9 +87,9 @@ class Args:
     """seed for data, sampling and initialisation"""
     eval_every: int = 0
     """evaluate and save a checkpoint every this many steps (0 = only before and after)"""
-    eval_size: int = 200
-    """number of held-out arithmetic problems for greedy accuracy"""
-    pass_k: int = 8
+    eval_size: Annotated[Optional[int], runs.none_means("200; 16 for the tiny random models", "INT")] = None
+    """held-out problems for greedy accuracy (verifier reward)"""
+    pass_k: Annotated[Optional[int], runs.none_means("8; 0 (off) for the tiny random models", "INT")] = None
     """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
     # ---- algorithm: the variant's loss ---------------------------------------------------------------------------
     steps: int = 60
@@ -282,6 +282,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     Online, reward_fn(completion, answer) scores samples (default: the verifier); held-out accuracy
     always uses the verifier.
     """
+    args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
     beta = args.beta if args.beta is not None else DEFAULT_BETA[args.algo]
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.algo]

@@ -171,7 +171,8 @@ def main(argv: list[str]) -> dict:
     device = common.resolve_device(args.run.device)
     precision = common.resolve_precision(args.run.precision, device)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
-    S = prompt_tokens or tasks.longest_prompt(tokenizer, tasks.heldout_problems(getattr(args, "eval_size", 200)))
+    eval_size = getattr(args, "eval_size", None) or tasks.DEFAULT_EVAL_SIZE
+    S = prompt_tokens or tasks.longest_prompt(tokenizer, tasks.heldout_problems(eval_size))
     rows, sequences, tokens, logit_tokens = models_held(algo, args, len(tokenizer), S)
     return memory_plan(rows, precision, args.lora, args.gradient_checkpointing, sequences, tokens, logit_tokens,
                        common.resolve_kernels(args.run.kernels, device))

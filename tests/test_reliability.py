@@ -18,6 +18,7 @@ import ppo
 import reward_model
 import runs
 import sft
+import tasks
 import variants
 from conftest import HAS_MATPLOTLIB, PAIRS, args_of, assert_one_line_error, digit_fraction, run_script, write
 
@@ -245,3 +246,32 @@ def test_report_to_wandb_goes_offline_without_a_network(tmp_path, monkeypatch):
                        reward_fn=digit_fraction)
     (offline_run,) = (p for p in (tmp_path / "runs").glob("*/wandb/offline-run-*"))
     assert offline_run.parent.parent == Path(result["run_dir"]) and next(offline_run.glob("*.wandb")).stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", ["grpo", "dpo", "ppo", "variants", "sft"])
+def test_evaluation_is_scaled_to_the_model_unless_set(name):
+    """A tiny random model answers nothing right: 16 problems and no pass@k keep its smoke run to seconds."""
+    Args = SCRIPTS[name].Args
+    extra = {"algo": "ipo"} if name == "variants" else {}
+    chosen = lambda **kw: tasks.evaluation_for_model(args_of(Args, **extra, **kw))
+    assert (chosen(model="tiny").eval_size, chosen(model="tiny").pass_k) == (16, 0)
+    assert (chosen(model="tiny-gpt2").eval_size, chosen(model="tiny-gpt2").pass_k) == (16, 0)
+    assert (chosen(model="smollm2").eval_size, chosen(model="smollm2").pass_k) == (200, 8)
+    assert (chosen(model="tiny", eval_size=40, pass_k=2).eval_size, chosen(model="tiny", pass_k=2).pass_k) == (40, 2)
+    assert chosen(model="gpt2", eval_size=8, pass_k=0).pass_k == 0  # an explicit 0 stays off
+
+
+def test_a_tiny_run_records_the_evaluation_it_chose(tmp_path):
+    result = grpo.main(args_of(grpo.Args, model="tiny", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
+                               output_dir=str(tmp_path), save_model=False), reward_fn=digit_fraction)
+    recorded = json.loads((Path(result["run_dir"]) / "args.json").read_text())
+    assert (recorded["eval_size"], recorded["pass_k"]) == (16, 0) and not any(k.startswith("pass@") for k in result)
+
+
+def test_the_expected_duration_is_printed_after_the_first_step(tmp_path, capsys):
+    args = args_of(grpo.Args, model="tiny", steps=5, eval_every=2, prompts_per_step=2, group_size=2, max_new_tokens=4,
+                   eval_size=4, output_dir=str(tmp_path), save_model=False)
+    grpo.main(args, reward_fn=digit_fraction)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "min to go" in line]
+    # 4 steps left; evaluations at steps 2 and 4, and the final one at step 5
+    assert len(lines) == 1 and lines[0].startswith("grpo: step 1 took ") and "(4 steps, 3 evaluations)" in lines[0]
