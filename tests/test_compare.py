@@ -1,5 +1,5 @@
-"""scripts/compare.py and scripts/beta_sweep.py: the budget arithmetic, the tables, the uniform KL, tiny runs end
-to end."""
+"""scripts/compare.py, scripts/beta_sweep.py and scripts/accuracy_vs_time.py: the budget arithmetic, the
+tables, the uniform KL, the accuracy curves, tiny runs end to end."""
 
 import json
 import re
@@ -13,6 +13,7 @@ import runs
 from conftest import REPO, args_of, run_script
 
 sys.path.insert(0, str(REPO / "scripts"))
+import accuracy_vs_time  # noqa: E402
 import beta_sweep  # noqa: E402
 import compare  # noqa: E402
 
@@ -150,3 +151,18 @@ def test_a_tiny_grpo_beta_sweep_runs_each_beta_with_its_flag(tmp_path):
         run_args = json.loads(next((tmp_path / f"beta-{beta}").glob("*/args.json")).read_text())
         assert run_args["beta"] == float(beta) and run_args["steps"] == 1
     assert (tmp_path / "sweep.md").read_text().count("\n| 0") == 2
+
+
+def test_accuracy_is_drawn_against_the_elapsed_time_of_its_step(tmp_path):
+    run = tmp_path / "grpo-run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "time/elapsed": 30.0 * s}) + "\n"
+                                               for s in (1, 2, 3, 4)))
+    (run / "eval.json").write_text(json.dumps({"evals": [{"step": 0, "accuracy": 0.2}, {"step": 2, "accuracy": 0.5},
+                                                         {"step": 4, "accuracy": 0.6}]}))
+    assert accuracy_vs_time.curve(run) == ([0.0, 1.0, 2.0], [0.2, 0.5, 0.6])  # 60 s at step 2, 120 s at step 4
+    pytest.importorskip("matplotlib")
+    accuracy_vs_time.main([str(run), str(run), "--label", "a", "--label", "b", "--out", str(tmp_path / "c.png")])
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit):
+        accuracy_vs_time.main([str(run), "--label", "a", "--label", "b"])  # two labels for one run
