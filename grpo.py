@@ -16,16 +16,18 @@ Options from later papers, each off by default unless said:
   token-mean`), dynamic sampling (`--dynamic-sampling`), overlong reward shaping (`--overlong-buffer`).
 - Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): no std scaling (`--no-scale-by-std`) and
   `--loss-agg seq-mean-token-sum-norm` (divide by B × max_new_tokens, a constant).
+- GSPO (Zheng et al. 2025, arXiv:2507.18071, eq. 5): `--importance-level sequence`, one clipped ratio per completion.
+- CISPO (MiniMax 2025, arXiv:2506.13585, eq. 4): `--loss-type cispo`, REINFORCE weighted by sg(min(ρ_it, 1+ε_high)).
+- Weighted rewards (`--rewards correct format --reward-weights 1 0.5`), summed, then normalised per group, as TRL does;
+  `format` pays DeepSeek-R1's `<think>…</think><answer>…</answer>` (arXiv:2501.12948), `--prompt-style r1` asks for it.
 
-The reward is the verifier's 0/1: the last number in the completion, which also pays for restating
-an operand ("the sum of 0 and 24"), or with `--verifier strict` only a result stated as one ("= 24",
-"is 24"); `reward/unearned` logs the share the first pays and the second refuses. `--reward-model
-runs/rm-.../model` scores with a reward_model.py checkpoint instead, as ppo.py reads it, and logs the
-verifier beside it (`score` vs `verifier`): one learned reward and its over-optimisation, as in PPO.
+The reward is the verifier's 0/1: the last number in the completion, which also pays for restating an operand ("the
+sum of 0 and 24"), or with `--verifier strict` only a result stated as one ("= 24", "is 24"); `reward/unearned` logs
+the share the first pays and the second refuses. `--reward-model runs/rm-.../model` scores with a reward_model.py
+checkpoint instead, as ppo.py reads it, and logs the verifier beside it (`score` vs `verifier`): its over-optimisation.
 
 Where this file departs from the papers, and why:
-- The std in Â is the population std (divide by G) plus eps = 1e-4; TRL uses the sample std
-  (divide by G-1), which makes |Â| smaller by sqrt((G-1)/G).
+- The std in Â is the population std (÷ G) plus eps = 1e-4; TRL's sample std (÷ G-1) makes |Â| smaller by √((G-1)/G).
 - Dynamic sampling drops zero-variance groups but does not sample more prompts to refill the batch
   as DAPO does; the batch shrinks (`frac_reward_zero_std` says by how much). A batch left with no
   group makes no update but still counts as a step: logged (`skipped`), warm-up, evaluation, save.
@@ -79,6 +81,12 @@ class Args:
     """the training reward: the last number, or strict (only a result stated as one); held-out uses last-number"""
     reward_model: Annotated[Optional[str], runs.none_means("the verifier", "DIR")] = None
     """a reward_model.py checkpoint to score completions with (as ppo.py does); the verifier is logged beside it"""
+    rewards: tuple[Literal["correct", "format"], ...] = ("correct",)
+    """rewards summed into one: correct (--verifier's, or --reward-model's score), format (<think>…</think><answer>)"""
+    reward_weights: Annotated[Optional[tuple[float, ...]], runs.none_means("1 for each reward", "FLOAT ...")] = None
+    """the weight of each of --rewards, in their order"""
+    prompt_style: Literal["question", "r1"] = "question"
+    """question alone, or r1: it asks for <think> reasoning </think><answer> answer </answer> (held-out too)"""
     # ---- algorithm: GRPO, and the DAPO / Dr. GRPO options --------------------------------------------------------
     steps: int = 100
     """training batches, each freshly sampled (μ optimizer steps each, none if skipped; warm-up counts batches)"""
@@ -96,6 +104,10 @@ class Args:
     """KL penalty coefficient; 0 = no reference model is loaded at all"""
     kl_estimator: Literal["k2", "k3"] = "k3"
     """KL estimator in the loss: k3 (DeepSeekMath; follows KL(π_ref||π_θ)) or k2 (KL(π_θ||π_ref)); see kl_estimate"""
+    importance_level: Literal["token", "sequence"] = "token"
+    """ρ per token (GRPO), or per completion (GSPO: exp(mean log ρ); use far smaller eps, e.g. 3e-4 / 4e-4)"""
+    loss_type: Literal["clip", "cispo"] = "clip"
+    """PPO's clipped surrogate, or CISPO: -sg(min(ρ, 1 + eps_high)) Â log π on every token (eps_low unused)"""
     loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
     """loss aggregation: GRPO (per-sequence mean), DAPO (per-token mean), Dr. GRPO (sum / (B × max_new_tokens))"""
     scale_by_std: bool = True
@@ -143,6 +155,7 @@ def check_args(args: Args) -> None:
     require(args.beta == 0 or args.kl_estimator != "k1",
             "--kl-estimator k1 in the loss has zero expected gradient (it penalises nothing): use k3 or k2")
     require(args.overlong_buffer < args.max_new_tokens, "--overlong-buffer must be smaller than --max-new-tokens")
+    require(len(args.reward_weights or args.rewards) == len(args.rewards) > 0, "--reward-weights: one per --rewards")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,12 +207,12 @@ def grpo_loss(
     ref_logprobs: Optional[torch.Tensor],  # (B, T) log π_ref, or None when beta = 0
     advantages: torch.Tensor,  # (B,)
     mask: torch.Tensor,  # (B, T)
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
+    eps_low: float = 0.2, eps_high: float = 0.2,
     beta: float = 0.04,
     loss_agg: str = "seq-mean-token-mean",
     max_completion_length: Optional[int] = None,
     kl_kind: str = "k3",
+    importance_level: str = "token", loss_type: str = "clip",  # GSPO: "sequence"; CISPO: "cispo"
 ) -> tuple[torch.Tensor, dict]:
     """The negated GRPO objective (see the module docstring), to be minimised.
 
@@ -209,14 +222,23 @@ def grpo_loss(
       token-mean               Σ_it l_it / Σ_i |o_i|              (DAPO eq. 12)
       seq-mean-token-sum-norm  Σ_it l_it / (B · max_completion_length)   (Dr. GRPO; a constant, never the
                                padded width of this batch, so adding padding changes nothing)
+    GSPO (eq. 5): s_i = exp(1/|o_i| Σ_t log ρ_it) for every ρ_it of o_i, clipped whole, gradient through the mean.
+    CISPO (MiniMax-M1 eq. 4): l_it = -sg(min(ρ_it, 1+eps_high)) Â_i log π_θ(o_it); no lower bound, no gradient lost.
     Returns (loss, metrics) with metrics as floats, token means over this batch's mask: kl (only
-    when β != 0), clip_ratio, clip_ratio/low, clip_ratio/high.
+    when β != 0), clip_ratio, clip_ratio/low, clip_ratio/high (CISPO: tokens with Â > 0 whose weight was cut, as TRL).
     """
-    ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
+    if importance_level not in ("token", "sequence") or loss_type not in ("clip", "cispo"):
+        raise ValueError(f"unknown importance_level {importance_level!r} or loss_type {loss_type!r}")
+    log_ratio = logprobs - old_logprobs  # (B, T) log ρ_it
+    if importance_level == "sequence":  # log s_i, the masked mean (padding must not count), for each token of o_i
+        log_ratio = masked_mean(log_ratio, mask, dim=1)[:, None].expand_as(log_ratio)
+    ratio = torch.exp(log_ratio)  # (B, T)
     adv = advantages[:, None]  # (B, 1)
     pg_loss1 = -adv * ratio
     pg_loss2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.max(pg_loss1, pg_loss2)  # (B, T) pessimistic bound, PPO eq. 7
+    if loss_type == "cispo":  # instead: the weight is a constant, so every token's gradient is -w Â ∇log π
+        per_token = -torch.clamp(ratio, max=1.0 + eps_high).detach() * adv * logprobs
     kl = None
     if beta != 0.0:
         if ref_logprobs is None:
@@ -238,16 +260,20 @@ def grpo_loss(
         raise ValueError(f"unknown loss_agg {loss_agg!r}")
 
     with torch.no_grad():
-        clipped_low = (ratio < 1.0 - eps_low) & (adv < 0)  # the clip binds only where it lowers the objective
+        clipped_low = (ratio < 1.0 - eps_low) & (adv < 0) & (loss_type != "cispo")  # binds where it lowers J
         clipped_high = (ratio > 1.0 + eps_high) & (adv > 0)
-        metrics = {
-            "clip_ratio": masked_mean((clipped_low | clipped_high).float(), mask).item(),
-            "clip_ratio/low": masked_mean(clipped_low.float(), mask).item(),
-            "clip_ratio/high": masked_mean(clipped_high.float(), mask).item(),
-        }
+        metrics = {"clip_ratio": masked_mean((clipped_low | clipped_high).float(), mask).item(),
+                   "clip_ratio/low": masked_mean(clipped_low.float(), mask).item(),
+                   "clip_ratio/high": masked_mean(clipped_high.float(), mask).item()}
         if kl is not None:
             metrics["kl"] = masked_mean(kl, mask).item()
     return loss, metrics
+
+
+def weighted_rewards(per_reward: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """r_i = Σ_k w_k r_ik, as TRL sums, (B, K), (K,) -> (B,). No r_k is normalised on its own first: the policy then
+    maximises Σ_k w_k r_k in the rewards' units, and a reward near constant in a group is not blown up by a tiny std."""
+    return (per_reward * weights).sum(dim=1)
 
 
 def micro_batch_weight(loss_agg: str, micro_mask: torch.Tensor, batch_mask: torch.Tensor) -> float:
@@ -272,13 +298,12 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, pe
     return -penalty * (over / buffer).clamp(max=1.0)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
 def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) -> dict:
-    """Train with GRPO; returns the final metrics (also in eval.json). reward_fn(completion, answer) -> float scores
-    the samples (default: --verifier's); held-out accuracy is always the last-number verifier's."""
+    """Train with GRPO; returns the final metrics (also in eval.json). reward_fn(completion, answer) -> float is
+    the `correct` reward (default: --verifier's); held-out accuracy is always the last-number verifier's."""
     args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
     reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]
@@ -288,6 +313,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
+    train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)  # held-out too
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
@@ -326,21 +352,23 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
         time_generate = time.time() - t0
 
-        # ---- 2. score with the verifier (or a learned reward model) -------------------------------
+        # ---- 2. score with each of --rewards (a verifier or a reward model, the format) -----------
         texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
-        scores = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
-        verified = scores
+        correct = verified = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
         # paid by the last-number verifier but not stated as a result: rewards the strict verifier would refuse
         unearned = [tasks.verify(t, a) * (1.0 - tasks.verify_strict(t, a)) for t, a in zip(texts, answers)]
         if reward_model is not None:  # the verifier's scores stay, as the true reward to compare against
             with torch.no_grad():
                 input_ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
-                scores = common.reward_scores(reward_model, input_ids,
-                                              torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1))  # (B,)
-        if not torch.isfinite(scores).all():
-            raise InputError(f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: "
+                correct = common.reward_scores(reward_model, input_ids,
+                                               torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1))  # (B,)
+        per_reward = torch.stack([correct if name == "correct" else torch.tensor(  # (B, K), one column per reward
+            [tasks.REWARDS[name](t, a) for t, a in zip(texts, answers)], device=device) for name in args.rewards], 1)
+        if not torch.isfinite(per_reward).all():
+            raise InputError(f"reward became {per_reward[~torch.isfinite(per_reward)][0].item()} at step {step}: "
                              "the reward function returned a non-finite score")
+        scores = weighted_rewards(per_reward, per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards)))
         lengths = mask.sum(1)  # (B,)
         rewards = scores + overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty)
 
@@ -355,6 +383,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
             "frac_reward_zero_std": all_equal.float().mean().item(),
             "score": scores.mean().item(),  # before any overlong penalty
+            **{f"rewards/{name}/mean": per_reward[:, k].mean().item() for k, name in enumerate(args.rewards)},
             **({"verifier": verified.mean().item()} if reward_model is not None else {}),  # the true reward
             "reward/unearned": sum(unearned) / len(unearned),
             "completion_length": lengths.float().mean().item(),
@@ -399,7 +428,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                     loss, m = grpo_loss(logprobs, old_logprobs[s] if old_logprobs is not None else logprobs.detach(),
                                         ref_logprobs[s] if ref_logprobs is not None else None, advantages[s], mask[s],
                                         args.eps_low, args.eps_high, args.beta, args.loss_agg, args.max_new_tokens,
-                                        args.kl_estimator)
+                                        args.kl_estimator, args.importance_level, args.loss_type)
                     run.check_finite(loss, step)
                     weight = micro_batch_weight(args.loss_agg, mask[s], mask)
                     (loss * weight).backward()

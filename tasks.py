@@ -17,7 +17,8 @@ online scripts' stream (load_problems) excludes; SFT's demonstrations and the pr
 training_exclusion(n) = heldout_problems(max(n, 200)), so their data (and its cache) is the same at every n <= 200.
 
 `verify_strict` (grpo.py --verifier strict; `unearned` in evaluate_accuracy) pays only a result stated as one:
-a restated question ("0 + 24", "the sum of 0 and 24") earns 0.0 there.
+a restated question ("0 + 24", "the sum of 0 and 24") earns 0.0 there. `format_reward` (grpo.py --rewards format)
+pays DeepSeek-R1's form, `<think> reasoning </think><answer> answer </answer>`, which R1_INSTRUCTION asks for.
 """
 
 from __future__ import annotations
@@ -140,6 +141,34 @@ def verify_strict(completion: str, answer: str) -> float:
 
 
 VERIFIERS = {"last-number": verify, "strict": verify_strict}
+
+# The last sentence of DeepSeek-R1-Zero's template (Guo et al. 2025, arXiv:2501.12948, Table 1), after the question.
+R1_INSTRUCTION = (" The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags,"
+                  " respectively, i.e., <think> reasoning process here </think><answer> answer here </answer>.")
+_NO_TAG = r"(?:(?!</?(?:think|answer)>).)+"  # one or more characters, none of them starting a tag
+_R1_FORM = re.compile(rf"<think>{_NO_TAG}</think>\s*<answer>{_NO_TAG}</answer>", re.DOTALL)
+
+
+def format_reward(completion: str, answer: str = "") -> float:
+    """1.0 if the completion is exactly `<think>…</think>` then `<answer>…</answer>`, both non-empty, with only
+    whitespace around and between them and no tag inside, else 0.0: DeepSeek-R1's format reward. It pays the form
+    only (`answer` is unused; whether the answer is right is the verifier's job), so text after </answer> earns 0."""
+    return float(_R1_FORM.fullmatch(completion.strip()) is not None)
+
+
+REWARDS = {"format": format_reward}  # the rewards grpo.py --rewards names beside `correct`, (completion, answer)
+
+
+def with_prompt_style(style: str, train_stream: Iterator[Problem],
+                      heldout: list[Problem]) -> tuple[Iterator[Problem], list[Problem]]:
+    """The problems as grpo.py --prompt-style shows them: `question` unchanged, `r1` each question followed by
+    R1_INSTRUCTION, in training and held-out alike (a model trained to the format is measured on it)."""
+    if style == "question":
+        return train_stream, heldout
+    if style != "r1":
+        raise ValueError(f"unknown prompt style {style!r}")
+    r1 = lambda p: Problem(p.prompt + R1_INSTRUCTION, p.answer)
+    return map(r1, train_stream), [r1(p) for p in heldout]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -13,7 +13,8 @@ import runs
 import tasks
 from conftest import (HAS_EMBEDDED_MODEL, HAS_PEFT, PAIRS, RUN_FILES, args_of, assert_one_line_error,
                       assert_resume_is_exact, digit_fraction, metrics_of, run_script, write)
-from grpo import Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty
+from grpo import (Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty,
+                  weighted_rewards)
 
 
 def tiny_args(tmp_path, **overrides) -> Args:
@@ -95,6 +96,12 @@ def test_grpo_loss_refuses_k1():
                   kl_kind="k1")
 
 
+@pytest.mark.parametrize("options", [dict(importance_level="seq"), dict(loss_type="CISPO")])
+def test_grpo_loss_refuses_an_unknown_importance_level_or_loss_type(options):
+    with pytest.raises(ValueError, match="unknown importance_level"):
+        grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), None, torch.ones(1), torch.ones(1, 2), beta=0.0, **options)
+
+
 # ---- grpo_loss -----------------------------------------------------------------------------------------------
 RAGGED_MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
 
@@ -171,6 +178,133 @@ def test_weighted_micro_batches_sum_to_the_full_batch_loss(loss_agg):
     assert parts.item() == pytest.approx(full.item(), abs=1e-6)
 
 
+# ---- GSPO and CISPO -------------------------------------------------------------------------------------------
+# Completions of 3, 1 and 2 tokens; log ρ = log π_θ - log π_old per token, 5.0 on padding, which must not count.
+MASK3 = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]])
+LOGPROBS3 = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -9.0, -9.0], [-0.7, -1.2, -9.0]])
+LOG_RATIO3 = torch.tensor([[0.1, -0.3, 0.4], [0.3, 5.0, 5.0], [0.5, 0.1, 5.0]])
+REF3 = torch.tensor([[-1.2, -1.9, -0.6], [-0.1, -9.0, -9.0], [-0.8, -1.0, -9.0]])
+ADVANTAGES3 = torch.tensor([1.0, -2.0, 0.5])
+
+
+def loss_and_grad(ref=None, **options) -> tuple[float, torch.Tensor, dict]:
+    """grpo_loss on the tensors above (ε = 0.2 both sides unless given): loss, ∂loss/∂log π_θ, metrics."""
+    logprobs = LOGPROBS3.clone().requires_grad_(True)
+    loss, metrics = grpo_loss(logprobs, LOGPROBS3 - LOG_RATIO3, ref, ADVANTAGES3, MASK3, **options)
+    loss.backward()
+    return loss.item(), logprobs.grad, metrics
+
+
+def test_gspo_clips_one_length_normalised_ratio_per_completion():
+    loss, grad, metrics = loss_and_grad(beta=0.0, importance_level="sequence")
+    # s_i = exp(mean of log ρ over o_i's tokens), the padding left out:
+    #   s_0 = exp((0.1 - 0.3 + 0.4) / 3) = 1.068939, in [0.8, 1.2]          -Â s = -1.068939
+    #   s_1 = exp(0.3) = 1.349859, Â = -2: above 1 + ε but not clipped     -Â s =  2.699718
+    #   s_2 = exp((0.5 + 0.1) / 2) = 1.349859, Â = 0.5: clipped at 1.2      -Â 1.2 = -0.6
+    # seq-mean-token-mean: (-1.068939 + 2.699718 - 0.6) / 3 = 0.343593. Clipped per token instead, o_0's
+    # e^0.4 = 1.49 and o_2's e^0.5 = 1.65 would be cut alone: 0.369365.
+    assert loss == pytest.approx(0.343593, abs=1e-6)
+    # through the mean, every token of o_0 gets the same gradient -Â s_0 / (B |o_0|) = -1.068939 / 9 = -0.118771;
+    # o_1: 2 × 1.349859 / 3 = 0.899906; o_2 is clipped as a whole: none
+    assert torch.allclose(grad, torch.tensor([[-0.118771] * 3, [0.899906, 0, 0], [0, 0, 0]]), atol=1e-6)
+    assert metrics["clip_ratio/high"] == pytest.approx(2 / 6)  # o_2's 2 tokens of the 6
+
+
+def test_cispo_weights_reinforce_by_the_truncated_detached_ratio():
+    loss, grad, metrics = loss_and_grad(beta=0.0, loss_type="cispo", loss_agg="token-mean")
+    # l_t = -min(ρ_t, 1.2) Â log π_t with no lower bound (ρ = e^-0.3 = 0.740818 stays, though below 1 - ε):
+    #   o_0 (Â = 1):   1.105171 × 1 + 0.740818 × 2 + 1.2 × 0.5      = 3.186807
+    #   o_1 (Â = -2): -1.2 × 2 × 0.3                                = -0.72
+    #   o_2 (Â = 0.5): 1.2 × 0.5 × 0.7 + 1.105171 × 0.5 × 1.2        = 1.083103
+    # token-mean: 3.549910 / 6 = 0.591652
+    assert loss == pytest.approx(0.591652, abs=1e-6)
+    # the weight is a constant: ∂l_t/∂log π_t = -w_t Â / 6, the cut tokens (e^0.4, e^0.5 -> 1.2) included
+    expected = torch.tensor([[-1.105171, -0.740818, -1.2], [2.4, 0, 0], [-0.6, -0.552585, 0]]) / 6
+    assert torch.allclose(grad, expected, atol=1e-6)
+    assert metrics["clip_ratio/high"] == pytest.approx(2 / 6) and metrics["clip_ratio/low"] == 0.0
+
+
+def test_a_clipped_token_gets_no_gradient_under_the_clip_and_one_under_cispo():
+    # o_0's last token (ρ = e^0.4 = 1.49) and o_2's first (e^0.5 = 1.65), Â > 0: both above 1 + ε = 1.2
+    _, clip_grad, _ = loss_and_grad(beta=0.0, loss_agg="token-mean")
+    _, cispo_grad, _ = loss_and_grad(beta=0.0, loss_agg="token-mean", loss_type="cispo")
+    assert clip_grad[0, 2] == 0.0 and clip_grad[2, 0] == 0.0
+    assert cispo_grad[0, 2].item() == pytest.approx(-1.2 / 6) and cispo_grad[2, 0].item() == pytest.approx(-0.6 / 6)
+
+
+@pytest.mark.parametrize("importance_level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", ["clip", "cispo"])
+def test_with_old_equal_to_current_the_ratio_is_exactly_one(importance_level, loss_type):
+    # μ = 1: old = current.detach(). Nothing clips even at ε = 0, and the gradient is REINFORCE's,
+    # -Â_i / (B |o_i|) on each token of o_i: -1/9, 2/3, -0.5/6. (At ε = 0 the clip's max ties, so the gradient
+    # is taken at ε = 0.2.)
+    logprobs = LOGPROBS3.clone().requires_grad_(True)
+    options = dict(beta=0.0, importance_level=importance_level, loss_type=loss_type)
+    _, metrics = grpo_loss(logprobs, logprobs.detach(), None, ADVANTAGES3, MASK3, eps_low=0.0, eps_high=0.0, **options)
+    assert metrics["clip_ratio"] == 0.0
+    loss, _ = grpo_loss(logprobs, logprobs.detach(), None, ADVANTAGES3, MASK3, **options)
+    loss.backward()
+    expected = torch.tensor([[-1 / 9] * 3, [2 / 3, 0, 0], [-0.5 / 6, -0.5 / 6, 0]])
+    assert torch.allclose(logprobs.grad, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "options, trl_loss",
+    [
+        (dict(importance_level="sequence"), 0.3441809),  # TRL: loss_type="grpo", importance_sampling_level="sequence"
+        (dict(loss_type="cispo", loss_agg="token-mean"), 0.5921609),  # TRL: loss_type="cispo", epsilon_high=1.2
+    ],
+)
+def test_gspo_and_cispo_match_trl(options, trl_loss):
+    # TRL 1.16's value for these tensors: GRPOTrainer._compute_loss with β = 0.04 (its KL is k3, as here), one
+    # process, no accumulation. TRL caps CISPO's ρ at epsilon_high itself, this file at 1 + eps_high.
+    loss, _, _ = loss_and_grad(ref=REF3, beta=0.04, **options)
+    assert loss == pytest.approx(trl_loss, abs=1e-5)
+
+
+# ---- several rewards ------------------------------------------------------------------------------------------
+def test_weighted_rewards_sum_each_reward_times_its_weight():
+    per_reward = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.7]])  # (B = 3, K = 2)
+    assert weighted_rewards(per_reward, torch.tensor([0.5, 2.0])).tolist() == pytest.approx([0.5, 2.0, 1.9])
+    # one reward of weight 1, the default, is that reward exactly: today's runs are unchanged
+    assert torch.equal(weighted_rewards(per_reward[:, 1:], torch.ones(1)), per_reward[:, 1])
+
+
+def test_weighted_rewards_in_the_loop_are_summed_then_normalised_and_each_logged(tmp_path, monkeypatch):
+    correct, form = iter([1.0, 0.0, 0.0, 0.0]), iter([1.0, 1.0, 0.0, 0.0])  # the four completions' rewards
+    monkeypatch.setitem(tasks.REWARDS, "format", lambda completion, answer: next(form))
+    calls = spy_on_grpo_loss(monkeypatch)
+    args = tiny_args(tmp_path, steps=1, prompts_per_step=1, group_size=4, rewards=("correct", "format"),
+                     reward_weights=(0.5, 2.0), save_model=False)
+    row = metrics_of(main(args, reward_fn=lambda completion, answer: next(correct)))[0]
+    assert row["rewards/correct/mean"] == 0.25 and row["rewards/format/mean"] == 0.5
+    # r = 0.5 correct + 2 format = [2.5, 2, 0, 0]: mean 1.125, deviations [1.375, 0.875, -1.125, -1.125],
+    # population variance 5.1875 / 4 = 1.296875. Normalising each reward first would give [1.23, 0.74, -0.98, -0.98].
+    assert row["score"] == row["reward"] == 1.125
+    expected = torch.tensor([1.375, 0.875, -1.125, -1.125]) / (math.sqrt(1.296875) + 1e-4)
+    assert torch.allclose(calls[0]["advantages"], expected, atol=1e-5)
+
+
+def test_gspo_cispo_format_reward_and_r1_prompt_run_together(tmp_path, monkeypatch):
+    calls = spy_on_grpo_loss(monkeypatch)
+    args = tiny_args(tmp_path, steps=2, importance_level="sequence", loss_type="cispo", rewards=("correct", "format"),
+                     reward_weights=(1.0, 0.5), prompt_style="r1", save_model=False)
+    result = main(args, reward_fn=digit_fraction)
+    assert all(call["options"][-2:] == ("sequence", "cispo") for call in calls) and len(calls) == 2
+    assert all({"rewards/correct/mean", "rewards/format/mean", "clip_ratio"} <= set(row) for row in metrics_of(result))
+    assert result["samples_before"][0]["prompt"].endswith(tasks.R1_INSTRUCTION)
+
+
+def test_cli_parses_several_rewards_and_their_weights():
+    import tyro
+
+    args = tyro.cli(Args, args=["--rewards", "correct", "format", "--reward-weights", "1", "0.5", "--importance-level",
+                                "sequence", "--loss-type", "cispo", "--prompt-style", "r1"])
+    assert (args.rewards, args.reward_weights, args.importance_level, args.loss_type, args.prompt_style) == (
+        ("correct", "format"), (1.0, 0.5), "sequence", "cispo", "r1")
+    assert tyro.cli(Args, args=[]).rewards == ("correct",) and tyro.cli(Args, args=[]).reward_weights is None
+
+
 def test_overlong_penalty_dapo_eq13():
     # L_max = 10, L_cache = 4: no penalty up to 6, then (6 - |y|) / 4, -1 at 10
     lengths = torch.tensor([3, 6, 7, 9, 10])
@@ -194,14 +328,16 @@ def test_eos_is_inside_the_loss_mask_and_gets_gradient(tokenizer, prompts):
 
 # ---- the whole loop at tiny size ------------------------------------------------------------------------------
 def spy_on_grpo_loss(monkeypatch) -> list[dict]:
-    """Record what the loop hands grpo_loss on every call: log π_θ, log π_θold, log π_ref (detached copies)."""
+    """Record what the loop hands grpo_loss on every call: log π_θ, log π_θold, log π_ref, Â (detached copies), mask,
+    and the options after it (ε_low, ..., importance_level, loss_type)."""
     import grpo
 
     calls, real = [], grpo.grpo_loss
 
     def spy(logprobs, old_logprobs, ref_logprobs, *args, **kwargs):
         calls.append({"logprobs": logprobs.detach().clone(), "old": old_logprobs.detach().clone(),
-                      "ref": None if ref_logprobs is None else ref_logprobs.clone(), "mask": args[1].clone()})
+                      "ref": None if ref_logprobs is None else ref_logprobs.clone(), "advantages": args[0].clone(),
+                      "mask": args[1].clone(), "options": args[2:] + tuple(kwargs.values())})
         return real(logprobs, old_logprobs, ref_logprobs, *args, **kwargs)
 
     monkeypatch.setattr(grpo, "grpo_loss", spy)
@@ -398,7 +534,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 def test_run_folder_is_complete(tmp_path):
-    result = main(tiny_args(tmp_path, steps=2))
+    result = main(tiny_args(tmp_path, steps=2, pass_k=8))  # pass@k is off by default for the tiny models
     run_dir = result["run_dir"]
     assert sorted(os.listdir(run_dir)) == RUN_FILES
     assert json.load(open(os.path.join(run_dir, "args.json")))["group_size"] == 4
@@ -446,6 +582,7 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
         (dict(overlong_buffer=8), "--overlong-buffer must be smaller"),
         (dict(kl_estimator="k1"), "--kl-estimator k1 in the loss has zero expected gradient"),
         (dict(pass_k=-1), "--pass-k must be 0"),
+        (dict(rewards=("correct", "format"), reward_weights=(1.0,)), "--reward-weights: one per --rewards"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
@@ -499,7 +636,8 @@ def test_cli_help_lists_every_option_with_its_default():
     for flag in ("--model", "--group-size", "--num-iterations", "--eps-low", "--eps-high", "--beta", "--kl-estimator",
                  "--loss-agg", "--scale-by-std", "--dynamic-sampling", "--overlong-buffer", "--lr", "--warmup-steps",
                  "--batch-size", "--gradient-checkpointing", "--max-new-tokens", "--temperature", "--top-p",
-                 "--eval-every"):
+                 "--eval-every", "--importance-level", "--loss-type", "--rewards", "--reward-weights",
+                 "--prompt-style"):
         assert flag in proc.stdout, flag
     assert "default: smollm2" in proc.stdout and "seq-mean-token-sum-norm" in proc.stdout
 

@@ -78,6 +78,39 @@ def test_strict_verifier_pays_only_a_stated_result(completion, last_number, stri
 
 
 @pytest.mark.parametrize(
+    "completion, reward",
+    [
+        ("<think>3 + 5 = 8</think><answer>8</answer>", 1.0),
+        ("<think>\n3 < 5, so 3 + 5 = 8\n</think>\n<answer>\n8\n</answer>\n", 1.0),  # whitespace, a '<' inside
+        ("<think>3 + 5 = 8</think> 8", 0.0),  # no answer tags
+        ("3 + 5 = 8 <answer>8</answer>", 0.0),  # no think tags
+        ("<think>3 + 5 = 8</think><answer>8</answer> so the answer is 8", 0.0),  # answer outside the tags
+        ("The sum: <think>3 + 5</think><answer>8</answer>", 0.0),  # text before the tags
+        ("<answer>8</answer><think>3 + 5 = 8</think>", 0.0),  # the wrong order
+        ("<think>3 + 5 = 8</think><answer></answer>", 0.0),  # an empty answer
+        ("<think>3 + 5</think><answer>8</answer><answer>9</answer>", 0.0),  # two answers
+        ("<think>3 + 5 <think>= 8</think><answer>8</answer>", 0.0),  # a tag inside
+        ("<think>3 + 5 = 9</think><answer>9</answer>", 1.0),  # the form only: a wrong answer in it is the verifier's
+    ],
+)
+def test_format_reward_table(completion, reward):
+    assert tasks.format_reward(completion, "8") == reward
+
+
+def test_r1_prompt_style_asks_every_question_for_the_format_held_out_too():
+    stream, heldout = tasks.load_problems(None, 0, 4, 2)
+    assert tasks.with_prompt_style("question", stream, heldout) == (stream, heldout)
+    r1_stream, r1_heldout = tasks.with_prompt_style("r1", *tasks.load_problems(None, 0, 4, 2))
+    first = next(stream)
+    assert next(r1_stream) == tasks.Problem(first.prompt + tasks.R1_INSTRUCTION, first.answer)
+    assert r1_heldout == [tasks.Problem(p.prompt + tasks.R1_INSTRUCTION, p.answer) for p in heldout]
+    assert tasks.R1_INSTRUCTION.endswith("i.e., <think> reasoning process here </think><answer> answer here </answer>.")
+    # a completion in the asked-for form earns the format reward, and the verifier reads the number in <answer>
+    done = "<think>1 + 2 = 3</think><answer>3</answer>"
+    assert tasks.format_reward(done) == 1.0 and tasks.verify(done, "3") == 1.0
+
+
+@pytest.mark.parametrize(
     "n, c, k, expected",
     [
         (8, 0, 8, 0.0),
