@@ -15,20 +15,21 @@ label is trusted with probability 1 - ε:  L = -(1-ε) log σ(β h) - ε log σ(
 Conventions a reader could get wrong (each pinned by a test):
 - log π(y|x) is the *sum* of the completion's token log-probs (EOS included), never the mean.
 - β multiplies the log-ratios inside the sigmoid; it is not a KL coefficient added to a loss.
-- The reference is the starting model, frozen. Its log-probs are computed once up front by
-  default, before the first update, so only one model is ever in memory; with
-  `--no-precompute-ref-logprobs` a frozen copy scores each batch on the fly (same numbers).
-- Chosen and rejected go through the model together: each prompt is encoded once and its
-  key/value cache shared by its two completions (common.completion_logprobs); the test
-  suite checks this equals two separate forwards.
+- The reference is the starting model, frozen, its log-probs computed once before the first update (one model in
+  memory); `--no-precompute-ref-logprobs` (same numbers) and `--online` keep a frozen copy to score each batch.
+- Chosen and rejected go through the model together: each prompt is encoded once and its key/value cache shared
+  by its two completions (common.completion_logprobs); the test suite checks this equals two separate forwards.
 
-Data. By default, pairs are the reference model's own samples on the arithmetic task, labelled by
-the verifier: each prompt is sampled `--samples-per-prompt` times and a correct completion is
-paired with an incorrect one (preferences.preference_data; built once, cached as JSONL, an eighth of
-the prompts held out). `--dataset pairs.jsonl` with TRL's fields prompt, chosen, rejected trains on
-your own pairs (a tenth held out). Completions get EOS appended (sampled ones only where the model
-emitted it: a truncated sample stays truncated) and are tokenised apart from the
+Data. By default, pairs are the reference model's own samples on the arithmetic task, labelled by the verifier: each
+prompt is sampled `--samples-per-prompt` times and a correct completion is paired with an incorrect one
+(preferences.preference_data; built once, cached as JSONL, an eighth of the prompts held out). `--dataset pairs.jsonl`
+with TRL's fields prompt, chosen, rejected trains on your own pairs (a tenth held out). Completions get EOS appended
+(sampled ones only where the model emitted it: a truncated sample stays truncated) and are tokenised apart from the
 prompt, so a pair's two rows share exactly the same prompt tokens.
+
+Online DPO (`--online`; Guo et al. 2024, arXiv:2402.04792; TRL's OnlineDPOTrainer with a judge): each step, two
+samples per prompt from the current policy, the one the verifier passes chosen; a pair with equal labels says
+nothing and is dropped (pairs/kept, pairs/dropped). Loss, log-probs and reference (the starting model) as above.
 
 Where this file departs from the paper, and why:
 - No SFT stage on the chosen completions first: the embedded model is already instruction-tuned
@@ -38,6 +39,7 @@ Where this file departs from the paper, and why:
 Run:
     python dpo.py                       # SmolLM2-135M-Instruct (embedded), its own samples as pairs
     python dpo.py --model tiny --dataset tests/data/pairs.jsonl --steps 3
+    python dpo.py --online                # online DPO: pairs sampled from the policy each step
     python dpo.py --help
 
 Shapes: P pairs, B = 2P sequences (chosen and rejected interleaved), S prompt tokens, T completion tokens.
@@ -90,6 +92,8 @@ class Args:
     """ε of conservative DPO: the probability that a pair's label is wrong (0 = plain DPO)"""
     precompute_ref_logprobs: bool = True
     """score every pair with the reference once before training and keep only the policy in memory"""
+    online: bool = False
+    """online DPO: two samples per prompt from the policy each step (--batch-size prompts), labelled by the verifier"""
     # ---- preference data: the pairs sampled from the model when --dataset is not given ---------------------------
     num_prompts: int = 512
     """distinct arithmetic prompts to sample; an eighth are held out"""
@@ -153,12 +157,11 @@ def concatenated_logps(model, tokenizer, pairs: list[dict],
     """
     prompts = [p["prompt"] for p in pairs]
     texts, finished = preferences.pair_completions(pairs)  # chosen_0, rejected_0, chosen_1, ...
-    logps, lengths = preferences.sequence_logps(model, tokenizer, prompts, texts, max_completion_tokens,
-                                          finished)  # (2P,) sums, never means
+    logps, lengths = preferences.sequence_logps(model, tokenizer, prompts, texts, max_completion_tokens, finished)
     prompt_tokens = sum(len(tokenizer(tasks.format_prompt(tokenizer, p), add_special_tokens=False).input_ids)
                         for p in prompts)
     tokens = int(2 * prompt_tokens + lengths.sum())
-    logps = logps.view(len(pairs), 2)  # (P, 2)
+    logps = logps.view(len(pairs), 2)  # (P, 2) sums, never means
     return logps[:, 0], logps[:, 1], tokens
 
 
@@ -172,7 +175,27 @@ def score_pairs(model, tokenizer, pairs: list[dict], batch_size: int, max_comple
         chosen, rejected, _ = concatenated_logps(model, tokenizer, pairs[start : start + batch_size],
                                                  max_completion_tokens)
         out.append(torch.stack([chosen, rejected], dim=1))
-    return torch.cat(out)
+    return torch.cat(out) if out else torch.zeros(0, 2)  # online DPO has no held-out pairs
+
+
+def sample_pairs(policy, tokenizer, problems: list[tasks.Problem], max_new_tokens: int, temperature: float,
+                 generator: torch.Generator) -> tuple[list[dict], int]:
+    """Two samples per problem from the policy, the one the verifier passes chosen; a pair of equal labels dropped."""
+    device, eos = next(policy.parameters()).device, tokenizer.eos_token_id
+    policy.eval()
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
+    completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 2, max_new_tokens, eos,
+                                               tokenizer.pad_token_id, temperature, 1.0, generator)  # (2P, T)
+    texts = tasks.decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, eos))
+    finished = (completion_ids == eos).any(1).tolist()  # a sample cut off at max_new_tokens gets no EOS later
+    pairs = []
+    for i, problem in enumerate(problems):  # rows 2i and 2i + 1 are the problem's two samples
+        labels = tasks.verify(texts[2 * i], problem.answer), tasks.verify(texts[2 * i + 1], problem.answer)
+        if labels[0] != labels[1]:
+            chosen, rejected = (2 * i, 2 * i + 1) if labels[0] > labels[1] else (2 * i + 1, 2 * i)
+            pairs.append({"prompt": problem.prompt, "chosen": texts[chosen], "rejected": texts[rejected],
+                          "chosen_finished": finished[chosen], "rejected_finished": finished[rejected]})
+    return pairs, len(problems) - len(pairs)
 
 
 def pair_metrics(losses, chosen_rewards, rejected_rewards, chosen_logps, rejected_logps, prefix: str = "") -> dict:
@@ -212,13 +235,15 @@ def main(args: Args) -> dict:
     fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
-    train_pairs, heldout_pairs, _ = preferences.load_preference_pairs(
+    train_pairs, heldout_pairs, _ = ([], [], []) if args.online else preferences.load_preference_pairs(
         args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens,
         args.temperature, device, precision, args.eval_size)
     heldout_problems = tasks.heldout_problems(args.eval_size)
+    if args.online:  # problems, not pairs: the pairs are sampled from the policy at each step
+        train_stream, heldout_problems = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
-    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run appends
+    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # online: all empty
 
     # ---- 1. the reference: log π_ref once for every pair, or a frozen copy -----------------------
     # Before any update the policy *is* the reference, so precomputing needs no second model. A resumed
@@ -230,10 +255,10 @@ def main(args: Args) -> dict:
     else:
         heldout_ref = score_pairs(policy, tokenizer, heldout_pairs, args.batch_size, args.max_completion_tokens,
                                   "reference log-probs (held-out)")
-        if args.precompute_ref_logprobs:
+        if args.precompute_ref_logprobs and not args.online:
             train_ref = score_pairs(policy, tokenizer, train_pairs, args.batch_size, args.max_completion_tokens,
                                     "reference log-probs (train)")
-    if not args.precompute_ref_logprobs and not args.lora.lora_r:
+    if (args.online or not args.precompute_ref_logprobs) and not args.lora.lora_r:
         ref_model = common.frozen_copy(policy)  # the starting model, also when resuming; with LoRA: adapter off
     if resumed:
         policy = models.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
@@ -245,15 +270,20 @@ def main(args: Args) -> dict:
         policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
     run = runs.Run(args, "dpo", tokenizer, device, resumed,
-                   eval_row=lambda r: {"accuracy": r["accuracy"], **r["pairs"]})
-    # the data position is the step: batches[step:] come next
-    run.keep(policy, optimizer=optimizer, scheduler=scheduler,
+                   eval_row=lambda r: {"accuracy": r["accuracy"], **r.get("pairs", {})})
+    generator = torch.Generator(device=device).manual_seed(args.seed) if args.online else None  # online sampling
+    # the data position is the step: batches[step:] come next, or online the problems after (step - 1)·P
+    run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler,
              extra=lambda: {"heldout_ref": heldout_ref, "train_ref": train_ref})
+    for _ in range((run.first_step - 1) * args.batch_size if args.online else 0):
+        next(train_stream)
 
     def evaluate(step: int, pass_k: int = 0) -> dict:
         """Held-out greedy task accuracy (the number every algorithm reports) and held-out pair metrics."""
         result = tasks.evaluate_policy(policy, tokenizer, heldout_problems, args.max_new_tokens, args.seed,
                                        step, pass_k)
+        if not heldout_pairs:  # online
+            return result
         with torch.no_grad():
             chosen, rejected = score_pairs(policy, tokenizer, heldout_pairs, args.batch_size,
                                            args.max_completion_tokens, "held-out pairs").unbind(1)
@@ -268,6 +298,14 @@ def main(args: Args) -> dict:
     for step, batch in enumerate(batches[run.first_step - 1 :], run.first_step):
         t0 = time.time()
         pairs = [train_pairs[i] for i in batch]
+        if args.online:  # ---- online: two samples per prompt from the policy, labelled by the verifier -------
+            pairs, dropped = sample_pairs(policy, tokenizer, [next(train_stream) for _ in range(args.batch_size)],
+                                          args.max_new_tokens, args.temperature, generator)
+            if not pairs:  # all labels equal: no update and no scheduler step; logged, evaluated, saved as usual
+                run.log(step, {"pairs/kept": 0, "pairs/dropped": dropped, "time/step": time.time() - t0})
+                run.evaluate(step, evaluate)
+                run.save_if_due(step)
+                continue
 
         # ---- 2. log π_ref of this batch: precomputed, or from the frozen copy ---------------------
         if train_ref is not None:
@@ -303,6 +341,7 @@ def main(args: Args) -> dict:
             "lr": lr,
             "time/step": step_time,
             "tokens_per_second": tokens / step_time,  # prompt + completion tokens of the 2P sequences
+            **({"pairs/kept": len(pairs), "pairs/dropped": dropped} if args.online else {}),
         })
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "margin": f"{stats['rewards/margins']:.3f}",
                               "acc": f"{stats['rewards/accuracies']:.2f}"})
@@ -313,7 +352,7 @@ def main(args: Args) -> dict:
 
     return run.finish(evaluate, lambda before, after: {
         **tasks.before_and_after(before, after), "pairs_train": len(train_pairs), "pairs_heldout": len(heldout_pairs),
-        "pairs_used": args.steps * args.batch_size,
+        **({} if args.online else {"pairs_used": args.steps * args.batch_size}),  # online: pairs/kept, step by step
     }, lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}")
 
 

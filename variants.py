@@ -1,11 +1,12 @@
-"""Variants of DPO and of critic-free RL, one loss each: IPO, KTO, SimPO, ORPO (offline) and RLOO, ReMax (online).
+"""Variants of DPO and of critic-free RL: IPO, KTO, SimPO, ORPO (offline) and RLOO, ReMax, REINFORCE++ (online).
 
 The offline four train on the same preference data as dpo.py (the model's own samples, labelled by
 the verifier; KTO sees them unpaired) and differ only in the loss on sequence log-probs. The online
-two sample from the policy, score with the verifier minus a KL penalty to the reference, and take a
-REINFORCE step with a baseline that needs no critic: the other samples of the prompt (RLOO) or the
-greedy completion's reward (ReMax). Every run is evaluated like the others: held-out greedy
-accuracy by the verifier, before and after.
+ones sample from the policy, score with the verifier minus a KL penalty to the reference, and take a
+REINFORCE step with a baseline that needs no critic: the other samples of the prompt (RLOO), the
+greedy completion's reward (ReMax), or the whole batch's mean and std (REINFORCE++, per token; its
+baseline form first subtracts the prompt's mean score). Every run is evaluated like the others:
+held-out greedy accuracy by the verifier, before and after.
 
 Losses (y_w chosen, y_l rejected, log π(y|x) summed over completion tokens unless said):
   IPO    (Azar et al. 2024, arXiv:2310.12036, eq. 17):  (h - 1/(2τ))²,
@@ -18,6 +19,9 @@ Losses (y_w chosen, y_l rejected, log π(y|x) summed over completion tokens unle
          no reference;  odds(y) = P(y)/(1 - P(y)) with log P(y) the *mean* token log-prob
   RLOO   (Ahmadian et al. 2024, arXiv:2402.14740, eq. 6):  A_i = r_i - 1/(k-1) Σ_{j≠i} r_j
   ReMax  (Li et al. 2024, arXiv:2310.10505, Alg. 1):  A_i = r_i - r(x, ȳ), ȳ the greedy completion of x
+  REINFORCE++ (Hu 2025, arXiv:2501.03262):  r_t = -β (log π - log π_ref)_t on every token, + r(x, y) on the last;
+         G_t = Σ_{s>=t} r_s (γ = 1);  A_t = (G_t - mean G) / std G over every completion token of the batch;
+         baseline form (REINFORCE++-baseline): r(x, y) - the mean score of its prompt's k samples, then as above
 
 Conventions a reader could get wrong (each pinned by a test):
 - IPO uses *summed* log-probs here, as the paper's h; TRL's IPO averages over tokens instead,
@@ -36,12 +40,18 @@ Conventions a reader could get wrong (each pinned by a test):
   the same full-softmax log-probs, so the update is on-policy. There is no --top-p on purpose:
   sampling with top-p < 1 but scoring with full-softmax log-probs would make every update
   off-policy by the truncated mass, with no importance ratio here to correct it.
+- REINFORCE++ follows OpenRLHF (advantage_estimator reinforce / reinforce_baseline): the k1 KL is a penalty in
+  each token's reward, the baseline form centres the *score* in its prompt's group before the KL joins it, and
+  the whitening is over all completion tokens of the batch with the population std. verl divides by the sample
+  std, and its baseline form copies the group-centred sum of a sequence's token rewards to every token (no reward
+  to go). The loss is the token mean of -A_t log π_t over the batch: one step per batch, so PPO's ratio is 1.
 - A non-finite score from the reward function stops the run with a message that names the reward,
   before it becomes a NaN loss (whose message would blame the learning rate).
 
 Run:
     python variants.py --algo simpo             # embedded model, the preference data of dpo.py
     python variants.py --algo rloo              # embedded model, verifier reward
+    python variants.py --algo reinforce_pp_baseline --model tiny --steps 3
     python variants.py --algo kto --model tiny --dataset tests/data/pairs.jsonl --steps 3
     python variants.py --help
 
@@ -62,14 +72,17 @@ import models
 import preferences
 import runs
 import tasks
-from common import masked_sum
+from common import masked_mean, masked_sum, masked_whiten
 from preferences import sequence_logps
 from runs import InputError, require
 
 OFFLINE = ("ipo", "kto", "simpo", "orpo")
-# The β of each algorithm means something different: IPO's τ, KTO's β, SimPO's β, ORPO's λ, RLOO/ReMax's KL coefficient.
-DEFAULT_BETA = {"ipo": 0.1, "kto": 0.1, "simpo": 2.0, "orpo": 0.1, "rloo": 0.05, "remax": 0.05}
-DEFAULT_LR = {"ipo": 5e-6, "kto": 5e-6, "simpo": 5e-6, "orpo": 5e-6, "rloo": 1e-5, "remax": 1e-5}
+REINFORCE_PP = ("reinforce_pp", "reinforce_pp_baseline")  # per-token advantages; the others' are per sequence
+# The β of each algorithm means something different: IPO's τ, KTO's β, SimPO's β, ORPO's λ, the online KL coefficient.
+DEFAULT_BETA = {"ipo": 0.1, "kto": 0.1, "simpo": 2.0, "orpo": 0.1, "rloo": 0.05, "remax": 0.05, "reinforce_pp": 0.05,
+                "reinforce_pp_baseline": 0.05}
+DEFAULT_LR = {"ipo": 5e-6, "kto": 5e-6, "simpo": 5e-6, "orpo": 5e-6, "rloo": 1e-5, "remax": 1e-5, "reinforce_pp": 1e-5,
+              "reinforce_pp_baseline": 1e-5}
 
 
 @dataclass
@@ -77,8 +90,9 @@ class Args:
     """One variant, chosen with --algo."""
 
     # ---- experiment: which variant, what to train and how it is evaluated ----------------------------------------
-    algo: Literal["ipo", "kto", "simpo", "orpo", "rloo", "remax"]
-    """offline on preference pairs: ipo, kto, simpo, orpo; online with the verifier reward: rloo, remax"""
+    algo: Literal["ipo", "kto", "simpo", "orpo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline"]
+    """offline on preference pairs: ipo, kto, simpo, orpo; online with the verifier reward: rloo, remax, reinforce_pp,
+    reinforce_pp_baseline"""
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
     dataset: Annotated[Optional[str], runs.none_means("the built-in task", "FILE")] = None
@@ -97,7 +111,7 @@ class Args:
     batch_size: int = 8
     """offline: preference pairs per step (KTO: their 2× unpaired samples); online: prompts per step"""
     beta: Annotated[Optional[float], runs.none_means("the value in brackets for the --algo", "FLOAT")] = None
-    """IPO τ (0.1), KTO β (0.1), SimPO β (2.0), ORPO λ (0.1), RLOO/ReMax KL coefficient (0.05)"""
+    """IPO τ (0.1), KTO β (0.1), SimPO β (2.0), ORPO λ (0.1), RLOO/ReMax/REINFORCE++ KL coefficient (0.05)"""
     simpo_gamma: float = 0.5
     """SimPO's target margin γ, in reward units (subtracted after β scales the log-probs)"""
     desirable_weight: float = 1.0
@@ -105,7 +119,8 @@ class Args:
     undesirable_weight: float = 1.0
     """KTO λ_U, the weight of undesirable samples"""
     group_size: int = 4
-    """RLOO: samples per prompt, k >= 2 (ReMax always takes one sample and one greedy completion)"""
+    """RLOO, REINFORCE++: samples per prompt, k (>= 2 for rloo and reinforce_pp_baseline; ReMax takes one sample and
+    one greedy completion)"""
     # ---- data and generation: the preference data (offline) and sampling (online) --------------------------------
     num_prompts: int = 512
     """offline: distinct arithmetic prompts sampled for the preference data (the same cache as dpo.py)"""
@@ -206,6 +221,26 @@ def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> tor
     return rewards - greedy_rewards.repeat_interleave(len(rewards) // len(greedy_rewards))
 
 
+def reinforce_pp_advantages(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                            mask: torch.Tensor, beta: float, group_size: Optional[int] = None) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025) as OpenRLHF computes it: the KL-penalised reward to go, whitened over the whole batch.
+
+    r_t = -β (log π_t - log π_ref,t) on every completion token, + the score on the last one (EOS, or the cut)
+    G_t = Σ_{s>=t} r_s  (γ = 1);   A_t = (G_t - mean G) / std G, over every completion token of the batch
+    (population std), never per prompt. With group_size k, the baseline form: each score first loses the mean
+    score of its prompt's k consecutive samples. scores (B,), logprobs and ref_logprobs (B, T) (detached),
+    mask (B, T) -> A (B, T), 0 on padding.
+    """
+    if group_size is not None:
+        grouped = scores.view(-1, group_size)  # (P, k)
+        scores = (grouped - grouped.mean(1, keepdim=True)).reshape(-1)  # (B,)
+    rewards = -beta * (logprobs - ref_logprobs) * mask  # (B, T) k1 per token, a penalty; padding gets 0
+    last = (mask.sum(1) - 1).clamp(min=0)  # (B,) index of the last completion token
+    rewards[torch.arange(len(scores), device=scores.device), last] += scores
+    returns = rewards.flip(1).cumsum(1).flip(1)  # (B, T) G_t; padding after the last token adds nothing
+    return masked_whiten(returns, mask) * mask  # (B, T) one mean and std for all B·T valid tokens
+
+
 # ---------------------------------------------------------------------------------------------
 # Sequence log-probs
 # ---------------------------------------------------------------------------------------------
@@ -257,6 +292,9 @@ def check_args(args: Args) -> None:
     require(args.beta is None or args.beta > 0, "--beta must be > 0")
     require(args.algo != "rloo" or args.group_size >= 2,
             f"--group-size must be at least 2 for RLOO (the other samples are the baseline), not {args.group_size}")
+    require(args.algo != "reinforce_pp_baseline" or args.group_size >= 2,
+            "--group-size must be at least 2 for reinforce_pp_baseline (the group's mean score is the baseline)")
+    require(args.group_size >= 1, f"--group-size must be at least 1, not {args.group_size}")
     require(args.algo != "kto" or args.batch_size >= 2,
             "--batch-size must be at least 2 for KTO (z0 pairs each prompt with another pair's completions)")
     require(args.samples_per_prompt >= 2,
@@ -305,7 +343,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     # SimPO and ORPO are reference-free: no second model is loaded. The reference is the starting model, also
     # when resuming; with LoRA it is the policy with its adapter off.
-    uses_reference = args.algo in ("ipo", "kto", "rloo", "remax")
+    uses_reference = args.algo in ("ipo", "kto", "rloo", "remax", *REINFORCE_PP)
     ref_model = common.frozen_copy(policy) if uses_reference and not args.lora.lora_r else None
     if resumed:
         policy = models.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
@@ -334,10 +372,10 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             loss, stats = offline_loss(args, beta, policy, ref_model, tokenizer,
                                        [train_pairs[i] for i in batches[step - 1]])
         else:
-            # ---- online 1. sample: k per prompt (RLOO) or one plus the greedy completion (ReMax) --------
+            # ---- online 1. sample: k per prompt (RLOO, REINFORCE++) or one plus the greedy one (ReMax) ------
             problems = [next(train_stream) for _ in range(args.batch_size)]
             prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
-            k = args.group_size if args.algo == "rloo" else 1
+            k = 1 if args.algo == "remax" else args.group_size
             policy.eval()
             completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, k, args.max_new_tokens, eos,
                                                        pad, args.temperature, 1.0, generator)
@@ -366,15 +404,22 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             rewards = scores - beta * kl
             if args.algo == "rloo":
                 advantages = rloo_advantages(rewards, k)
-            else:
+            elif args.algo == "remax":
                 advantages = remax_advantages(rewards, greedy_scores)
+            else:  # REINFORCE++: the same KL, token by token in the reward to go; advantages (B, T)
+                advantages = reinforce_pp_advantages(scores, logprobs.detach(), ref_logprobs, mask, beta,
+                                                     k if args.algo == "reinforce_pp_baseline" else None)
 
             # ---- online 3. REINFORCE with the baseline: -A · log π(y|x), one step per batch -------------
-            loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()
+            if args.algo in REINFORCE_PP:  # -A_t log π_t, the token mean over the batch
+                loss = -masked_mean(advantages * logprobs, mask)
+            else:
+                loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()
             stats = {"reward": scores.mean().item(), "kl": kl.mean().item(), "rlhf_reward": rewards.mean().item(),
-                     "advantage_abs": advantages.abs().mean().item(),
+                     "advantage_abs": (masked_mean(advantages.abs(), mask) if args.algo in REINFORCE_PP
+                                       else advantages.abs().mean()).item(),
                      "completion_length": mask.sum(1).float().mean().item(),
-                     # per group (RLOO), per batch (ReMax)
+                     # per group (RLOO, REINFORCE++), per batch (ReMax)
                      "completions/distinct": common.distinct_fraction(completion_ids, mask,
                                                                       k if k > 1 else len(completion_ids)),
                      "loss": loss.item()}

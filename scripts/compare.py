@@ -70,15 +70,21 @@ ALGORITHMS = {
     "kto": ("KTO", ["variants.py", "--algo", "kto"], 16),
     "simpo": ("SimPO", ["variants.py", "--algo", "simpo"], 16),
     "orpo": ("ORPO", ["variants.py", "--algo", "orpo"], 16),
+    "reinforce-pp": ("REINFORCE++", ["variants.py", "--algo", "reinforce_pp"], 32),
+    "reinforce-pp-baseline": ("REINFORCE++, baseline", ["variants.py", "--algo", "reinforce_pp_baseline"], 32),
+    "online-dpo": ("Online DPO", ["dpo.py", "--online"], 16),  # two samples per prompt, kept pairs or not
 }
+# Choices by name only: the default set is the one the README's comparison was run with.
+NOT_BY_DEFAULT = ("reinforce-pp", "reinforce-pp-baseline", "online-dpo")
 CPU_BUDGET, GPU_BUDGET = 160, 3200  # training completions per run
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algos", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS), metavar="ALGO",
-                        help=f"which algorithms (default: all): {', '.join(ALGORITHMS)}")
+    default = [slug for slug in ALGORITHMS if slug not in NOT_BY_DEFAULT]
+    parser.add_argument("--algos", nargs="+", default=default, choices=list(ALGORITHMS), metavar="ALGO",
+                        help=f"which algorithms (default: {', '.join(default)}; also {', '.join(NOT_BY_DEFAULT)})")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds, one run each (default: 0 1 2)")
     parser.add_argument("--budget", type=int, default=None,
                         help=f"training completions per run (default: {CPU_BUDGET}, or {GPU_BUDGET} with --full)")

@@ -13,8 +13,8 @@ import tasks
 import variants
 from conftest import (PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing, assert_one_line_error,
                       assert_resume_is_exact, digit_fraction, metrics_of, run_script)
-from variants import (Args, ipo_loss, kto_loss, main, offline_loss, orpo_loss, remax_advantages, rloo_advantages,
-                      sequence_logps, simpo_loss)
+from variants import (Args, ipo_loss, kto_loss, main, offline_loss, orpo_loss, reinforce_pp_advantages,
+                      remax_advantages, rloo_advantages, sequence_logps, simpo_loss)
 
 
 def tiny_args(tmp_path, algo, **overrides) -> Args:
@@ -85,6 +85,37 @@ def test_remax_greedy_baseline_by_hand():
             == [0.0, -1.0, 0.0, 1.0])
     rewards = torch.tensor([0.3, 0.7])
     assert remax_advantages(rewards, rewards).abs().max() == 0  # greedy reward equal to the sample reward gives zero
+
+
+# Two prompts × k = 2 samples, a ragged mask (3, 2, 1, 2 tokens: 8 in all), β = 0.5, log π_ref = 0, and
+# log π - log π_ref = 5 on every padding position: it must count nowhere.
+RAGGED_MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0]])
+RAGGED_LOG_RATIOS = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 5.0], [0.0, 5.0, 5.0], [-1.0, 0.0, 5.0]])
+
+
+def test_reinforce_pp_whitens_the_kl_penalised_reward_to_go_over_the_whole_batch():
+    # r_t = -0.5·(log-ratio), + the score on the last token; scores [1, 0 | 1, 1]:
+    #   row 0: r = [-0.5, 0, 1]  -> G = [0.5, 1, 1]      row 1: r = [0, 0]  -> G = [0, 0]
+    #   row 2: r = [1]           -> G = [1]              row 3: r = [0.5, 1] (the negative log-ratio is a bonus)
+    #                                                            -> G = [1.5, 1]
+    # over the 8 tokens: mean 6/8 = 0.75; deviations ±0.25 (five) and ±0.75 (three): population variance
+    # (5·0.0625 + 3·0.5625)/8 = 2/8 = 0.25, std 0.5 (the sample std √(2/7) = 0.5345 would give ±0.4677, ±1.4031)
+    advantages = reinforce_pp_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), RAGGED_LOG_RATIOS, torch.zeros(4, 3),
+                                         RAGGED_MASK, beta=0.5)
+    assert advantages.tolist() == [pytest.approx(row, abs=1e-6) for row in
+                                   [[-0.5, 0.5, 0.5], [-1.5, -1.5, 0.0], [0.5, 0.0, 0.0], [1.5, 0.5, 0.0]]]
+    # whitened per prompt instead, prompt 0's five tokens [0.5, 1, 1, 0, 0] would have mean 0.5 and std √0.2
+
+
+def test_reinforce_pp_baseline_subtracts_the_prompts_mean_score_before_the_kl():
+    # scores [1, 1 | 0, 0]: each prompt's samples scored alike, so the centred scores are all 0 and only the KL
+    # is left: G = row 0 [-0.5, 0, 0], row 3 [0.5, 0], 0 elsewhere; mean 0, variance (0.25 + 0.25)/8 = 0.0625,
+    # std 0.25: A = ±2 on the first tokens of rows 0 and 3. (Without the baseline, the scores would stay:
+    # G = [0.5, 1, 1], [1, 1], [0], [0.5, 0].)
+    advantages = reinforce_pp_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), RAGGED_LOG_RATIOS, torch.zeros(4, 3),
+                                         RAGGED_MASK, beta=0.5, group_size=2)
+    assert advantages.tolist() == [pytest.approx(row, abs=1e-6) for row in
+                                   [[-2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]]]
 
 
 # ---- the conventions in the loop ------------------------------------------------------------------------------------
@@ -166,11 +197,12 @@ def test_simpo_and_orpo_load_no_reference_model(tmp_path):
 
 
 # ---- the online loop ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("algo", ["rloo", "remax"])
+@pytest.mark.parametrize("algo", ["rloo", "remax", "reinforce_pp", "reinforce_pp_baseline"])
 def test_online_baseline_cancels_a_constant_reward_in_the_loop(tmp_path, algo):
     # Step 1: the policy is the reference, so KL = 0 and every reward is 1 - β·0 = 1. RLOO's baseline (the
     # mean of the other k-1 samples) and ReMax's (the greedy completion's score) are 1 too: A = 1 - 1 = 0,
-    # so the loss -A·log π(y|x) is 0. Without a baseline A would be 1.
+    # so the loss -A·log π(y|x) is 0. Without a baseline A would be 1. REINFORCE++: every token's reward to go
+    # is 1, and so is the batch's mean.
     (row,) = metrics_of(main(tiny_args(tmp_path, algo, steps=1), reward_fn=lambda completion, answer: 1.0))
     assert row["kl"] == 0.0 and row["reward"] == 1.0 and row["rlhf_reward"] == 1.0
     assert row["advantage_abs"] == 0.0 and row["loss"] == 0.0
@@ -204,6 +236,28 @@ def test_online_kl_is_subtracted_from_the_reward_the_baseline_sees(tmp_path, alg
     # a penalty: mean(score - 1·KL) = mean score - mean KL; a bonus would give mean score + mean KL
     assert rows[1]["rlhf_reward"] == pytest.approx(rows[1]["reward"] - rows[1]["kl"], abs=1e-5)
     assert seen[1] == pytest.approx(rows[1]["reward"] - rows[1]["kl"], abs=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["reinforce_pp", "reinforce_pp_baseline"])
+def test_reinforce_pp_in_the_loop_gets_the_kl_per_token_and_takes_the_token_mean(tmp_path, algo, monkeypatch):
+    seen = []  # what the loop hands to reinforce_pp_advantages, and what it gets back, each step
+
+    def spy(scores, logprobs, ref_logprobs, mask, beta, group_size):
+        advantages = reinforce_pp_advantages(scores, logprobs, ref_logprobs, mask, beta, group_size)
+        seen.append(dict(logprobs=logprobs, ref_logprobs=ref_logprobs, mask=mask, advantages=advantages,
+                         group_size=group_size))
+        return advantages
+
+    monkeypatch.setattr(variants, "reinforce_pp_advantages", spy)
+    rows = metrics_of(main(tiny_args(tmp_path, algo, beta=1.0, lr=1e-2, temperature=1.0),
+                           reward_fn=lambda completion, answer: len(completion) / 100))
+    step2 = seen[1]  # after one update the log-ratio is not 0: it must arrive as log π - log π_ref, not reversed
+    lp, ref_lp, mask, advantages = step2["logprobs"], step2["ref_logprobs"], step2["mask"], step2["advantages"]
+    kl = ((lp - ref_lp) * mask).sum(1).mean().item()
+    assert abs(kl) > 1e-3 and kl == pytest.approx(rows[1]["kl"], abs=1e-5)
+    # the token mean over the batch, Σ A_t log π_t / (completion tokens); a mean of sequence sums would be larger
+    assert rows[1]["loss"] == pytest.approx(-((advantages * lp * mask).sum() / mask.sum()).item(), abs=1e-5)
+    assert step2["group_size"] == (4 if algo == "reinforce_pp_baseline" else None)  # the k samples of a prompt
 
 
 @pytest.mark.parametrize(
@@ -241,11 +295,20 @@ def test_rloo_raises_a_dense_reward_on_the_tiny_model(tmp_path):
     assert sum(r["reward"] for r in rows[-5:]) / 5 > sum(r["reward"] for r in rows[:5]) / 5 + 0.1
 
 
+def test_reinforce_pp_raises_a_dense_reward_on_the_tiny_model(tmp_path):
+    args = tiny_args(tmp_path, "reinforce_pp_baseline", steps=30, batch_size=4, group_size=8, lr=3e-3,
+                     temperature=1.0, beta=0.01)
+    rows = metrics_of(main(args, reward_fn=digit_fraction))
+    assert sum(r["reward"] for r in rows[-5:]) / 5 > sum(r["reward"] for r in rows[:5]) / 5 + 0.1
+
+
 # ---- bad input, the command line -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "algo, overrides, message",
     [
         ("rloo", dict(group_size=1), "--group-size must be at least 2 for RLOO"),
+        ("reinforce_pp_baseline", dict(group_size=1), "--group-size must be at least 2 for reinforce_pp_baseline"),
+        ("reinforce_pp", dict(group_size=0), "--group-size must be at least 1"),
         ("kto", dict(batch_size=1), "--batch-size must be at least 2 for KTO"),
         ("ipo", dict(beta=0.0), "--beta must be > 0"),
         ("simpo", dict(dataset="/nonexistent.jsonl"), "no such file"),
@@ -257,7 +320,8 @@ def test_bad_arguments_are_one_clear_error(tmp_path, algo, overrides, message):
     assert not os.path.exists(tmp_path / "runs")
 
 
-@pytest.mark.parametrize("algo", ["ipo", "kto", "simpo", "orpo", "rloo", "remax"])
+@pytest.mark.parametrize("algo", ["ipo", "kto", "simpo", "orpo", "rloo", "remax", "reinforce_pp",
+                                  "reinforce_pp_baseline"])
 def test_cli_tiny_run_for_every_algo(tmp_path, algo):
     dataset = ["--dataset", PAIRS] if algo in ("ipo", "kto", "simpo", "orpo") else ["--max-new-tokens", "8"]
     proc = run_script("variants.py", "--algo", algo, "--model", "tiny", *dataset, "--steps", "2", "--eval-size", "8",
