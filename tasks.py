@@ -64,12 +64,31 @@ def make_problem(rng: random.Random) -> Problem:
     return Problem(prompt=f"What is {a} + {b}?", answer=str(a + b))
 
 
-def heldout_problems(n: int = DEFAULT_EVAL_SIZE, seed: int = 1234) -> list[Problem]:
+# A multi-step family for the process reward model (prm.py): a chain of 2-4 operands joined by + and -, worked
+# left to right, one step per line ("23 + 45 = 68\n68 - 17 = 51"). A '-' that would go below zero becomes '+', so
+# every intermediate result is a plain non-negative number; the verifier reads the final one, as for the sums.
+_CHAIN = re.compile(r"What is (\d+(?: [+-] \d+)+)\?")
+
+
+def make_multistep_problem(rng: random.Random) -> Problem:
+    total = rng.randint(10, 99)
+    question = str(total)
+    for _ in range(rng.randint(1, 3)):
+        b, op = rng.randint(1, 99), rng.choice("+-")
+        op = "+" if op == "-" and b > total else op
+        total = total + b if op == "+" else total - b
+        question += f" {op} {b}"
+    return Problem(prompt=f"What is {question}?", answer=str(total))
+
+
+def heldout_problems(n: int = DEFAULT_EVAL_SIZE, seed: int = 1234,
+                     make: Callable[[random.Random], Problem] = make_problem) -> list[Problem]:
     """A fixed held-out set, distinct problems, the same for every algorithm and run seed; heldout_problems(n)
-    starts with heldout_problems(m) for every m < n (training_exclusion relies on it)."""
+    starts with heldout_problems(m) for every m < n (training_exclusion relies on it). `make` picks the family
+    (make_problem, or make_multistep_problem for prm.py)."""
     rng, problems = random.Random(seed), {}
     while len(problems) < n:
-        p = make_problem(rng)
+        p = make(rng)
         problems.setdefault(p.prompt, p)
     return list(problems.values())
 
@@ -84,20 +103,32 @@ def evaluation_for_model(args):
     return dataclasses.replace(args, eval_size=eval_size, **({"pass_k": pass_k} if hasattr(args, "pass_k") else {}))
 
 
-def training_exclusion(eval_size: int) -> list[Problem]:
+def training_exclusion(eval_size: int, make: Callable[[random.Random], Problem] = make_problem) -> list[Problem]:
     """The problems the offline data (SFT's demonstrations, the preference prompts) must never train on: the
     `eval_size` evaluated ones, and never fewer than the default 200, so that data built at --eval-size <= 200 is
     the same whatever the size (a superset: heldout_problems(n) starts with heldout_problems(200))."""
-    return heldout_problems(max(eval_size, DEFAULT_EVAL_SIZE))
+    return heldout_problems(max(eval_size, DEFAULT_EVAL_SIZE), make=make)
 
 
-def train_problems(seed: int, exclude: list[Problem]) -> Iterator[Problem]:
-    """An endless stream of training problems from `seed` that never repeats a held-out one."""
+def train_problems(seed: int, exclude: list[Problem],
+                   make: Callable[[random.Random], Problem] = make_problem) -> Iterator[Problem]:
+    """An endless stream of training problems from `seed` (of the family `make`) that never repeats a held-out one."""
     rng, held = random.Random(seed), {p.prompt for p in exclude}
     while True:
-        p = make_problem(rng)
+        p = make(rng)
         if p.prompt not in held:
             yield p
+
+
+def multistep_problems(seed: int, num_train: int, eval_size: int) -> tuple[list[Problem], list[Problem]]:
+    """(num_train distinct training chains from `seed`, the eval_size held-out chains): make_multistep_problem's own
+    held-out set, never trained on (nor the default 200 of it: training_exclusion), as for the sums."""
+    chain = make_multistep_problem
+    stream = train_problems(seed, training_exclusion(eval_size, make=chain), make=chain)
+    train: dict[str, Problem] = {}  # distinct prompts, in the stream's order
+    while len(train) < num_train:
+        train.setdefault((p := next(stream)).prompt, p)
+    return list(train.values()), heldout_problems(eval_size, make=chain)
 
 
 def extract_final_number(text: str) -> Optional[float]:
@@ -188,6 +219,22 @@ def demonstration(problem: Problem) -> str:
         raise InputError(f"no demonstration for {problem.prompt!r}: "
                          "give sft.py --dataset with prompt and completion fields")
     return f"{operands[1]} + {operands[2]} = {problem.answer}"
+
+
+def worked_demonstration(problem: Problem) -> str:
+    """The step-by-step worked answer of a chain (make_multistep_problem), one step per line, each step the running
+    result and the next operand: "What is 23 + 45 - 17?" -> "23 + 45 = 68\n68 - 17 = 51". sft.py would learn the
+    form from rows {prompt, completion: worked_demonstration(p)} over the training chains of multistep_problems."""
+    chain = _CHAIN.fullmatch(problem.prompt)
+    if chain is None:
+        raise InputError(f"no worked demonstration for {problem.prompt!r}: not a chain like 'What is 23 + 45 - 17?'")
+    tokens = chain[1].split(" ")
+    total, lines = int(tokens[0]), []
+    for op, b in zip(tokens[1::2], map(int, tokens[2::2])):
+        new = total + b if op == "+" else total - b
+        lines.append(f"{total} {op} {b} = {new}")
+        total = new
+    return "\n".join(lines)
 
 
 def format_prompt(tokenizer, question: str) -> str:

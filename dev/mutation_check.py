@@ -58,7 +58,7 @@ class Mutation(NamedTuple):
 GRPO, PPO, DPO, RM = "tests/test_grpo.py", "tests/test_ppo.py", "tests/test_dpo.py", "tests/test_reward_model.py"
 COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/test_variants.py"
 REL, SFT, BANDIT = "tests/test_reliability.py", "tests/test_sft.py", "tests/test_bandit.py"
-MEMORY = "tests/test_memory_plan.py"
+MEMORY, PRM = "tests/test_memory_plan.py", "tests/test_prm.py"
 
 MUTATIONS = [
     # ---- grpo.py: advantages, KL, the clipped loss, aggregation, the loop ---------------------------------
@@ -500,6 +500,45 @@ MUTATIONS = [
              '            rows.append(("reward model", model_config(args.reward_model, vocab_size), "score", False))\n',
              "            pass\n",
              "memory plan (grpo) leaves the reward model out", f"{MEMORY} -k counts_a_reward_model"),
+    # ---- prm.py: steps, Math-Shepherd labels, the loss, where the score is read, aggregates, dense rewards ----------
+    Mutation("prm.py", "if start <= last - 1 < end)", "if start <= last < end)",
+             "PRM: a step's end read one character late (the newline's token)", f"{PRM} -k ragged"),
+    Mutation("prm.py", r'r"^[^\S\n]*(\S(?:[^\n]*\S)?)"', r'r"^([^\n]*)"',
+             "PRM: blank lines and edge whitespace cut as steps", f"{PRM} -k ragged"),
+    Mutation("prm.py", '(rollouts_correct > 0).float() if kind == "hard"',
+             '(rollouts_correct == num_rollouts).float() if kind == "hard"',
+             "PRM: hard label needs every rollout right (all, not any)", f"{PRM} -k fixed_rollouts"),
+    Mutation("prm.py", "else rollouts_correct.float() / num_rollouts", "else (rollouts_correct > 0).float()",
+             "PRM: soft label is the hard one", f"{PRM} -k fixed_rollouts"),
+    Mutation("prm.py", 'for _, end in split_steps(row["completion"])[:-1]]',
+             'for _, end in split_steps(row["completion"])[1:]]',
+             "PRM: rollouts from the next step's prefix (labels from the wrong step)", f"{PRM} -k fixed_rollouts"),
+    Mutation("prm.py", 'row["rollouts_correct"].append(num_rollouts * row["correct"])',
+             'row["rollouts_correct"].append(num_rollouts)',
+             "PRM: the last step labelled good whatever the solution's answer", f"{PRM} -k fixed_rollouts"),
+    Mutation("prm.py", "return common.masked_mean(losses, step_mask)", "return losses.mean()",
+             "PRM: BCE averaged over padding steps too", f"{PRM} -k loss_by_hand"),
+    Mutation("prm.py", "token_logits[:, prompt_ids.shape[1] :]", "token_logits[:, prompt_ids.shape[1] - 1 :]",
+             "PRM: step score read one token early", f"{PRM} -k whatever_the_padding"),
+    Mutation("prm.py",
+             "attention_mask=attention_mask,\n" + " " * 49 + "position_ids=common.position_ids(attention_mask))",
+             "attention_mask=attention_mask)",
+             "PRM: positions counted from the left padding", f"{PRM} -k whatever_the_padding"),
+    Mutation("prm.py", "return torch.where(step_mask.bool(), token_scores.gather(1, step_ends), 0.0)",
+             "return token_scores.gather(1, step_ends)",
+             "PRM: padded step slots read token 0's score", f"{PRM} -k step_ends_by_hand"),
+    Mutation("prm.py", 'score = filled.amin(1) if how == "min"', 'score = filled.mean(1) if how == "min"',
+             "PRM: mean instead of min over a solution's steps", f"{PRM} -k aggregation"),
+    Mutation("prm.py", "filled = step_probs.masked_fill(step_mask == 0, 1.0)", "filled = step_probs",
+             "PRM: padding steps enter the min and the product", f"{PRM} -k aggregation"),
+    Mutation("prm.py", "best = scores.view(-1, n).argmax(1)", "best = scores.view(-1, n).argmin(1)",
+             "PRM: best-of-N picks the lowest score", f"{PRM} -k aggregation"),
+    Mutation("prm.py", "rewards.scatter_add(1, step_ends, step_scores * step_mask)",
+             "rewards.scatter(1, step_ends, step_scores * step_mask)",
+             "PRM: dense reward by scatter (padding overwrites a step ending at token 0)", f"{PRM} -k dense"),
+    Mutation("tasks.py", "train_problems(seed, training_exclusion(eval_size, make=chain), make=chain)",
+             "train_problems(seed, training_exclusion(eval_size), make=chain)",
+             "multi-step chains trained on their held-out set (the sums' excluded instead)", f"{TASKS} -k multistep"),
 ]
 
 

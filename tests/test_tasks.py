@@ -181,6 +181,22 @@ def test_heldout_set_is_fixed_distinct_and_never_trained_on():
     assert all(int(p.answer) == sum(int(x) for x in p.prompt[8:-1].split(" + ")) for p in train[:50])
 
 
+def test_multistep_chains_have_their_own_heldout_set_and_worked_answers():
+    train, heldout = tasks.multistep_problems(seed=3, num_train=2000, eval_size=32)
+    assert heldout == tasks.multistep_problems(seed=5, num_train=1, eval_size=32)[1]  # fixed whatever the seed
+    assert len({p.prompt for p in heldout}) == 32
+    default = {p.prompt for p in tasks.heldout_problems(200, make=tasks.make_multistep_problem)}
+    assert len({p.prompt for p in train}) == 2000 and not {p.prompt for p in train} & default  # nor the default 200
+    assert {len(p.prompt.split()) for p in train} == {5, 7, 9}  # "What is" and 2, 3 or 4 operands
+    # 23 + 45 = 68, 68 - 17 = 51: one step a line, the verifier reads the final number
+    worked = tasks.worked_demonstration(tasks.Problem("What is 23 + 45 - 17?", "51"))
+    assert worked == "23 + 45 = 68\n68 - 17 = 51" and tasks.verify(worked, "51") == 1.0
+    for p in train[:50]:
+        assert tasks.verify(tasks.worked_demonstration(p), p.answer) == 1.0 and int(p.answer) >= 0
+    with pytest.raises(tasks.InputError, match="not a chain"):
+        tasks.worked_demonstration(tasks.Problem("What is 2 * 3?", "6"))
+
+
 def test_prompt_format_with_and_without_chat_template(tokenizer):
     assert tasks.format_prompt(tokenizer, "What is 1 + 2?") == ("<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n"
                                                                 "<|im_start|>assistant\n")
