@@ -454,8 +454,8 @@ MUTATIONS = [
              '    return kernels != "off"',
              "--kernels auto on for CUDA too", "tests/test_kernels.py -k auto_is_on"),
     # ---- no evaluated problem in training; a skipped batch still counts -----------------------------------
-    Mutation("tasks.py", "    return heldout_problems(max(eval_size, DEFAULT_EVAL_SIZE))",
-             "    return heldout_problems()",
+    Mutation("tasks.py", "    return heldout_problems(max(eval_size, DEFAULT_EVAL_SIZE), make=make)",
+             "    return heldout_problems(make=make)",
              "offline data excludes only the default 200 held-out problems", "tests/test_heldout.py"),
     Mutation("sft.py", "tasks.training_exclusion(eval_size)", "tasks.heldout_problems()",
              "SFT demonstrations exclude only the default 200 held-out problems", "tests/test_heldout.py -k sft"),
