@@ -97,8 +97,8 @@ def check_options(args, at_least_one: tuple[str, ...] = ()) -> None:
     """The checks every script shares, made before anything loads: optimisation numbers, the counts that must be
     at least 1, LoRA, the tracker, the output folder."""
     require(args.seed >= 0, f"--seed must be >= 0, not {args.seed}")
-    require(getattr(args, "pass_k", 0) >= 0, f"--pass-k must be 0 (off) or a number of samples per problem, "
-                                             f"not {getattr(args, 'pass_k', 0)}")
+    pass_k = getattr(args, "pass_k", None) or 0  # None: chosen for the model (tasks.evaluation_for_model)
+    require(pass_k >= 0, f"--pass-k must be 0 (off) or a number of samples per problem, not {pass_k}")
     for name in at_least_one:
         require(getattr(args, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
     require(args.lr is None or args.lr > 0, f"--lr must be > 0, not {args.lr}")  # `not >` refuses NaN too
