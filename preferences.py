@@ -9,10 +9,8 @@ compares. The task itself (problems, verifier, prompts) is tasks.py's.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
-import shutil
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -109,14 +107,8 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
         n_heldout = samples_per_prompt * max(1, num_prompts // 8)
         splits = {"heldout_samples": samples[:n_heldout], "train_samples": samples[n_heldout:],
                   "heldout": pair_samples(samples[:n_heldout]), "train": pair_samples(samples[n_heldout:])}
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name, rows in splits.items():
-            (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.rename(folder)
-    data = {name: [json.loads(line) for line in open(folder / f"{name}.jsonl")]
-            for name in ("train", "heldout", "heldout_samples")}
+        tasks.write_splits(folder, splits)
+    data = tasks.read_splits(folder, ("train", "heldout", "heldout_samples"))
     for name in ("train", "heldout"):
         if not data[name]:
             accuracy = sum(s["label"] for s in data["heldout_samples"]) / max(1, len(data["heldout_samples"]))

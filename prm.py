@@ -30,10 +30,8 @@ Shapes: B solutions, S prompt tokens, T completion tokens, K steps (the most in 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,13 +246,8 @@ def step_label_data(args: Args, tokenizer, device, precision: str) -> tuple[dict
         label = lambda problems: label_solutions(policy, tokenizer, problems, args.num_solutions, args.num_rollouts,
                                                  args.max_new_tokens, args.temperature, args.seed)
         labelled = {"train": label(train), "heldout": label(heldout)}
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for split, rows in labelled.items():
-            (tmp / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.rename(folder)
-    return {split: [json.loads(line) for line in open(folder / f"{split}.jsonl")] for split in splits}, folder
+        tasks.write_splits(folder, labelled)
+    return tasks.read_splits(folder, splits), folder
 
 
 @torch.no_grad()

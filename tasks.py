@@ -30,7 +30,9 @@ import math
 import os
 import random
 import re
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -394,6 +396,20 @@ def tokenize_completions(tokenizer, texts: list[str], device, max_tokens: Option
 # ---------------------------------------------------------------------------------------------
 # Data files
 # ---------------------------------------------------------------------------------------------
+def write_splits(folder: Path, splits: dict[str, list[dict]]) -> None:
+    """Each split as folder/<name>.jsonl, written whole or not at all (into folder.tmp, then renamed): a cache."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, rows in splits.items():
+        (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(folder)
+
+
+def read_splits(folder: Path, names) -> dict[str, list[dict]]:
+    return {name: [json.loads(line) for line in open(folder / f"{name}.jsonl")] for name in names}
+
+
 def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
     """Rows of a JSONL file, each checked to hold `fields` as strings; errors name file and line. UTF-8, with or
     without a byte-order mark; a numeric "answer" (42, not "42") is read as its text."""
