@@ -346,7 +346,7 @@ class Run:
                  eval_row: Callable[[dict], dict] = lambda result: {"accuracy": result["accuracy"]},
                  accuracy_key: str = "accuracy"):
         self.args, self.algo, self.tokenizer, self.device, self.resumed = args, algo, tokenizer, device, resumed
-        self.eval_row, self.accuracy_key = eval_row, accuracy_key
+        self.eval_row, self.accuracy_key, self.bar = eval_row, accuracy_key, None  # the bar: begin()'s
         self.dir = make_run_dir(args.run.output_dir, algo, args.model, args.seed, args, args.run.resume)
         self.metrics = MetricsLog(self.dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.run.report_to,
                                   args)
@@ -355,7 +355,6 @@ class Run:
         self.first_step = resumed["step"] + 1 if resumed else 1
         self.evals: list[dict] = resumed["evals"] if resumed else []
         self.before: Optional[dict] = resumed["before"] if resumed else None
-        self.bar = None
         print(f"run folder: {self.dir}")
 
     def keep(self, model, generator: Optional[torch.Generator] = None, others: Optional[dict] = None,
@@ -396,9 +395,10 @@ class Run:
         if step == self.first_step and step < self.args.steps:  # the expected duration, once a step is timed
             step_s, every, steps_left = time.time() - self.loop_start, self.args.eval_every, self.args.steps - step
             evals_left = 1 + ((self.args.steps - 1) // every - step // every if every else 0)
-            minutes = (step_s * steps_left + self.eval_seconds * evals_left) / 60
-            self.bar.write(f"{self.algo}: step {step} took {step_s:.1f} s; about {minutes:.1f} min to go "
-                           f"({steps_left} steps, {evals_left} evaluations)")
+            left = step_s * steps_left + self.eval_seconds * evals_left  # seconds
+            self.bar.write(f"{self.algo}: step {step} took {step_s:.1f} s; about "
+                           f"{f'{left / 60:.1f} min' if left >= 60 else f'{left:.0f} s'} to go "
+                           f"(steps: {steps_left}, evaluations: {evals_left})")
 
     def evaluate(self, step: int, evaluate: Callable) -> None:
         """The held-out evaluation every --eval-every steps (the last step's is finish's)."""

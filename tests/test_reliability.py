@@ -272,6 +272,6 @@ def test_the_expected_duration_is_printed_after_the_first_step(tmp_path, capsys)
     args = args_of(grpo.Args, model="tiny", steps=5, eval_every=2, prompts_per_step=2, group_size=2, max_new_tokens=4,
                    eval_size=4, output_dir=str(tmp_path), save_model=False)
     grpo.main(args, reward_fn=digit_fraction)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "min to go" in line]
+    lines = [line for line in capsys.readouterr().out.splitlines() if " to go " in line]
     # 4 steps left; evaluations at steps 2 and 4, and the final one at step 5
-    assert len(lines) == 1 and lines[0].startswith("grpo: step 1 took ") and "(4 steps, 3 evaluations)" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("grpo: step 1 took ") and "(steps: 4, evaluations: 3)" in lines[0]
