@@ -101,8 +101,8 @@ def evaluation_for_model(args):
     seconds. args.json records the values chosen."""
     tiny = args.model in ("tiny", "tiny-gpt2")
     eval_size = args.eval_size if args.eval_size is not None else 16 if tiny else DEFAULT_EVAL_SIZE
-    pass_k = getattr(args, "pass_k", 0) if getattr(args, "pass_k", 0) is not None else 0 if tiny else 8
-    return dataclasses.replace(args, eval_size=eval_size, **({"pass_k": pass_k} if hasattr(args, "pass_k") else {}))
+    pass_k = args.pass_k if args.pass_k is not None else 0 if tiny else 8
+    return dataclasses.replace(args, eval_size=eval_size, pass_k=pass_k)
 
 
 def training_exclusion(eval_size: int, make: Callable[[random.Random], Problem] = make_problem) -> list[Problem]:
