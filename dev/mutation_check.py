@@ -405,6 +405,14 @@ MUTATIONS = [
              'return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"',
              'return f"{statistics.mean(values):.{digits}f} ± {statistics.pstdev(values):.{digits}f}"',
              "comparison spread as the population std over seeds", "tests/test_compare.py -k mean_std"),
+    # ---- scripts/prm_vs_orm.py: majority vote and the ORM's pairs ---------------------------------------------------
+    Mutation("scripts/prm_vs_orm.py", "votes.most_common(1)[0][0]", "votes.most_common()[-1][0]",
+             "majority vote picks the least frequent final number", "tests/test_compare.py -k majority"),
+    Mutation("scripts/prm_vs_orm.py", '"chosen": right[i % len(right)], "rejected": wrong[i % len(wrong)]',
+             '"chosen": wrong[i % len(wrong)], "rejected": right[i % len(right)]',
+             "ORM pairs with the wrong solution chosen", "tests/test_compare.py -k orm_pairs"),
+    Mutation("scripts/prm_vs_orm.py", "count = min(per_problem, max(len(right), len(wrong)))",
+             "count = max(len(right), len(wrong))", "ORM pairs not limited per problem", "tests/test_compare.py -k orm_pairs"),
     # ---- scripts/memory_plan.py: the memory plan ---------------------------------------------------------------------
     Mutation("scripts/memory_plan.py", '"optimizer_gb": 2 * trainable * width / 2**30',
              '"optimizer_gb": 2 * trainable * 4 / 2**30',

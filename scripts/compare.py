@@ -73,9 +73,17 @@ ALGORITHMS = {
     "reinforce-pp": ("REINFORCE++", ["variants.py", "--algo", "reinforce_pp"], 32),
     "reinforce-pp-baseline": ("REINFORCE++, baseline", ["variants.py", "--algo", "reinforce_pp_baseline"], 32),
     "online-dpo": ("Online DPO", ["dpo.py", "--online"], 16),  # two samples per prompt, kept pairs or not
+    # With μ = 1 the ratio is 1 and GSPO and CISPO are GRPO itself: they differ only with μ > 1.
+    "grpo-mu2": ("GRPO, μ = 2", ["grpo.py", "--num-iterations", "2"], 32),
+    "gspo": ("GSPO, μ = 2", ["grpo.py", "--num-iterations", "2", "--importance-level", "sequence",
+                             "--eps-low", "3e-4", "--eps-high", "4e-4"], 32),
+    "cispo": ("CISPO, μ = 2", ["grpo.py", "--num-iterations", "2", "--loss-type", "cispo"], 32),
+    "r1-rewards": ("GRPO, correct + 0.5 format, R1 prompt",
+                   ["grpo.py", "--rewards", "correct", "format", "--reward-weights", "1", "0.5",
+                    "--prompt-style", "r1"], 32),
 }
 # Choices by name only: the default set is the one the README's comparison was run with.
-NOT_BY_DEFAULT = ("reinforce-pp", "reinforce-pp-baseline", "online-dpo")
+NOT_BY_DEFAULT = ("reinforce-pp", "reinforce-pp-baseline", "online-dpo", "grpo-mu2", "gspo", "cispo", "r1-rewards")
 CPU_BUDGET, GPU_BUDGET = 160, 3200  # training completions per run
 
 

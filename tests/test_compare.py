@@ -1,5 +1,5 @@
-"""scripts/compare.py, scripts/beta_sweep.py and scripts/accuracy_vs_time.py: the budget arithmetic, the
-tables, the uniform KL, the accuracy curves, tiny runs end to end."""
+"""scripts/compare.py, scripts/beta_sweep.py, scripts/accuracy_vs_time.py and scripts/prm_vs_orm.py: the budget
+arithmetic, the tables, the uniform KL, the accuracy curves, majority vote and ORM pairs, tiny runs end to end."""
 
 import json
 import re
@@ -16,6 +16,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import accuracy_vs_time  # noqa: E402
 import beta_sweep  # noqa: E402
 import compare  # noqa: E402
+import prm_vs_orm  # noqa: E402
 
 
 def test_mean_std_is_the_sample_std_over_seeds():
@@ -166,3 +167,19 @@ def test_accuracy_is_drawn_against_the_elapsed_time_of_its_step(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit):
         accuracy_vs_time.main([str(run), "--label", "a", "--label", "b"])  # two labels for one run
+
+
+def test_majority_vote_picks_the_first_solution_of_the_most_frequent_final_number():
+    # final numbers 5, 7, 7, none, 5, 7: 7 wins three to two; its first solution is index 1
+    texts = ["2 + 3 = 5", "3 + 4 = 7", "7", "no idea", "5", "1 + 6 = 7"]
+    assert prm_vs_orm.majority_pick(texts) == 1
+    assert prm_vs_orm.majority_pick(["= 9", "= 4", "= 4", "= 9"]) == 0  # a tie: the number seen first
+    assert prm_vs_orm.majority_pick(["none", "", "nothing"]) == 0  # no number at all
+
+
+def test_orm_pairs_put_a_right_solution_over_a_wrong_one_of_the_same_prompt():
+    rows = [{"prompt": "p", "completion": c, "correct": ok} for c, ok in (("r1", 1), ("w1", 0), ("w2", 0), ("w3", 0))]
+    rows += [{"prompt": "q", "completion": c, "correct": 1} for c in ("r2", "r3")]  # all right: no pair
+    pairs = prm_vs_orm.right_wrong_pairs(rows, per_problem=2)
+    assert pairs == [{"prompt": "p", "chosen": "r1", "rejected": "w1"}, {"prompt": "p", "chosen": "r1", "rejected": "w2"}]
+    assert len(prm_vs_orm.right_wrong_pairs(rows, per_problem=8)) == 3  # at most max(rights, wrongs) pairs
