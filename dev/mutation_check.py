@@ -405,6 +405,9 @@ MUTATIONS = [
              'return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"',
              'return f"{statistics.mean(values):.{digits}f} ± {statistics.pstdev(values):.{digits}f}"',
              "comparison spread as the population std over seeds", "tests/test_compare.py -k mean_std"),
+    Mutation("scripts/compare.py", "        while i + 1 < len(options) and not options[i + 1].startswith(\"--\"):",
+             "        if i + 1 < len(options) and not options[i + 1].startswith(\"--\"):",
+             "comparison reads one value per option (--rewards correct format)", "tests/test_compare.py -k command_settings"),
     # ---- scripts/prm_vs_orm.py: majority vote and the ORM's pairs ---------------------------------------------------
     Mutation("scripts/prm_vs_orm.py", "votes.most_common(1)[0][0]", "votes.most_common()[-1][0]",
              "majority vote picks the least frequent final number", "tests/test_compare.py -k majority"),

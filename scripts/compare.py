@@ -139,21 +139,29 @@ def run(command: list[str], log_path: Path) -> None:
 
 def command_settings(command: list[str]) -> dict:
     """The settings a script's command line sets, under the names its args.json gives them:
-    `--eps-high 0.28` -> {"eps_high": "0.28"}, `--dynamic-sampling` -> True, `--no-scale-by-std` ->
-    {"scale_by_std": False}. The script's name and --output-dir (where, not what) are left out."""
+    `--eps-high 0.28` -> {"eps_high": "0.28"}, `--rewards correct format` -> {"rewards": ["correct", "format"]},
+    `--dynamic-sampling` -> True, `--no-scale-by-std` -> {"scale_by_std": False}. The script's name and
+    --output-dir (where, not what) are left out."""
     options, settings, i = [a for a in command if not a.endswith(".py")], {}, 0
     while i < len(options):
-        key = options[i][2:].replace("-", "_")
-        if i + 1 < len(options) and not options[i + 1].startswith("--"):  # a value (negative numbers have one dash)
-            settings[key], i = options[i + 1], i + 2
+        key, values = options[i][2:].replace("-", "_"), []
+        while i + 1 < len(options) and not options[i + 1].startswith("--"):  # values (negative numbers: one dash)
+            values.append(options[i + 1])
+            i += 1
+        if values:
+            settings[key] = values[0] if len(values) == 1 else values
         else:  # a switch
-            settings[key.removeprefix("no_")], i = not key.startswith("no_"), i + 1
+            settings[key.removeprefix("no_")] = not key.startswith("no_")
+        i += 1
     settings.pop("output_dir", None)
     return settings
 
 
 def same_setting(made, given) -> bool:
-    """args.json's value against the command line's text: 0.0 is "0", True is a switch."""
+    """args.json's value against the command line's text: 0.0 is "0", True is a switch, a list item by item."""
+    if isinstance(made, list) or isinstance(given, list):  # `--rewards correct` is ["correct"] in args.json
+        given = given if isinstance(given, list) else [given]
+        return isinstance(made, list) and len(made) == len(given) and all(map(same_setting, made, given))
     if isinstance(given, bool) or made is None:
         return made == given
     try:

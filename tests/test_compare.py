@@ -72,6 +72,10 @@ def test_command_settings_are_named_as_args_json_names_them():
     assert (compare.same_setting(0.0, "0") and compare.same_setting(0.28, "0.28")
             and not compare.same_setting(0.04, "0.4"))
     assert compare.same_setting(False, False) and not compare.same_setting(None, "runs/rm/model")
+    r1 = compare.command_settings(compare.ALGORITHMS["r1-rewards"][1])  # several values after one option
+    assert r1 == {"rewards": ["correct", "format"], "reward_weights": ["1", "0.5"], "prompt_style": "r1"}
+    assert compare.same_setting(["correct", "format"], r1["rewards"]) and compare.same_setting([1.0, 0.5], ["1", "0.5"])
+    assert compare.same_setting(["correct"], "correct") and not compare.same_setting(["correct", "format"], "correct")
 
 
 def test_a_finished_run_is_read_back_only_if_its_command_made_it(tmp_path):
