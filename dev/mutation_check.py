@@ -407,7 +407,8 @@ MUTATIONS = [
              "comparison spread as the population std over seeds", "tests/test_compare.py -k mean_std"),
     Mutation("scripts/compare.py", "        while i + 1 < len(options) and not options[i + 1].startswith(\"--\"):",
              "        if i + 1 < len(options) and not options[i + 1].startswith(\"--\"):",
-             "comparison reads one value per option (--rewards correct format)", "tests/test_compare.py -k command_settings"),
+             "comparison reads one value per option (--rewards correct format)",
+             "tests/test_compare.py -k command_settings"),
     # ---- scripts/prm_vs_orm.py: majority vote and the ORM's pairs ---------------------------------------------------
     Mutation("scripts/prm_vs_orm.py", "votes.most_common(1)[0][0]", "votes.most_common()[-1][0]",
              "majority vote picks the least frequent final number", "tests/test_compare.py -k majority"),
@@ -415,7 +416,8 @@ MUTATIONS = [
              '"chosen": wrong[i % len(wrong)], "rejected": right[i % len(right)]',
              "ORM pairs with the wrong solution chosen", "tests/test_compare.py -k orm_pairs"),
     Mutation("scripts/prm_vs_orm.py", "count = min(per_problem, max(len(right), len(wrong)))",
-             "count = max(len(right), len(wrong))", "ORM pairs not limited per problem", "tests/test_compare.py -k orm_pairs"),
+             "count = max(len(right), len(wrong))", "ORM pairs not limited per problem",
+             "tests/test_compare.py -k orm_pairs"),
     # ---- scripts/memory_plan.py: the memory plan ---------------------------------------------------------------------
     Mutation("scripts/memory_plan.py", '"optimizer_gb": 2 * trainable * width / 2**30',
              '"optimizer_gb": 2 * trainable * 4 / 2**30',

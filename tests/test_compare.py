@@ -185,5 +185,6 @@ def test_orm_pairs_put_a_right_solution_over_a_wrong_one_of_the_same_prompt():
     rows = [{"prompt": "p", "completion": c, "correct": ok} for c, ok in (("r1", 1), ("w1", 0), ("w2", 0), ("w3", 0))]
     rows += [{"prompt": "q", "completion": c, "correct": 1} for c in ("r2", "r3")]  # all right: no pair
     pairs = prm_vs_orm.right_wrong_pairs(rows, per_problem=2)
-    assert pairs == [{"prompt": "p", "chosen": "r1", "rejected": "w1"}, {"prompt": "p", "chosen": "r1", "rejected": "w2"}]
+    assert pairs == [{"prompt": "p", "chosen": "r1", "rejected": "w1"},
+                     {"prompt": "p", "chosen": "r1", "rejected": "w2"}]
     assert len(prm_vs_orm.right_wrong_pairs(rows, per_problem=8)) == 3  # at most max(rights, wrongs) pairs
