@@ -19,6 +19,7 @@ from typing import Callable, Optional
 import torch
 
 import common
+import distributed
 import models
 import runs
 import tasks
@@ -95,7 +96,7 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
     key = (f"v2-{model_key}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}"
            f"-temp{temperature:g}-{precision}{prompt_key}{eval_key}")
     folder = runs.CACHE_DIR / "preference-data" / key
-    if not folder.exists():
+    if not folder.exists() and distributed.is_main():  # under torchrun rank 0 builds it, the others wait
         problems, seen = [], set()
         for p in tasks.train_problems(seed, tasks.training_exclusion(eval_size)):
             if p.prompt not in seen:
@@ -115,6 +116,7 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
         for name, rows in splits.items():
             (tmp / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         tmp.rename(folder)
+    distributed.barrier()
     data = {name: [json.loads(line) for line in open(folder / f"{name}.jsonl")]
             for name in ("train", "heldout", "heldout_samples")}
     for name in ("train", "heldout"):

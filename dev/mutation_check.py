@@ -83,8 +83,8 @@ MUTATIONS = [
     Mutation("grpo.py", "loss = masked_sum(per_token, mask) / (mask.shape[0] * max_completion_length)",
              "loss = masked_sum(per_token, mask) / (mask.shape[0] * mask.shape[1])",
              "Dr. GRPO normaliser uses the padded width, not max_completion_length", f"{GRPO} -k ragged_mask"),
-    Mutation("grpo.py", "return micro_mask.sum().item() / batch_mask.sum().item()",
-             "return micro_mask.shape[0] / batch_mask.shape[0]",
+    Mutation("grpo.py", "return micro_mask.sum().item() / batch_tokens",
+             "return micro_mask.shape[0] / batch_rows",
              "token-mean micro-batch weighted by its share of rows, not of tokens",
              f"{GRPO} -k weighted_micro_batches"),
     Mutation("grpo.py", "(loss * weight).backward()", "loss.backward()",
@@ -220,7 +220,7 @@ MUTATIONS = [
              '[r["completion"] for r in rows], device,\n                                                      '
              "max_completion_tokens, [False] * len(rows))",
              "SFT never learns to end: no EOS target", f"{SFT} -k only_completion"),
-    Mutation("sft.py", "num_tokens += tokens", "num_tokens = tokens",
+    Mutation("sft.py", "num_tokens += distributed.all_sum(tokens)", "num_tokens = distributed.all_sum(tokens)",
              "num_tokens not cumulative", f"{SFT} -k fixed_mapping"),
     # ---- reward_model.py ---------------------------------------------------------------------------------
     Mutation("reward_model.py", "diff = chosen_scores - rejected_scores", "diff = rejected_scores - chosen_scores",
@@ -350,7 +350,7 @@ MUTATIONS = [
     Mutation("models.py", 'dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32',
              'dtype = torch.bfloat16 if precision != "fp32" else torch.float32',
              "bf16-mixed with bfloat16 weights (no float32 master copy)", f"{COMMON} -k small_update"),
-    Mutation("runs.py", '            set_rng_state(self.resumed["rng"], generator)\n', "",
+    Mutation("runs.py", '            distributed.set_rng_states(self.resumed["rng"], generator)\n', "",
              "GRPO resume without restoring the sampling generator", f"{GRPO} -k resume"),
     Mutation("runs.py", "                state = self.resumed[name]\n",
              '                if name == "optimizer":\n                    continue\n'
