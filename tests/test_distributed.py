@@ -14,8 +14,13 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, TIMING
+from conftest import REPO, TIMING, args_of
 from safetensors.torch import load_file
+
+import common
+import distributed
+import runs
+import tasks
 
 ENTRY = str(REPO / "tests" / "fixed_completions.py")
 TINY = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens", "12")
@@ -87,3 +92,56 @@ def test_dpo_two_ranks_train_the_weights_one_process_trains(tmp_path):
 def test_sft_two_ranks_train_the_weights_one_process_trains(tmp_path):
     argv = (*TINY, "--batch-size", "4", "--num-demonstrations", "64")
     assert_same_training(launch(1, tmp_path / "one", "sft.py", *argv), launch(2, tmp_path / "two", "sft.py", *argv))
+
+
+def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path):
+    """2 steps, then --resume to 3, under torchrun with the ranks' own sampling (SAMPLE=1): each rank's generator
+    comes back from the checkpoint, so the run is the one of 3 steps straight, to the bit; one process refuses it."""
+    argv = ("--prompts-per-step", "2", "--group-size", "4")
+    straight = launch(2, tmp_path / "straight", "grpo.py", *argv, *TINY, SAMPLE="1")
+    split = launch(2, tmp_path / "split", "grpo.py", *argv, *TINY[:2], "--steps", "2", *TINY[4:], SAMPLE="1")
+    launch(2, tmp_path / "split", "grpo.py", *argv, *TINY, "--resume", str(split), SAMPLE="1")
+    assert metrics(straight) == metrics(split)
+    weights = [load_file(run / "model" / "model.safetensors") for run in (straight, split)]
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+    with pytest.raises(runs.InputError, match="saved by 2 process"):
+        runs.load_trainer_state(str(split), 4)
+
+
+@pytest.mark.parametrize("script, options, message", [
+    ("grpo", {"prompts_per_step": 3}, "--prompts-per-step 3 does not divide over 2 torchrun ranks"),
+    ("grpo", {"dynamic_sampling": True}, "--dynamic-sampling does not run under torchrun yet"),
+    ("dpo", {"batch_size": 5}, "--batch-size 5 does not divide over 2 torchrun ranks"),
+    ("sft", {"batch_size": 7}, "--batch-size 7 does not divide over 2 torchrun ranks"),
+    ("ppo", {}, "does not run under torchrun yet"),
+])
+def test_a_set_up_the_ranks_cannot_share_is_one_line(monkeypatch, tmp_path, script, options, message):
+    module = __import__(script)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node 2 sets it, checked before anything loads
+    args = tasks.evaluation_for_model(args_of(module.Args, model="tiny", output_dir=str(tmp_path), **options))
+    with pytest.raises(runs.InputError, match=message):
+        module.check_args(args)
+
+
+def test_a_backend_this_torch_lacks_is_one_line(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.distributed, "is_gloo_available", lambda: False)
+    with pytest.raises(runs.InputError, match="needs torch.distributed's gloo backend"):
+        common.resolve_device("cpu")
+
+
+def test_alone_every_helper_returns_its_input():
+    """A plain run is rank 0 of 1: no collective call, nothing changed (one process stays bit-identical)."""
+    stats, x = {"reward": 0.25, "skipped": 1}, torch.tensor([1.5, 2.0])
+    assert distributed.world_size() == 1 and distributed.is_main()
+    assert distributed.mean_over_ranks(stats) is stats and distributed.all_sum(x) is x and distributed.all_sum(3) == 3
+    assert distributed.share([1, 2, 3]) == [1, 2, 3] and distributed.share_of(7) == 1.0
+
+
+def test_each_rank_takes_a_contiguous_share(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    shares = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        shares.append(distributed.share(list(range(8))))
+    assert shares == [[0, 1], [2, 3, 4], [5, 6, 7]]  # in rank order they are the list; sizes differ by one at most
