@@ -101,10 +101,10 @@ def check_options(args, at_least_one: tuple[str, ...] = (), split: Optional[str]
                                              f"not {getattr(args, 'pass_k', 0)}")
     for name in at_least_one:
         require(getattr(args, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-    ranks = distributed.world_size()
+    ranks, shared = distributed.world_size(), getattr(args, split) if split else 0  # shared: the batch size split
     require(ranks == 1 or split is not None, f"{Path(sys.argv[0]).name} does not run under torchrun yet: run it alone")
-    require(ranks == 1 or getattr(args, split) % ranks == 0,
-            f"--{str(split).replace('_', '-')} {getattr(args, split, '')} does not divide over {ranks} torchrun ranks")
+    require(shared % ranks == 0,
+            f"--{str(split).replace('_', '-')} {shared} does not divide over {ranks} torchrun ranks")
     for name in alone:
         require(ranks == 1 or not getattr(args, name), f"--{name.replace('_', '-')} does not run under torchrun yet")
     require(args.lr is None or args.lr > 0, f"--lr must be > 0, not {args.lr}")  # `not >` refuses NaN too
