@@ -21,6 +21,7 @@ import contextlib
 import copy
 import os
 import random
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -60,7 +61,8 @@ def resolve_device(device: str) -> torch.device:
 
 def join_ranks(device: torch.device) -> torch.device:
     """Under torchrun: this rank's device (on CUDA its own GPU, cuda:LOCAL_RANK) in one process group with the
-    other ranks, gloo on a CPU and nccl on CUDA. A backend this torch lacks, or too few GPUs, is one line."""
+    other ranks, gloo on a CPU and nccl on CUDA. A backend this torch lacks, or too few GPUs, is one line. Ranks
+    other than 0 print nothing (their stdout goes to /dev/null); errors still reach stderr."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     require(dist.is_available() and (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()),
             f"torchrun on {device.type} needs torch.distributed's {backend} backend, which this torch build lacks")
@@ -73,6 +75,8 @@ def join_ranks(device: torch.device) -> torch.device:
     if not dist.is_initialized():
         dist.init_process_group(backend)
         atexit.register(dist.destroy_process_group)
+    if not distributed.is_main():
+        sys.stdout = open(os.devnull, "w")
     return device
 
 
