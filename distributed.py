@@ -94,6 +94,11 @@ def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
+def from_main(obj):
+    """Rank 0's `obj` on every rank (the run folder it made); `obj` itself alone."""
+    return obj if world_size() == 1 else gather(obj)[0]
+
+
 def barrier() -> None:
     """Wait until every rank gets here (rank 0 built what the others read next); nothing alone."""
     if world_size() > 1:

@@ -342,6 +342,7 @@ class Run:
         self.main = distributed.is_main()  # under torchrun rank 0 alone writes; the others log to nowhere
         self.dir = make_run_dir(args.run.output_dir, algo, args.model, args.seed, args, args.run.resume) \
             if self.main else None
+        self.dir = Path(distributed.from_main(str(self.dir)))  # rank 0's folder, known to every rank
         self.metrics = MetricsLog(self.dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.run.report_to,
                                   args) if self.main else MetricsLog(Path(os.devnull))
         self.save_every = args.run.save_every or args.eval_every
@@ -350,8 +351,7 @@ class Run:
         self.evals: list[dict] = resumed["evals"] if resumed else []
         self.before: Optional[dict] = resumed["before"] if resumed else None
         self.bar = None
-        if self.main:
-            print(f"run folder: {self.dir}")
+        print(f"run folder: {self.dir}")  # rank 0's; under torchrun the others print to nowhere (join_ranks)
 
     def keep(self, model, generator: Optional[torch.Generator] = None, others: Optional[dict] = None,
              extra: Callable[[], dict] = dict, **stateful) -> None:
@@ -444,7 +444,6 @@ class Run:
                 self.tokenizer.save_pretrained(self.dir / "merged")
         self.metrics.close()
         minutes, seconds = divmod(round(result["wall_time_s"]), 60)
-        if self.main:
-            print(f"{headline(self.before, after)}\nwall time {minutes} min {seconds} s; "
-                  f"peak memory {result['memory/peak_gb']:.2f} GiB\nrun folder {result['run_dir']}")
+        print(f"{headline(self.before, after)}\nwall time {minutes} min {seconds} s; "
+              f"peak memory {result['memory/peak_gb']:.2f} GiB\nrun folder {result['run_dir']}")
         return result

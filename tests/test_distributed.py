@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+import transformers
 from conftest import REPO, TIMING, args_of
 from safetensors.torch import load_file
 
@@ -82,6 +83,9 @@ def test_only_rank_0_writes(grpo_runs):
     assert sorted(p.name for p in two.iterdir() if p.name != "curves.png") == [
         "args.json", "eval.json", "metrics.jsonl", "model"]
     assert [json.loads(line)["step"] for line in open(two / "metrics.jsonl")] == [1, 2, 3]
+    model = transformers.AutoModelForCausalLM.from_pretrained(two / "model")  # an ordinary checkpoint
+    weights = load_file(two / "model" / "model.safetensors")
+    assert all(torch.equal(p, weights[name]) for name, p in model.named_parameters() if name in weights)
 
 
 def test_dpo_two_ranks_train_the_weights_one_process_trains(tmp_path):
