@@ -58,6 +58,7 @@ class Mutation(NamedTuple):
 GRPO, PPO, DPO, RM = "tests/test_grpo.py", "tests/test_ppo.py", "tests/test_dpo.py", "tests/test_reward_model.py"
 COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/test_variants.py"
 REL, SFT, BANDIT = "tests/test_reliability.py", "tests/test_sft.py", "tests/test_bandit.py"
+DIST = "tests/test_distributed.py"
 MEMORY = "tests/test_memory_plan.py"
 
 MUTATIONS = [
@@ -434,9 +435,9 @@ MUTATIONS = [
              "        centered = centered / (rewards.std(unbiased=False) + eps)",
              "std of the whole batch instead of each group's", f"{BANDIT} -k fixed_point"),
     # Gradients are freed right after each optimizer step; without it they pile up across steps.
-    Mutation("grpo.py", "                optimizer.zero_grad(set_to_none=True)\n", "                pass\n",
+    Mutation("grpo.py", "                optimizer.zero_grad(set_to_none=True)  #", "                pass  #",
              "gradients accumulate across steps (never zeroed)", f"{GRPO} -k resume_continues_exactly"),
-    Mutation("dpo.py", "        optimizer.zero_grad(set_to_none=True)\n", "        pass\n",
+    Mutation("dpo.py", "        optimizer.zero_grad(set_to_none=True)  #", "        pass  #",
              "gradients accumulate across steps (never zeroed)", f"{DPO} -k resume_continues_exactly"),
     Mutation("sft.py", "        optimizer.zero_grad(set_to_none=True)\n", "        pass\n",
              "gradients accumulate across steps (never zeroed)", f"{SFT} -k resume_continues_exactly"),
@@ -500,6 +501,24 @@ MUTATIONS = [
              '            rows.append(("reward model", model_config(args.reward_model, vocab_size), "score", False))\n',
              "            pass\n",
              "memory plan (grpo) leaves the reward model out", f"{MEMORY} -k counts_a_reward_model"),
+    # ---- torchrun: the loss exact over the ranks, the logged numbers reduced, each rank's random states ----------
+    Mutation("grpo.py", "batch_tokens, batch_rows = distributed.all_sum(mask.sum()), distributed.all_sum(B)",
+             "batch_tokens, batch_rows = mask.sum(), B", "GRPO loss divided by each rank's own tokens and sequences",
+             f"{DIST} -k grpo_two_ranks"),
+    Mutation("grpo.py", '"entropy": distributed.all_sum(entropy_sum)', '"entropy": entropy_sum',
+             "GRPO entropy, a rank's part of the token mean, not summed over the ranks", f"{DIST} -k grpo_two_ranks"),
+    Mutation("grpo.py", "        stats = distributed.mean_over_ranks(stats)", "        pass",
+             "GRPO logs rank 0's numbers, not the batch's", f"{DIST} -k grpo_two_ranks"),
+    Mutation("grpo.py", "                distributed.all_reduce_grads(policy)", "                pass",
+             "GRPO gradients not summed over the ranks", f"{DIST} -k grpo_two_ranks"),
+    Mutation("dpo.py", "loss = losses.mean() * distributed.share_of(len(pairs))", "loss = losses.mean()",
+             "DPO loss a mean over each rank's pairs, then summed", f"{DIST} -k dpo_two_ranks"),
+    Mutation("sft.py", "share = distributed.share_of(mask.sum())", "share = 1.0 / distributed.world_size()",
+             "SFT the average of per-rank token means (DDP's averaging), not the batch's token mean",
+             f"{DIST} -k sft_two_ranks"),
+    Mutation("distributed.py", "set_rng_state(states if world_size() == 1 else states[rank()], generator)",
+             "set_rng_state(states if world_size() == 1 else states[0], generator)",
+             "every rank resumed with rank 0's random states", f"{DIST} -k resumes"),
 ]
 
 
