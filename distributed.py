@@ -15,13 +15,11 @@ from __future__ import annotations
 import io
 import os
 import random
-from typing import Optional, TypeVar
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
-
-T = TypeVar("T")
 
 
 def world_size() -> int:
@@ -38,16 +36,19 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def share(items: list[T]) -> list[T]:
+def share(items: list) -> list:
     """This rank's contiguous share of a list that every rank built whole: rank r of N takes the r-th of N slices,
     so the ranks' shares, in rank order, are the list. A training batch divides evenly (runs.check_options); a
     held-out set need not (shares then differ by one)."""
     return items[rank() * len(items) // world_size() : (rank() + 1) * len(items) // world_size()]
 
 
-def concat(items: list) -> list:
-    """Every rank's list, joined in rank order (the whole of what `share` split); `items` itself alone."""
-    return items if world_size() == 1 else [x for part in gather(items) for x in part]
+def concat(items):
+    """Every rank's list or tensor, joined in rank order (the whole of what `share` split); `items` itself alone."""
+    if world_size() == 1:
+        return items
+    parts = gather(items)
+    return torch.cat(parts) if isinstance(items, torch.Tensor) else [x for part in parts for x in part]
 
 
 def all_sum(x):

@@ -441,7 +441,7 @@ MUTATIONS = [
              "gradients accumulate across steps (never zeroed)", f"{DPO} -k resume_continues_exactly"),
     Mutation("sft.py", "        optimizer.zero_grad(set_to_none=True)\n", "        pass\n",
              "gradients accumulate across steps (never zeroed)", f"{SFT} -k resume_continues_exactly"),
-    Mutation("reward_model.py", "        optimizer.zero_grad(set_to_none=True)\n", "        pass\n",
+    Mutation("reward_model.py", "        optimizer.zero_grad(set_to_none=True)  #", "        pass  #",
              "gradients accumulate across steps (never zeroed)", f"{RM} -k resume_continues_exactly"),
     Mutation("variants.py", "        optimizer.zero_grad(set_to_none=True)\n", "        pass\n",
              "gradients accumulate across steps (never zeroed)", f"{VARIANTS} -k resume_continues_exactly"),

@@ -98,6 +98,12 @@ def test_sft_two_ranks_train_the_weights_one_process_trains(tmp_path):
     assert_same_training(launch(1, tmp_path / "one", "sft.py", *argv), launch(2, tmp_path / "two", "sft.py", *argv))
 
 
+def test_reward_model_two_ranks_train_the_weights_one_process_trains(tmp_path):
+    argv = ("--model", "tiny", "--steps", "3", "--dataset", "tests/data/pairs.jsonl", "--batch-size", "4")
+    assert_same_training(launch(1, tmp_path / "one", "reward_model.py", *argv),
+                         launch(2, tmp_path / "two", "reward_model.py", *argv))
+
+
 def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path):
     """2 steps, then --resume to 3, under torchrun with the ranks' own sampling (SAMPLE=1): each rank's generator
     comes back from the checkpoint, so the run is the one of 3 steps straight, to the bit; one process refuses it."""
@@ -117,12 +123,14 @@ def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path):
     ("grpo", {"dynamic_sampling": True}, "--dynamic-sampling does not run under torchrun yet"),
     ("dpo", {"batch_size": 5}, "--batch-size 5 does not divide over 2 torchrun ranks"),
     ("sft", {"batch_size": 7}, "--batch-size 7 does not divide over 2 torchrun ranks"),
+    ("reward_model", {"batch_size": 3}, "--batch-size 3 does not divide over 2 torchrun ranks"),
     ("ppo", {}, "does not run under torchrun yet"),
 ])
 def test_a_set_up_the_ranks_cannot_share_is_one_line(monkeypatch, tmp_path, script, options, message):
     module = __import__(script)
     monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node 2 sets it, checked before anything loads
-    args = tasks.evaluation_for_model(args_of(module.Args, model="tiny", output_dir=str(tmp_path), **options))
+    args = args_of(module.Args, model="tiny", output_dir=str(tmp_path), **options)
+    args = tasks.evaluation_for_model(args) if hasattr(args, "eval_size") else args
     with pytest.raises(runs.InputError, match=message):
         module.check_args(args)
 
