@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 import distributed
+import fsdp
 import kernels
 import runs
 from runs import InputError, require
@@ -310,7 +311,8 @@ def completion_logprobs(
     [prompt, completion] rows (the other branch; the tests check they agree) and costs P*(S-1) +
     B*(T+1) token-forwards instead of B*(S+T). The prompt's last token, whose logits predict y_1,
     starts each completion's forward, so both branches end in one (B, T+1, V) logits tensor.
-    Gradient checkpointing drops caches inside transformers, so it takes the concatenated branch.
+    Gradient checkpointing drops caches inside transformers, and a sharded model (--fsdp) frees the prompt forward's
+    weights before the backward reaches it through the cache, so both take the concatenated branch.
     Returns logprobs (B, T) and entropy (B, T) or None; the entropy carries a gradient only with
     entropy_grad (an entropy bonus in the loss), else it is for logging.
     """
@@ -319,7 +321,7 @@ def completion_logprobs(
     full_mask = torch.cat([prompt_mask.repeat_interleave(repeats, 0), torch.ones_like(completion_ids)], 1)  # (B, S+T)
     positions = position_ids(full_mask)  # (B, S+T)
     with autocast(model):
-        if share_prompt and not (model.is_activation_checkpointing and model.training):
+        if share_prompt and not (model.is_activation_checkpointing and model.training) and not fsdp.is_sharded(model):
             cache = None  # a one-token prompt has nothing to share
             if S > 1:  # (its logits are not used: logits_to_keep=1 keeps that cheap)
                 cache = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], use_cache=True,
@@ -399,7 +401,7 @@ def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_tok
         token = torch.where(finished, pad_token_id, token)
         tokens.append(token)
         finished |= token == eos_token_id
-        if finished.all():
+        if fsdp.all_finished(model, finished):  # --fsdp: every rank's rows, since each forward needs all the ranks
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
         position = attention_mask.sum(1, keepdim=True) - 1  # (B, 1)

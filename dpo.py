@@ -39,7 +39,7 @@ Run:
     python dpo.py                       # SmolLM2-135M-Instruct (embedded), its own samples as pairs
     python dpo.py --model tiny --dataset tests/data/pairs.jsonl --steps 3
     python dpo.py --online                # online DPO: pairs sampled from the policy each step
-    torchrun --nproc_per_node 2 dpo.py    # 2 processes, P/2 pairs each, gradients summed (offline only, for now)
+    torchrun --nproc_per_node 2 dpo.py    # 2 ranks, P/2 pairs each (offline only); --fsdp: each holds half the model
     python dpo.py --help
 
 Shapes: P pairs, B = 2P sequences (chosen and rejected interleaved), S prompt tokens, T completion tokens.
@@ -57,6 +57,7 @@ from tqdm.auto import tqdm
 
 import common
 import distributed
+import fsdp
 import models
 import preferences
 import runs
@@ -268,6 +269,7 @@ def main(args: Args) -> dict:
         policy = common.add_lora(policy, args.model, args.lora)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
+    fsdp.shard(args.run.fsdp, policy, ref_model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
     run = runs.Run(args, "dpo", tokenizer, device, resumed,
                    eval_row=lambda r: {"accuracy": r["accuracy"], **r.get("pairs", {})})
@@ -337,11 +339,9 @@ def main(args: Args) -> dict:
         # ---- 5. log ----------------------------------------------------------------------------------
         step_time = time.time() - t0
         stats = pair_metrics(losses, chosen_rewards, rejected_rewards, policy_chosen, policy_rejected)
-        stats.update({
-            "grad_norm": grad_norm.item(), "lr": lr, "time/step": step_time,
-            "tokens_per_second": tokens / step_time,  # prompt + completion tokens of the 2P sequences
-            **({"pairs/kept": len(pairs), "pairs/dropped": dropped} if args.online else {}),
-        })
+        stats.update({"grad_norm": grad_norm.item(), "lr": lr, "time/step": step_time,
+                      "tokens_per_second": tokens / step_time,  # prompt + completion tokens of the 2P sequences
+                      **({"pairs/kept": len(pairs), "pairs/dropped": dropped} if args.online else {})})
         stats = distributed.mean_over_ranks(stats)  # each rank's mean over an equal share: their mean is the batch's
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "margin": f"{stats['rewards/margins']:.3f}",
                               "acc": f"{stats['rewards/accuracies']:.2f}"})

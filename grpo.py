@@ -58,6 +58,7 @@ import torch
 
 import common
 import distributed
+import fsdp
 import models
 import runs
 import tasks
@@ -329,6 +330,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         policy = common.add_lora(policy, args.model, args.lora)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
+    fsdp.shard(args.run.fsdp, policy, ref_model, reward_model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
     generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())  # each rank its own draws
     G, eos, pad = args.group_size, tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -379,14 +381,12 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         keep_groups = ~all_equal if args.dynamic_sampling else torch.ones_like(all_equal)
         keep = keep_groups.repeat_interleave(G)  # (B,)
         stats = {
-            "reward": rewards.mean().item(),
-            "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
+            "reward": rewards.mean().item(), "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
             "frac_reward_zero_std": all_equal.float().mean().item(),
             "score": scores.mean().item(),  # before any overlong penalty
             **{f"rewards/{name}/mean": per_reward[:, k].mean().item() for k, name in enumerate(args.rewards)},
             **({"verifier": verified.mean().item()} if reward_model is not None else {}),  # the true reward
-            "reward/unearned": sum(unearned) / len(unearned),
-            "completion_length": lengths.float().mean().item(),
+            "reward/unearned": sum(unearned) / len(unearned), "completion_length": lengths.float().mean().item(),
             "completions/distinct": common.distinct_fraction(completion_ids, mask, G),  # 1/G: a group all alike
             "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # cut: no EOS
         }

@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 import common
 import distributed
+import fsdp
 import models
 import preferences
 import runs
@@ -230,6 +231,7 @@ def main(args: Args) -> dict:
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers' own forward needs it for batches
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
+    fsdp.shard(args.run.fsdp, model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(model, args.lr, args.weight_decay, args.warmup_steps)
     batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run appends
     has_margin = any("margin" in p for p in train_pairs)
@@ -276,9 +278,7 @@ def main(args: Args) -> dict:
             "loss": loss.item(),
             "accuracy": (chosen > rejected).float().mean().item(),
             "margin": (chosen - rejected).mean().item(),
-            "mean_reward": scores.mean().item(),
-            "min_reward": scores.min().item(),
-            "max_reward": scores.max().item(),
+            "mean_reward": scores.mean().item(), "min_reward": scores.min().item(), "max_reward": scores.max().item(),
             "grad_norm": grad_norm.item(), "lr": lr, "time/step": step_time,
         }
         stats = distributed.mean_over_ranks(stats)  # equal shares, or the same number on every rank

@@ -31,6 +31,7 @@ import tyro
 from tqdm.auto import tqdm
 
 import distributed
+import fsdp
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards": only this project's bars
@@ -59,6 +60,8 @@ class RunOptions:
 
     device: Annotated[str, tyro.conf.arg(metavar="{auto,cpu,cuda,cuda:N}")] = "auto"
     """auto: cuda if available"""
+    fsdp: bool = False
+    """under torchrun, shard weights, gradients and AdamW state over the ranks (FSDP2), for a model too big for one"""
     precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
     """auto: bf16-mixed (fp32 weights, bf16 autocast) on cuda, fp32 on cpu; bf16-true loses updates below bf16's step"""
     kernels: Literal["auto", "on", "off"] = "auto"
@@ -80,8 +83,7 @@ class RunOptions:
 Shared = tyro.conf.OmitArgPrefixes  # a script's `run` and `lora`: flat flags (--device), a box of their own in --help
 
 
-def shared(group):
-    return dataclasses.field(default_factory=group)
+shared = lambda group: dataclasses.field(default_factory=group)  # Args' `run` and `lora` fields
 
 
 def import_peft(needed_by: str = "--lora-r"):
@@ -107,6 +109,7 @@ def check_options(args, at_least_one: tuple[str, ...] = (), split: Optional[str]
             f"--{str(split).replace('_', '-')} {shared} does not divide over {ranks} torchrun ranks")
     for name in alone:
         require(ranks == 1 or not getattr(args, name), f"--{name.replace('_', '-')} does not run under torchrun yet")
+    fsdp.check_options(args, ranks, require)
     require(args.lr is None or args.lr > 0, f"--lr must be > 0, not {args.lr}")  # `not >` refuses NaN too
     require(args.max_grad_norm > 0, f"--max-grad-norm must be > 0 (a negative one flips the gradient), "
                                     f"not {args.max_grad_norm}")
@@ -200,10 +203,9 @@ def load_trainer_state(resume: Optional[str], steps: int) -> Optional[dict]:
 
 
 class MetricsLog:
-    """Appends one JSON line per step to metrics.jsonl and, with --report-to, sends the same numbers to
-    TensorBoard or Weights & Biases under TRL's names (train/reward, eval/accuracy, ...). Resuming from
-    step k drops the lines after k (steps the interrupted run logged but never checkpointed), so no
-    step is logged twice in metrics.jsonl."""
+    """Appends one JSON line per step to metrics.jsonl and, with --report-to, sends the same numbers to TensorBoard or
+    Weights & Biases under TRL's names (train/reward, eval/accuracy, ...). Resuming from step k drops the lines after
+    k (steps the interrupted run logged but never checkpointed), so no step is logged twice in metrics.jsonl."""
 
     def __init__(self, path: Path, resume_step: int = 0, report_to: str = "none", args=None):
         self.path = path
@@ -214,12 +216,10 @@ class MetricsLog:
         self.tensorboard = self.wandb = None
         if report_to == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
-
-            purge_step = resume_step + 1 if resume_step else None
-            self.tensorboard = SummaryWriter(str(path.parent / "tensorboard"), purge_step=purge_step)
+            self.tensorboard = SummaryWriter(str(path.parent / "tensorboard"), purge_step=resume_step + 1 if resume_step
+                                             else None)
         elif report_to == "wandb":
             import wandb
-
             # Offline (files in the run folder, `wandb sync` them later) unless WANDB_MODE says otherwise
             # and the service can be reached: a machine without a network must not hang or fail here.
             mode = os.environ.get("WANDB_MODE") or ("online" if reachable("api.wandb.ai") else "offline")
@@ -304,18 +304,21 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, others: Optional[dict] = None) -> None:
-    """`model` as a save_pretrained folder (any `others`, e.g. a critic, in subfolders) and, for --resume,
-    trainer_state.pt (optimizers, schedulers, RNG states, step, data position, evaluations). Written to
-    a temporary folder, then swapped in: an interrupted save never replaces a good one, and non-finite
-    weights are never written."""
+def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, others: Optional[dict] = None,
+                    weights: Optional[dict] = None) -> None:
+    """`model` as a save_pretrained folder (its `weights`, when given: a sharded model's whole tensors; any `others`,
+    e.g. a critic, in subfolders) and, for --resume, trainer_state.pt (optimizers, schedulers, RNG states, step, data
+    position, evaluations). Written to a temporary folder, then swapped in: an interrupted save never replaces a good
+    one, and non-finite weights are never written."""
     models = {"": model, **(others or {})}
-    require(all(torch.isfinite(p).all() for m in models.values() for p in m.parameters()),
+    tensors = list(weights.values()) if weights else [p for m in models.values() for p in m.parameters()]
+    require(all(torch.isfinite(t).all() for t in tensors),
             f"refusing to save non-finite weights to {path}; the previous checkpoint there is kept")
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     for name, m in models.items():  # a LoRA model saves its adapter (and heads); never look up its base on the Hub
-        m.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}))
+        m.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}),
+                          **({"state_dict": weights} if weights and name == "" else {}))
     tokenizer.save_pretrained(tmp)
     if state is not None:
         torch.save(state, tmp / "trainer_state.pt")
@@ -338,11 +341,10 @@ class Run:
                  eval_row: Callable[[dict], dict] = lambda result: {"accuracy": result["accuracy"]},
                  accuracy_key: str = "accuracy"):
         self.args, self.algo, self.tokenizer, self.device, self.resumed = args, algo, tokenizer, device, resumed
-        self.eval_row, self.accuracy_key = eval_row, accuracy_key
+        self.eval_row, self.accuracy_key, self.bar = eval_row, accuracy_key, None  # the bar: begin()'s
         self.main = distributed.is_main()  # under torchrun rank 0 alone writes; the others log to nowhere
-        self.dir = make_run_dir(args.run.output_dir, algo, args.model, args.seed, args, args.run.resume) \
-            if self.main else None
-        self.dir = Path(distributed.from_main(str(self.dir)))  # rank 0's folder, known to every rank
+        made = self.main and make_run_dir(args.run.output_dir, algo, args.model, args.seed, args, args.run.resume)
+        self.dir = Path(distributed.from_main(str(made)))  # rank 0's folder, known to every rank
         self.metrics = MetricsLog(self.dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.run.report_to,
                                   args) if self.main else MetricsLog(Path(os.devnull))
         self.save_every = args.run.save_every or args.eval_every
@@ -350,7 +352,6 @@ class Run:
         self.first_step = resumed["step"] + 1 if resumed else 1
         self.evals: list[dict] = resumed["evals"] if resumed else []
         self.before: Optional[dict] = resumed["before"] if resumed else None
-        self.bar = None
         print(f"run folder: {self.dir}")  # rank 0's; under torchrun the others print to nowhere (join_ranks)
 
     def keep(self, model, generator: Optional[torch.Generator] = None, others: Optional[dict] = None,
@@ -360,8 +361,7 @@ class Run:
         self.model, self.generator, self.others, self.extra, self.stateful = model, generator, others, extra, stateful
         if self.resumed:
             for name, obj in stateful.items():
-                state = self.resumed[name]
-                obj.set_state(state) if isinstance(obj, torch.Generator) else obj.load_state_dict(state)
+                fsdp.load_state(obj, self.resumed[name], model)
             distributed.set_rng_states(self.resumed["rng"], generator)
 
     def begin(self, evaluate: Callable) -> dict:
@@ -411,10 +411,10 @@ class Run:
     def save(self, step: int) -> None:
         state = {"step": step, "rng": distributed.rng_states(self.generator), "evals": self.evals,
                  "before": self.before,
-                 **{name: obj.get_state() if isinstance(obj, torch.Generator) else obj.state_dict()
-                    for name, obj in self.stateful.items()}, **self.extra()}
+                 **{name: fsdp.state_of(obj, self.model) for name, obj in self.stateful.items()}, **self.extra()}
+        weights = fsdp.whole_weights(self.model)  # --fsdp: gathered from every rank's shard; else None
         if self.main:
-            save_checkpoint(self.model, self.tokenizer, self.dir / "model", state, others=self.others)
+            save_checkpoint(self.model, self.tokenizer, self.dir / "model", state, others=self.others, weights=weights)
         self.last_good = step
 
     def finish(self, evaluate: Callable, results: Callable[[dict, dict], dict], headline: Callable[[dict, dict], str],

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 import common
 import distributed
+import fsdp
 import models
 import runs
 import tasks
@@ -180,6 +181,7 @@ def main(args: Args) -> dict:
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
+    fsdp.shard(args.run.fsdp, policy)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
     batches = tasks.epoch_batches(len(train_rows), args.batch_size, args.steps, args.seed)  # a longer run appends
     num_tokens = resumed["num_tokens"] if resumed else 0  # prompt + completion tokens seen so far, as TRL counts them
@@ -236,10 +238,7 @@ def main(args: Args) -> dict:
             "mean_token_accuracy": distributed.all_sum(masked_mean(hits.float(), mask).item() * share),  # argmax hit
             "num_tokens": num_tokens,
             "completion_length": mask.sum(1).float().mean().item(),
-            "grad_norm": grad_norm.item(),
-            "lr": lr,
-            "time/step": step_time,
-            "tokens_per_second": tokens / step_time,
+            "grad_norm": grad_norm.item(), "lr": lr, "time/step": step_time, "tokens_per_second": tokens / step_time,
         }
         stats = distributed.mean_over_ranks(stats)  # equal shares, or the same number on every rank
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "acc": f"{stats['mean_token_accuracy']:.3f}"})

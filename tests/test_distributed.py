@@ -8,7 +8,6 @@ but timings (to float tolerance: the ranks' gradients are summed in another orde
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -27,20 +26,14 @@ ENTRY = str(REPO / "tests" / "fixed_completions.py")
 TINY = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens", "12")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env):
     """`script argv` as one process (ranks = 1) or under torchrun; returns its one run folder."""
     command = [sys.executable, entry, script] if ranks == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",
-        str(free_port()), entry, script]
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), entry, script]
     proc = subprocess.run([*command, *argv, "--output-dir", str(output_dir)], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    errors = [line for line in proc.stderr.splitlines() if "Error" in line or "error:" in line]  # not the bars
+    assert proc.returncode == 0, "\n".join(errors[-20:]) or proc.stderr[-3000:]
     folders = list(output_dir.iterdir())
     assert len(folders) == 1, folders  # rank 0 alone made a run folder
     return folders[0]
@@ -51,19 +44,29 @@ def metrics(run_dir) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(TIMING) and k != "time/elapsed"} for row in rows]
 
 
-def assert_same_training(one, two) -> None:
-    """The same numbers logged at each step and the same final weights, to float tolerance."""
+def assert_same_training(one, two, ties=()) -> None:
+    """The same numbers logged at each step and the same final weights, to float tolerance. `ties`: metrics that
+    count which of two numbers is larger, where one process computes both alike and the other run does not."""
     rows_one, rows_two = metrics(one), metrics(two)
     assert [r["step"] for r in rows_two] == [1, 2, 3]  # each step logged once
     for a, b in zip(rows_one, rows_two):
         assert a.keys() == b.keys()
-        for k in a:  # metrics.jsonl keeps 6 significant digits: a last digit may round the other way. DPO's
-            # rewards are β × a difference of two sums of ~30 log-probs: float32 leaves them ~1e-6 absolute
+        for k in set(a) - set(ties):  # metrics.jsonl keeps 6 significant digits: a last digit may round the other
+            # way. DPO's rewards are β × a difference of two sums of ~30 log-probs: float32 leaves them ~1e-6 absolute
             tolerance = 1e-5 if k.startswith("rewards/") else 1e-8
             assert b[k] == pytest.approx(a[k], rel=1e-5, abs=tolerance), (a["step"], k, a[k], b[k])
     weights = [load_file(run / "model" / "model.safetensors") for run in (one, two)]
     for name, w in weights[0].items():
         torch.testing.assert_close(weights[1][name], w, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def assert_same_training_sharded_or_not(tmp_path, script: str, argv, ties=()) -> None:
+    """One process, 2 ranks each holding the whole model, and 2 ranks each holding half of it (--fsdp): one run.
+    A sharded model's log-probs come from one forward of [prompt, completion], not from the prompt's cache
+    (common.completion_logprobs): the same function, rounded differently, so `ties` may break the other way."""
+    one = launch(1, tmp_path / "one", script, *argv)
+    assert_same_training(one, launch(2, tmp_path / "two", script, *argv))
+    assert_same_training(one, launch(2, tmp_path / "fsdp", script, *argv, "--fsdp"), ties)
 
 
 @pytest.fixture(scope="module")
@@ -90,24 +93,26 @@ def test_only_rank_0_writes(grpo_runs):
 
 def test_dpo_two_ranks_train_the_weights_one_process_trains(tmp_path):
     argv = (*TINY, "--dataset", "tests/data/pairs.jsonl", "--batch-size", "4", "--beta", "0.5")
-    assert_same_training(launch(1, tmp_path / "one", "dpo.py", *argv), launch(2, tmp_path / "two", "dpo.py", *argv))
+    # at step 1 the policy is the reference: every margin is 0 in one process, ±1e-8 sharded (after the cached ones)
+    assert_same_training_sharded_or_not(tmp_path, "dpo.py", argv, ties=("rewards/accuracies",))
 
 
 def test_sft_two_ranks_train_the_weights_one_process_trains(tmp_path):
     argv = (*TINY, "--batch-size", "4", "--num-demonstrations", "64")
-    assert_same_training(launch(1, tmp_path / "one", "sft.py", *argv), launch(2, tmp_path / "two", "sft.py", *argv))
+    assert_same_training_sharded_or_not(tmp_path, "sft.py", argv)
 
 
 def test_reward_model_two_ranks_train_the_weights_one_process_trains(tmp_path):
     argv = ("--model", "tiny", "--steps", "3", "--dataset", "tests/data/pairs.jsonl", "--batch-size", "4")
-    assert_same_training(launch(1, tmp_path / "one", "reward_model.py", *argv),
-                         launch(2, tmp_path / "two", "reward_model.py", *argv))
+    assert_same_training_sharded_or_not(tmp_path, "reward_model.py", argv)
 
 
-def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path):
+@pytest.mark.parametrize("sharded", [(), ("--fsdp",)], ids=["replicated", "fsdp"])
+def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, sharded):
     """2 steps, then --resume to 3, under torchrun with the ranks' own sampling (SAMPLE=1): each rank's generator
-    comes back from the checkpoint, so the run is the one of 3 steps straight, to the bit; one process refuses it."""
-    argv = ("--prompts-per-step", "2", "--group-size", "4")
+    comes back from the checkpoint, so the run is the one of 3 steps straight, to the bit; one process refuses it.
+    With --fsdp the ranks also decode until every rank's rows end, and AdamW's state is gathered and re-sharded."""
+    argv = ("--prompts-per-step", "2", "--group-size", "4", *sharded)
     straight = launch(2, tmp_path / "straight", "grpo.py", *argv, *TINY, SAMPLE="1")
     split = launch(2, tmp_path / "split", "grpo.py", *argv, *TINY[:2], "--steps", "2", *TINY[4:], SAMPLE="1")
     launch(2, tmp_path / "split", "grpo.py", *argv, *TINY, "--resume", str(split), SAMPLE="1")
@@ -157,3 +162,9 @@ def test_each_rank_takes_a_contiguous_share(monkeypatch):
         monkeypatch.setenv("RANK", str(rank))
         shares.append(distributed.share(list(range(8))))
     assert shares == [[0, 1], [2, 3, 4], [5, 6, 7]]  # in rank order they are the list; sizes differ by one at most
+
+
+def test_grpo_sharded_over_two_ranks_trains_the_weights_one_process_trains(grpo_runs, tmp_path):
+    """--fsdp (FSDP2 on gloo): each rank holds half of every weight, gradient and AdamW moment; the same run."""
+    argv = (*TINY, "--prompts-per-step", "4", "--group-size", "4", "--batch-size", "4", "--loss-agg", "token-mean")
+    assert_same_training(grpo_runs[0], launch(2, tmp_path / "fsdp", "grpo.py", *argv, "--fsdp"))
