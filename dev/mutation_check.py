@@ -406,6 +406,9 @@ MUTATIONS = [
              'return f"{statistics.mean(values):.{digits}f} ± {statistics.pstdev(values):.{digits}f}"',
              "comparison spread as the population std over seeds", "tests/test_compare.py -k mean_std"),
     # ---- scripts/memory_plan.py: the memory plan ---------------------------------------------------------------------
+    Mutation("scripts/memory_plan.py", '"gradients_gb": trainable * width / ranks / 2**30',
+             '"gradients_gb": trainable * width / 2**30', "memory plan (--fsdp): gradients not split over the ranks",
+             f"{MEMORY} -k fsdp"),
     Mutation("scripts/memory_plan.py", '"optimizer_gb": 2 * trainable * width / 2**30',
              '"optimizer_gb": 2 * trainable * 4 / 2**30',
              "memory plan: AdamW moments always float32 (bf16-true keeps them in bfloat16)",
