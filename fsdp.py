@@ -73,8 +73,8 @@ def all_finished(model, finished: torch.Tensor) -> bool:
 
 
 def whole_weights(model):
-    """The model's whole tensors (every rank must call it; each gets them), or None for a model that is not
-    sharded: save_pretrained then reads them itself."""
+    """The model's whole tensors on the CPU, gathered from every rank (each must call it): rank 0 gets them, the
+    others an empty dict. None for a model that is not sharded: save_pretrained then reads them itself."""
     return get_model_state_dict(model, options=WHOLE) if is_sharded(model) else None
 
 
