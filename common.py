@@ -16,16 +16,22 @@ Two conventions used everywhere:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
+import os
 import random
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+import distributed
+import fsdp
 import kernels
 import runs
 from runs import InputError, require
@@ -41,16 +47,38 @@ def set_seed(seed: int) -> None:
 
 
 def resolve_device(device: str) -> torch.device:
-    """auto (cuda if available), cpu, cuda or cuda:N; anything else, or CUDA without a GPU, is one clear error."""
+    """auto (cuda if available), cpu, cuda or cuda:N; anything else, or CUDA without a GPU, is one clear error.
+    Under torchrun (distributed.py) the rank also joins the others, on its own GPU (join_ranks)."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     require(device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()),
             f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
     require(device == "cpu" or torch.cuda.is_available(),
             f"--device {device}: CUDA is not available on this machine; use --device cpu (or auto)")
     require(not device.startswith("cuda:") or int(device[5:]) < torch.cuda.device_count(),
             f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return torch.device(device)
+    return join_ranks(torch.device(device)) if distributed.world_size() > 1 else torch.device(device)
+
+
+def join_ranks(device: torch.device) -> torch.device:
+    """Under torchrun: this rank's device (on CUDA its own GPU, cuda:LOCAL_RANK) in one process group with the
+    other ranks, gloo on a CPU and nccl on CUDA. A backend this torch lacks, or too few GPUs, is one line. Ranks
+    other than 0 print nothing (their stdout goes to /dev/null); errors still reach stderr."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    require(dist.is_available() and (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()),
+            f"torchrun on {device.type} needs torch.distributed's {backend} backend, which this torch build lacks")
+    if device.type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        require(local_rank < torch.cuda.device_count(), f"torchrun's rank {local_rank} on a machine with "
+                f"{torch.cuda.device_count()} GPU(s): start at most one rank per GPU (--nproc_per_node)")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+        atexit.register(dist.destroy_process_group)
+    if not distributed.is_main():
+        sys.stdout = open(os.devnull, "w")
+    return device
 
 
 def resolve_kernels(kernels: str, device: torch.device) -> bool:
@@ -283,7 +311,8 @@ def completion_logprobs(
     [prompt, completion] rows (the other branch; the tests check they agree) and costs P*(S-1) +
     B*(T+1) token-forwards instead of B*(S+T). The prompt's last token, whose logits predict y_1,
     starts each completion's forward, so both branches end in one (B, T+1, V) logits tensor.
-    Gradient checkpointing drops caches inside transformers, so it takes the concatenated branch.
+    Gradient checkpointing drops caches inside transformers, and a sharded model (--fsdp) frees the prompt forward's
+    weights before the backward reaches it through the cache, so both take the concatenated branch.
     Returns logprobs (B, T) and entropy (B, T) or None; the entropy carries a gradient only with
     entropy_grad (an entropy bonus in the loss), else it is for logging.
     """
@@ -292,7 +321,7 @@ def completion_logprobs(
     full_mask = torch.cat([prompt_mask.repeat_interleave(repeats, 0), torch.ones_like(completion_ids)], 1)  # (B, S+T)
     positions = position_ids(full_mask)  # (B, S+T)
     with autocast(model):
-        if share_prompt and not (model.is_activation_checkpointing and model.training):
+        if share_prompt and not (model.is_activation_checkpointing and model.training) and not fsdp.is_sharded(model):
             cache = None  # a one-token prompt has nothing to share
             if S > 1:  # (its logits are not used: logits_to_keep=1 keeps that cheap)
                 cache = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], use_cache=True,
@@ -372,7 +401,7 @@ def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_tok
         token = torch.where(finished, pad_token_id, token)
         tokens.append(token)
         finished |= token == eos_token_id
-        if finished.all():
+        if fsdp.all_finished(model, finished):  # --fsdp: every rank's rows, since each forward needs all the ranks
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
         position = attention_mask.sum(1, keepdim=True) - 1  # (B, 1)

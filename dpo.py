@@ -1,10 +1,9 @@
 """DPO: Direct Preference Optimization on (prompt, chosen, rejected) pairs, in one file.
 
-The KL-regularised RLHF objective max E[r(x, y)] - β KL[π_θ || π_ref] has the closed-form optimum
-π*(y|x) ∝ π_ref(y|x) exp(r(x, y)/β). Solved for r, the reward is β log π*(y|x)/π_ref(y|x) up to a
-term in x alone, which cancels in a Bradley-Terry comparison of two completions of the same prompt.
-So the policy can be fit to preference pairs directly, with a classification loss and no reward
-model or sampling: the language model is secretly the reward model.
+The KL-regularised RLHF objective max E[r(x, y)] - β KL[π_θ || π_ref] has the closed-form optimum π*(y|x) ∝ π_ref(y|x)
+exp(r(x, y)/β). Solved for r, the reward is β log π*(y|x)/π_ref(y|x) up to a term in x alone, which cancels in a
+Bradley-Terry comparison of two completions of the same prompt. So the policy can be fit to preference pairs directly,
+with a classification loss and no reward model or sampling: the language model is secretly the reward model.
 
 Objective (Rafailov et al. 2023, arXiv:2305.18290, eq. 7), minimised:
     L_DPO(π_θ; π_ref) = -E_(x, y_w, y_l) [ log σ( β log π_θ(y_w|x)/π_ref(y_w|x) - β log π_θ(y_l|x)/π_ref(y_l|x) ) ]
@@ -40,6 +39,7 @@ Run:
     python dpo.py                       # SmolLM2-135M-Instruct (embedded), its own samples as pairs
     python dpo.py --model tiny --dataset tests/data/pairs.jsonl --steps 3
     python dpo.py --online                # online DPO: pairs sampled from the policy each step
+    torchrun --nproc_per_node 2 dpo.py    # 2 ranks, P/2 pairs each (offline only); --fsdp: each holds half the model
     python dpo.py --help
 
 Shapes: P pairs, B = 2P sequences (chosen and rejected interleaved), S prompt tokens, T completion tokens.
@@ -56,6 +56,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import common
+import distributed
+import fsdp
 import models
 import preferences
 import runs
@@ -213,7 +215,7 @@ def pair_metrics(losses, chosen_rewards, rejected_rewards, chosen_logps, rejecte
 
 def check_args(args: Args) -> None:
     runs.check_options(args, at_least_one=("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size",
-                                           "max_completion_tokens"))
+                                           "max_completion_tokens"), split="batch_size", alone=("online",))
     require(args.samples_per_prompt >= 2,
             "--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
     require(args.beta > 0, "--beta must be > 0")
@@ -265,9 +267,9 @@ def main(args: Args) -> dict:
                                    keep_adapter=True, use_kernels=fast)
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)
-
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
+    fsdp.shard(args.run.fsdp, policy, ref_model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
     run = runs.Run(args, "dpo", tokenizer, device, resumed,
                    eval_row=lambda r: {"accuracy": r["accuracy"], **r.get("pairs", {})})
@@ -297,6 +299,7 @@ def main(args: Args) -> dict:
     run.begin(evaluate)
     for step, batch in enumerate(batches[run.first_step - 1 :], run.first_step):
         t0 = time.time()
+        batch = distributed.share(batch)  # under torchrun, P/N pairs on a rank
         pairs = [train_pairs[i] for i in batch]
         if args.online:  # ---- online: two samples per prompt from the policy, labelled by the verifier -------
             pairs, dropped = sample_pairs(policy, tokenizer, [next(train_stream) for _ in range(args.batch_size)],
@@ -320,29 +323,26 @@ def main(args: Args) -> dict:
                                                                     args.max_completion_tokens)
         losses, chosen_rewards, rejected_rewards = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
                                                             args.beta, args.label_smoothing)
-        loss = losses.mean()
+        loss = losses.mean() * distributed.share_of(len(pairs))  # this rank's part of the batch's mean; × 1.0 alone
         run.check_finite(loss, step)
 
         # ---- 4. update -------------------------------------------------------------------------
         loss.backward()
+        distributed.all_reduce_grads(policy)  # Σ over the ranks
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
         run.check_finite(grad_norm, step, "gradient norm")
         optimizer.step()
-        # now, not at the next backward: the model's size in float32, idle through the next forward
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through the next forward
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
 
         # ---- 5. log ----------------------------------------------------------------------------------
         step_time = time.time() - t0
         stats = pair_metrics(losses, chosen_rewards, rejected_rewards, policy_chosen, policy_rejected)
-        stats.update({
-            "grad_norm": grad_norm.item(),
-            "lr": lr,
-            "time/step": step_time,
-            "tokens_per_second": tokens / step_time,  # prompt + completion tokens of the 2P sequences
-            **({"pairs/kept": len(pairs), "pairs/dropped": dropped} if args.online else {}),
-        })
+        stats.update({"grad_norm": grad_norm.item(), "lr": lr, "time/step": step_time,
+                      "tokens_per_second": tokens / step_time,  # prompt + completion tokens of the 2P sequences
+                      **({"pairs/kept": len(pairs), "pairs/dropped": dropped} if args.online else {})})
+        stats = distributed.mean_over_ranks(stats)  # each rank's mean over an equal share: their mean is the batch's
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "margin": f"{stats['rewards/margins']:.3f}",
                               "acc": f"{stats['rewards/accuracies']:.2f}"})
 

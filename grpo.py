@@ -28,11 +28,15 @@ checkpoint instead, as ppo.py reads it, and logs the verifier beside it (`score`
 
 Where this file departs from the papers, and why:
 - The std in Â is the population std (÷ G) plus eps = 1e-4; TRL's sample std (÷ G-1) makes |Â| smaller by √((G-1)/G).
-- Dynamic sampling drops zero-variance groups but does not sample more prompts to refill the batch
-  as DAPO does; the batch shrinks (`frac_reward_zero_std` says by how much). A batch left with no
-  group makes no update but still counts as a step: logged (`skipped`), warm-up, evaluation, save.
+- Dynamic sampling drops zero-variance groups but does not sample more prompts to refill the batch as DAPO does; the
+  batch shrinks (`frac_reward_zero_std` says by how much). A batch left with no group makes no update but still
+  counts as a step: logged (`skipped`), warm-up, evaluation, save. (One process only, for now.)
 - β defaults to 0.04 (DeepSeekMath). With `--beta 0` the reference model is not loaded at all.
 - The learning rate warms up linearly and then stays constant.
+
+Several processes, `torchrun --nproc_per_node N grpo.py ...`: a rank samples and scores P/N prompts, whole groups (Â
+needs no communication); it divides its loss by the whole batch's count and the ranks sum gradients, so each --loss-agg
+is exact: seq-mean-token-mean by all ranks' B, seq-mean-token-sum-norm by B × max_new_tokens, token-mean by Σ tokens.
 
 Run:
     python grpo.py                      # SmolLM2-135M-Instruct (embedded) on arithmetic, CPU or GPU
@@ -53,6 +57,8 @@ from typing import Annotated, Callable, Literal, Optional
 import torch
 
 import common
+import distributed
+import fsdp
 import models
 import runs
 import tasks
@@ -144,7 +150,7 @@ class Args:
 
 def check_args(args: Args) -> None:
     runs.check_options(args, at_least_one=("steps", "prompts_per_step", "num_iterations", "max_new_tokens",
-                                           "eval_size"))
+                                           "eval_size"), split="prompts_per_step", alone=("dynamic_sampling",))
     require(args.group_size >= 2, f"--group-size must be at least 2 (the group is the baseline), not {args.group_size}")
     batch = args.prompts_per_step * args.group_size
     require(args.batch_size is None or (args.batch_size >= 1 and batch % args.batch_size == 0),
@@ -208,10 +214,8 @@ def grpo_loss(
     advantages: torch.Tensor,  # (B,)
     mask: torch.Tensor,  # (B, T)
     eps_low: float = 0.2, eps_high: float = 0.2,
-    beta: float = 0.04,
-    loss_agg: str = "seq-mean-token-mean",
-    max_completion_length: Optional[int] = None,
-    kl_kind: str = "k3",
+    beta: float = 0.04, loss_agg: str = "seq-mean-token-mean",
+    max_completion_length: Optional[int] = None, kl_kind: str = "k3",
     importance_level: str = "token", loss_type: str = "clip",  # GSPO: "sequence"; CISPO: "cispo"
 ) -> tuple[torch.Tensor, dict]:
     """The negated GRPO objective (see the module docstring), to be minimised.
@@ -276,15 +280,13 @@ def weighted_rewards(per_reward: torch.Tensor, weights: torch.Tensor) -> torch.T
     return (per_reward * weights).sum(dim=1)
 
 
-def micro_batch_weight(loss_agg: str, micro_mask: torch.Tensor, batch_mask: torch.Tensor) -> float:
-    """Weight of one micro-batch's loss so that the accumulated gradient equals the full batch's.
-
-    Sequence-level aggregations average over sequences, so a micro-batch counts by its share of
-    sequences; token-mean averages over tokens, so it counts by its share of tokens.
-    """
+def micro_batch_weight(loss_agg: str, micro_mask: torch.Tensor, batch_tokens: int, batch_rows: int) -> float:
+    """Weight of one micro-batch's loss so that the accumulated gradient equals the full batch's (every rank's):
+    sequence-level aggregations average over sequences, so a micro-batch counts by its share of the batch's
+    sequences; token-mean averages over tokens, so it counts by its share of the batch's tokens."""
     if loss_agg == "token-mean":
-        return micro_mask.sum().item() / batch_mask.sum().item()
-    return micro_mask.shape[0] / batch_mask.shape[0]
+        return micro_mask.sum().item() / batch_tokens
+    return micro_mask.shape[0] / batch_rows
 
 
 def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, penalty: float) -> torch.Tensor:
@@ -328,10 +330,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         policy = common.add_lora(policy, args.model, args.lora)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
+    fsdp.shard(args.run.fsdp, policy, ref_model, reward_model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    G = args.group_size
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())  # each rank its own draws
+    G, eos, pad = args.group_size, tokenizer.eos_token_id, tokenizer.pad_token_id
 
     run = runs.Run(args, "grpo", tokenizer, device, resumed)  # the run folder, metrics.jsonl, checkpoints
     run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler)  # what a checkpoint holds; resumed here
@@ -344,7 +346,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample G completions per prompt from the current policy -------------------------
         t0 = time.time()
-        problems = [next(train_stream) for _ in range(args.prompts_per_step)]
+        problems = distributed.share([next(train_stream) for _ in range(args.prompts_per_step)])  # P/N on a rank
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
         completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, G, args.max_new_tokens, eos, pad,
@@ -379,14 +381,12 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         keep_groups = ~all_equal if args.dynamic_sampling else torch.ones_like(all_equal)
         keep = keep_groups.repeat_interleave(G)  # (B,)
         stats = {
-            "reward": rewards.mean().item(),
-            "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
+            "reward": rewards.mean().item(), "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
             "frac_reward_zero_std": all_equal.float().mean().item(),
             "score": scores.mean().item(),  # before any overlong penalty
             **{f"rewards/{name}/mean": per_reward[:, k].mean().item() for k, name in enumerate(args.rewards)},
             **({"verifier": verified.mean().item()} if reward_model is not None else {}),  # the true reward
-            "reward/unearned": sum(unearned) / len(unearned),
-            "completion_length": lengths.float().mean().item(),
+            "reward/unearned": sum(unearned) / len(unearned), "completion_length": lengths.float().mean().item(),
             "completions/distinct": common.distinct_fraction(completion_ids, mask, G),  # 1/G: a group all alike
             "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # cut: no EOS
         }
@@ -403,6 +403,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             micro = min(args.batch_size or B, B)  # dynamic sampling may have shrunk this batch
             slices = [slice(i, min(i + micro, B)) for i in range(0, B, micro)]
             group_of_row = torch.arange(B, device=device) // G  # (B,) which kept prompt each row belongs to
+            batch_tokens, batch_rows = distributed.all_sum(mask.sum()), distributed.all_sum(B)  # every rank's
 
             def logprobs_of(model, rows: slice, with_entropy: bool = False):
                 prompts, repeats = torch.unique_consecutive(group_of_row[rows], return_counts=True)
@@ -430,21 +431,20 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                                         args.eps_low, args.eps_high, args.beta, args.loss_agg, args.max_new_tokens,
                                         args.kl_estimator, args.importance_level, args.loss_type)
                     run.check_finite(loss, step)
-                    weight = micro_batch_weight(args.loss_agg, mask[s], mask)
+                    weight = micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
-                    # kl, clip_ratio and entropy are token means over the whole batch, whatever the micro-batch:
-                    # each micro-batch counts by its share of the batch's tokens, the loss by its weight.
-                    token_share = (mask[s].sum() / mask.sum()).item()
+                    # kl, clip_ratio, entropy: token means over the whole batch (every rank's), the loss by its weight
+                    token_share = (mask[s].sum() / batch_tokens).item()
                     if entropy is not None:  # iteration 0 only: the sampling policy's entropy
                         entropy_sum += masked_mean(entropy, mask[s]).item() * token_share
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0.0) + v * token_share
                     sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight
+                distributed.all_reduce_grads(policy)  # Σ over the ranks: each one's loss is its part of the batch's
                 grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 run.check_finite(grad_norm, step, "gradient norm")
                 optimizer.step()
-                # now, not at the next backward: the model's size in float32, idle through sampling
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
         lr = scheduler.get_last_lr()[0]  # the rate this step used, or would have: warm-up counts batches, skipped too
         with warnings.catch_warnings():  # torch warns when a skipped first batch steps the schedule first; it is meant
             warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")
@@ -455,15 +455,15 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         step_time = time.time() - t0
         if update:
             # each iteration's token shares (and loss weights) sum to 1: dividing by μ averages the iterations
-            stats.update({k: v / args.num_iterations for k, v in sums.items()})
-            stats.update({"entropy": entropy_sum, "grad_norm": grad_norm.item()})
+            stats.update({k: distributed.all_sum(v) / args.num_iterations for k, v in sums.items()})  # ranks' parts
+            stats.update({"entropy": distributed.all_sum(entropy_sum), "grad_norm": grad_norm.item(),
+                          "tokens_per_second/train": mask.sum().item() * args.num_iterations / time_train})
         else:
             stats["skipped"] = 1
         stats.update({"lr": lr, "time/generate": time_generate, "time/train": time_train, "time/step": step_time,
                       "tokens_per_second": lengths.sum().item() / step_time,
                       "tokens_per_second/generate": lengths.sum().item() / time_generate})
-        if update:
-            stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
+        stats = distributed.mean_over_ranks(stats)  # each rank's mean over an equal share: their mean is the batch's
         run.log(step, stats, {"reward": f"{stats['reward']:.3f}", "len": f"{stats['completion_length']:.1f}",
                               **({"kl": f"{stats['kl']:.4f}"} if "kl" in stats else {}),
                               **({} if update else {"skipped": "all groups equal"})})

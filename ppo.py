@@ -56,6 +56,7 @@ import torch
 from tqdm.auto import tqdm
 
 import common
+import distributed
 import models
 import runs
 import tasks
@@ -393,7 +394,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample one completion per prompt from the policy --------------------------------
         t0 = time.time()
-        rng_before_sampling = runs.rng_state(generator)  # what a --kl-budget stop saves, to sample this batch again
+        rng_before_sampling = distributed.rng_state(generator)  # what a --kl-budget stop saves, to sample it again
         problems = [next(train_stream) for _ in range(args.batch_size)]
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
@@ -436,7 +437,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             advantages = masked_whiten(advantages, mask) * mask
         if args.kl_budget is not None and kl.sum(1).mean().item() > args.kl_budget:
             stopped_at = step - 1
-            runs.set_rng_state(rng_before_sampling, generator)  # rewound: the last checkpoint resumes at this batch
+            distributed.set_rng_state(rng_before_sampling, generator)  # rewound: the checkpoint resumes here
             tqdm.write(f"step {step}: KL per completion {kl.sum(1).mean().item():.3f} > --kl-budget {args.kl_budget}: "
                        "stopped before this update")
             break

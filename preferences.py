@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import torch
 
 import common
+import distributed
 import models
 import runs
 import tasks
@@ -93,7 +94,7 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
     key = (f"v2-{model_key}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}"
            f"-temp{temperature:g}-{precision}{prompt_key}{eval_key}")
     folder = runs.CACHE_DIR / "preference-data" / key
-    if not folder.exists():
+    if not folder.exists() and distributed.is_main():  # under torchrun rank 0 builds it, the others wait
         problems, seen = [], set()
         for p in tasks.train_problems(seed, tasks.training_exclusion(eval_size)):
             if p.prompt not in seen:
@@ -108,6 +109,7 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
         splits = {"heldout_samples": samples[:n_heldout], "train_samples": samples[n_heldout:],
                   "heldout": pair_samples(samples[:n_heldout]), "train": pair_samples(samples[n_heldout:])}
         tasks.write_splits(folder, splits)
+    distributed.barrier()
     data = tasks.read_splits(folder, ("train", "heldout", "heldout_samples"))
     for name in ("train", "heldout"):
         if not data[name]:

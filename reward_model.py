@@ -47,6 +47,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import common
+import distributed
+import fsdp
 import models
 import preferences
 import runs
@@ -195,7 +197,7 @@ def evaluate(model, tokenizer, pairs: list[dict], samples: list[dict], max_compl
 
 def check_args(args: Args) -> None:
     runs.check_options(args, at_least_one=("steps", "batch_size", "num_prompts", "max_new_tokens",
-                                           "max_completion_tokens"))
+                                           "max_completion_tokens"), split="batch_size")
     require(args.samples_per_prompt >= 2,
             "--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
     require(args.temperature > 0, "--temperature must be > 0 (it samples the preference data)")
@@ -229,6 +231,7 @@ def main(args: Args) -> dict:
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers' own forward needs it for batches
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()
+    fsdp.shard(args.run.fsdp, model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(model, args.lr, args.weight_decay, args.warmup_steps)
     batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run appends
     has_margin = any("margin" in p for p in train_pairs)
@@ -249,7 +252,7 @@ def main(args: Args) -> dict:
     run.begin(report)
     for step, batch in enumerate(batches[run.first_step - 1 :], run.first_step):
         t0 = time.time()
-        pairs = [train_pairs[i] for i in batch]
+        pairs = [train_pairs[i] for i in distributed.share(batch)]  # under torchrun, P/N pairs on a rank
 
         # ---- 1. score chosen and rejected in one batch -----------------------------------------
         model.train()
@@ -259,29 +262,26 @@ def main(args: Args) -> dict:
         # ---- 2. Bradley-Terry loss and update ------------------------------------------------------
         loss = bradley_terry_loss(chosen, rejected, margin, args.center_rewards_coefficient or 0.0)
         run.check_finite(loss, step)
-        loss.backward()
+        (loss * distributed.share_of(len(pairs))).backward()  # this rank's part of the batch's mean; × 1.0 alone
+        distributed.all_reduce_grads(model)  # Σ over the ranks
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         run.check_finite(grad_norm, step, "gradient norm")
         optimizer.step()
-        # now, not at the next backward: the model's size in float32, idle through the next forward
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through the next forward
         lr = scheduler.get_last_lr()[0]  # the rate this step used
         scheduler.step()
 
         # ---- 3. log -----------------------------------------------------------------------------------
         step_time = time.time() - t0
-        scores = torch.cat([chosen, rejected]).detach()
+        scores = distributed.concat(torch.cat([chosen, rejected]).detach())  # every rank's: min and max too
         stats = {
             "loss": loss.item(),
             "accuracy": (chosen > rejected).float().mean().item(),
             "margin": (chosen - rejected).mean().item(),
-            "mean_reward": scores.mean().item(),
-            "min_reward": scores.min().item(),
-            "max_reward": scores.max().item(),
-            "grad_norm": grad_norm.item(),
-            "lr": lr,
-            "time/step": step_time,
+            "mean_reward": scores.mean().item(), "min_reward": scores.min().item(), "max_reward": scores.max().item(),
+            "grad_norm": grad_norm.item(), "lr": lr, "time/step": step_time,
         }
+        stats = distributed.mean_over_ranks(stats)  # equal shares, or the same number on every rank
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "acc": f"{stats['accuracy']:.2f}"})
 
         # ---- 4. evaluate and checkpoint ----------------------------------------------------------

@@ -3,7 +3,7 @@
 The option groups every script shares, the command-line entry, bad input as one line, the run folder,
 metrics.jsonl and trackers, curves.png, checkpoints and exact --resume, the non-finite guard, and `Run`, which
 does it all one call per concern. Nothing here changes a number a loss depends on: without tracking, resume or
-curves every training curve is the same. It imports no module of the project.
+curves every training curve is the same. Under torchrun rank 0 alone writes. It imports distributed.py only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import datetime
 import importlib.util
 import json
 import os
-import random
 import re
 import resource
 import shutil
@@ -26,11 +25,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Callable, Literal, Optional
 
-import numpy as np
 import torch
 import transformers
 import tyro
 from tqdm.auto import tqdm
+
+import distributed
+import fsdp
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards": only this project's bars
@@ -59,6 +60,8 @@ class RunOptions:
 
     device: Annotated[str, tyro.conf.arg(metavar="{auto,cpu,cuda,cuda:N}")] = "auto"
     """auto: cuda if available"""
+    fsdp: bool = False
+    """under torchrun, shard weights, gradients and AdamW state over the ranks (FSDP2), for a model too big for one"""
     precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
     """auto: bf16-mixed (fp32 weights, bf16 autocast) on cuda, fp32 on cpu; bf16-true loses updates below bf16's step"""
     kernels: Literal["auto", "on", "off"] = "auto"
@@ -80,8 +83,7 @@ class RunOptions:
 Shared = tyro.conf.OmitArgPrefixes  # a script's `run` and `lora`: flat flags (--device), a box of their own in --help
 
 
-def shared(group):
-    return dataclasses.field(default_factory=group)
+shared = lambda group: dataclasses.field(default_factory=group)  # Args' `run` and `lora` fields
 
 
 def import_peft(needed_by: str = "--lora-r"):
@@ -93,14 +95,21 @@ def import_peft(needed_by: str = "--lora-r"):
     return peft
 
 
-def check_options(args, at_least_one: tuple[str, ...] = ()) -> None:
-    """The checks every script shares, made before anything loads: optimisation numbers, the counts that must be
-    at least 1, LoRA, the tracker, the output folder."""
+def check_options(args, at_least_one: tuple[str, ...] = (), split: Optional[str] = None, alone: tuple = ()) -> None:
+    """The checks every script shares, made before anything loads: optimisation numbers, the counts that must be at
+    least 1, LoRA, the tracker, the output folder; under torchrun, `split` over the ranks and no `alone` option on."""
     require(args.seed >= 0, f"--seed must be >= 0, not {args.seed}")
     pass_k = getattr(args, "pass_k", None) or 0  # None: chosen for the model (tasks.evaluation_for_model)
     require(pass_k >= 0, f"--pass-k must be 0 (off) or a number of samples per problem, not {pass_k}")
     for name in at_least_one:
         require(getattr(args, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
+    ranks, shared = distributed.world_size(), getattr(args, split) if split else 0  # shared: the batch size split
+    require(ranks == 1 or split is not None, f"{Path(sys.argv[0]).name} does not run under torchrun yet: run it alone")
+    require(shared % ranks == 0,
+            f"--{str(split).replace('_', '-')} {shared} does not divide over {ranks} torchrun ranks")
+    for name in alone:
+        require(ranks == 1 or not getattr(args, name), f"--{name.replace('_', '-')} does not run under torchrun yet")
+    fsdp.check_options(args, ranks, require)
     require(args.lr is None or args.lr > 0, f"--lr must be > 0, not {args.lr}")  # `not >` refuses NaN too
     require(args.max_grad_norm > 0, f"--max-grad-norm must be > 0 (a negative one flips the gradient), "
                                     f"not {args.max_grad_norm}")
@@ -187,32 +196,16 @@ def load_trainer_state(resume: Optional[str], steps: int) -> Optional[dict]:
     state = torch.load(path, weights_only=True)
     require(state["step"] < steps,
             f"--resume {resume}: the run is already at step {state['step']}; pass a larger --steps to extend it")
+    saved_by = distributed.ranks_saved(state["rng"])  # each rank's random states: it goes on with as many
+    require(saved_by == distributed.world_size(), f"--resume {resume}: saved by {saved_by} process(es), resumed "
+            f"by {distributed.world_size()}; resume it with as many (torchrun --nproc_per_node {saved_by})")
     return state
 
 
-def rng_state(generator: Optional[torch.Generator] = None) -> dict:
-    """Every random state a step draws from: python, numpy, torch (and CUDA), the sampling generator."""
-    numpy_state = [torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in np.random.get_state()]
-    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "generator": generator.get_state() if generator is not None else None}
-
-
-def set_rng_state(state: dict, generator: Optional[torch.Generator] = None) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in state["numpy"]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if generator is not None:
-        generator.set_state(state["generator"])
-
-
 class MetricsLog:
-    """Appends one JSON line per step to metrics.jsonl and, with --report-to, sends the same numbers to
-    TensorBoard or Weights & Biases under TRL's names (train/reward, eval/accuracy, ...). Resuming from
-    step k drops the lines after k (steps the interrupted run logged but never checkpointed), so no
-    step is logged twice in metrics.jsonl."""
+    """Appends one JSON line per step to metrics.jsonl and, with --report-to, sends the same numbers to TensorBoard or
+    Weights & Biases under TRL's names (train/reward, eval/accuracy, ...). Resuming from step k drops the lines after
+    k (steps the interrupted run logged but never checkpointed), so no step is logged twice in metrics.jsonl."""
 
     def __init__(self, path: Path, resume_step: int = 0, report_to: str = "none", args=None):
         self.path = path
@@ -223,12 +216,10 @@ class MetricsLog:
         self.tensorboard = self.wandb = None
         if report_to == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
-
-            purge_step = resume_step + 1 if resume_step else None
-            self.tensorboard = SummaryWriter(str(path.parent / "tensorboard"), purge_step=purge_step)
+            self.tensorboard = SummaryWriter(str(path.parent / "tensorboard"), purge_step=resume_step + 1 if resume_step
+                                             else None)
         elif report_to == "wandb":
             import wandb
-
             # Offline (files in the run folder, `wandb sync` them later) unless WANDB_MODE says otherwise
             # and the service can be reached: a machine without a network must not hang or fail here.
             mode = os.environ.get("WANDB_MODE") or ("online" if reachable("api.wandb.ai") else "offline")
@@ -302,7 +293,8 @@ def reachable(host: str) -> bool:
 
 
 def progress(steps: int, desc: str, initial: int = 0, leave: bool = True):
-    return tqdm(total=steps, desc=desc, initial=initial, leave=leave, dynamic_ncols=True, file=sys.stderr)
+    return tqdm(total=steps, desc=desc, initial=initial, leave=leave, dynamic_ncols=True, file=sys.stderr,
+                disable=not distributed.is_main())
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -312,18 +304,21 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, others: Optional[dict] = None) -> None:
-    """`model` as a save_pretrained folder (any `others`, e.g. a critic, in subfolders) and, for --resume,
-    trainer_state.pt (optimizers, schedulers, RNG states, step, data position, evaluations). Written to
-    a temporary folder, then swapped in: an interrupted save never replaces a good one, and non-finite
-    weights are never written."""
+def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, others: Optional[dict] = None,
+                    weights: Optional[dict] = None) -> None:
+    """`model` as a save_pretrained folder (its `weights`, when given: a sharded model's whole tensors; any `others`,
+    e.g. a critic, in subfolders) and, for --resume, trainer_state.pt (optimizers, schedulers, RNG states, step, data
+    position, evaluations). Written to a temporary folder, then swapped in: an interrupted save never replaces a good
+    one, and non-finite weights are never written."""
     models = {"": model, **(others or {})}
-    require(all(torch.isfinite(p).all() for m in models.values() for p in m.parameters()),
+    tensors = list(weights.values()) if weights else [p for m in models.values() for p in m.parameters()]
+    require(all(torch.isfinite(t).all() for t in tensors),
             f"refusing to save non-finite weights to {path}; the previous checkpoint there is kept")
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     for name, m in models.items():  # a LoRA model saves its adapter (and heads); never look up its base on the Hub
-        m.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}))
+        m.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}),
+                          **({"state_dict": weights} if weights and name == "" else {}))
     tokenizer.save_pretrained(tmp)
     if state is not None:
         torch.save(state, tmp / "trainer_state.pt")
@@ -347,15 +342,17 @@ class Run:
                  accuracy_key: str = "accuracy"):
         self.args, self.algo, self.tokenizer, self.device, self.resumed = args, algo, tokenizer, device, resumed
         self.eval_row, self.accuracy_key, self.bar = eval_row, accuracy_key, None  # the bar: begin()'s
-        self.dir = make_run_dir(args.run.output_dir, algo, args.model, args.seed, args, args.run.resume)
+        self.main = distributed.is_main()  # under torchrun rank 0 alone writes; the others log to nowhere
+        made = self.main and make_run_dir(args.run.output_dir, algo, args.model, args.seed, args, args.run.resume)
+        self.dir = Path(distributed.from_main(str(made)))  # rank 0's folder, known to every rank
         self.metrics = MetricsLog(self.dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.run.report_to,
-                                  args)
+                                  args) if self.main else MetricsLog(Path(os.devnull))
         self.save_every = args.run.save_every or args.eval_every
         self.last_good = resumed["step"] if resumed else None  # the step of the last checkpoint written
         self.first_step = resumed["step"] + 1 if resumed else 1
         self.evals: list[dict] = resumed["evals"] if resumed else []
         self.before: Optional[dict] = resumed["before"] if resumed else None
-        print(f"run folder: {self.dir}")
+        print(f"run folder: {self.dir}")  # rank 0's; under torchrun the others print to nowhere (join_ranks)
 
     def keep(self, model, generator: Optional[torch.Generator] = None, others: Optional[dict] = None,
              extra: Callable[[], dict] = dict, **stateful) -> None:
@@ -364,9 +361,8 @@ class Run:
         self.model, self.generator, self.others, self.extra, self.stateful = model, generator, others, extra, stateful
         if self.resumed:
             for name, obj in stateful.items():
-                state = self.resumed[name]
-                obj.set_state(state) if isinstance(obj, torch.Generator) else obj.load_state_dict(state)
-            set_rng_state(self.resumed["rng"], generator)
+                fsdp.load_state(obj, self.resumed[name], model)
+            distributed.set_rng_states(self.resumed["rng"], generator)
 
     def begin(self, evaluate: Callable) -> dict:
         """The starting model's evaluation (step 0, with pass@k), or a resumed run's from its checkpoint."""
@@ -392,7 +388,7 @@ class Run:
         self.metrics.write(step, {**stats, "memory/peak_gb": peak_memory_gb(self.device)})
         self.bar.update(1)
         self.bar.set_postfix(postfix or {})
-        if step == self.first_step and step < self.args.steps:  # the expected duration, once a step is timed
+        if self.main and self.first_step == step < self.args.steps:  # the expected duration, once a step is timed
             step_s, every, steps_left = time.time() - self.loop_start, self.args.eval_every, self.args.steps - step
             evals_left = 1 + ((self.args.steps - 1) // every - step // every if every else 0)
             left = step_s * steps_left + self.eval_seconds * evals_left  # seconds
@@ -404,7 +400,8 @@ class Run:
         """The held-out evaluation every --eval-every steps (the last step's is finish's)."""
         if self.args.eval_every and step % self.args.eval_every == 0 and step < self.args.steps:
             self.evals.append(self.metrics.write_eval({"step": step, **self.eval_row(evaluate(step, 0))}))
-            plot_curves(self.dir, self.evals, self.accuracy_key)
+            if self.main:
+                plot_curves(self.dir, self.evals, self.accuracy_key)
 
     def save_if_due(self, step: int) -> None:
         """A full checkpoint every --save-every steps (default: at each evaluation)."""
@@ -412,10 +409,12 @@ class Run:
             self.save(step)
 
     def save(self, step: int) -> None:
-        state = {"step": step, "rng": rng_state(self.generator), "evals": self.evals, "before": self.before,
-                 **{name: obj.get_state() if isinstance(obj, torch.Generator) else obj.state_dict()
-                    for name, obj in self.stateful.items()}, **self.extra()}
-        save_checkpoint(self.model, self.tokenizer, self.dir / "model", state, others=self.others)
+        state = {"step": step, "rng": distributed.rng_states(self.generator), "evals": self.evals,
+                 "before": self.before,
+                 **{name: fsdp.state_of(obj, self.model) for name, obj in self.stateful.items()}, **self.extra()}
+        weights = fsdp.whole_weights(self.model)  # --fsdp: gathered from every rank's shard; else None
+        if self.main:
+            save_checkpoint(self.model, self.tokenizer, self.dir / "model", state, others=self.others, weights=weights)
         self.last_good = step
 
     def finish(self, evaluate: Callable, results: Callable[[dict, dict], dict], headline: Callable[[dict, dict], str],
@@ -435,11 +434,12 @@ class Run:
         result = {**results(self.before, after), "evals": self.evals, "steps": self.args.steps,
                   "wall_time_s": round(time.time() - self.metrics.start, 1),
                   "memory/peak_gb": peak_memory_gb(self.device), **samples, "run_dir": str(self.dir)}
-        (self.dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
-        plot_curves(self.dir, self.evals, self.accuracy_key)
+        if self.main:
+            (self.dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
+            plot_curves(self.dir, self.evals, self.accuracy_key)
         if self.args.run.save_model:
             self.save(last_step)
-            if self.args.lora.lora_r and self.args.lora.merge_lora:
+            if self.main and self.args.lora.lora_r and self.args.lora.merge_lora:
                 merged = copy.deepcopy(self.model).merge_and_unload()  # a plain from_pretrained checkpoint
                 merged.save_pretrained(self.dir / "merged")
                 self.tokenizer.save_pretrained(self.dir / "merged")

@@ -42,6 +42,8 @@ import torch
 from tqdm.auto import tqdm
 
 import common
+import distributed
+import fsdp
 import models
 import runs
 import tasks
@@ -154,7 +156,7 @@ def load_demonstrations(dataset: Optional[str], num_demonstrations: int, seed: i
 
 def check_args(args: Args) -> None:
     runs.check_options(args, at_least_one=("steps", "batch_size", "num_demonstrations", "max_completion_tokens",
-                                           "max_new_tokens", "eval_size"))
+                                           "max_new_tokens", "eval_size"), split="batch_size")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,6 +181,7 @@ def main(args: Args) -> dict:
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
+    fsdp.shard(args.run.fsdp, policy)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
     batches = tasks.epoch_batches(len(train_rows), args.batch_size, args.steps, args.seed)  # a longer run appends
     num_tokens = resumed["num_tokens"] if resumed else 0  # prompt + completion tokens seen so far, as TRL counts them
@@ -210,13 +213,15 @@ def main(args: Args) -> dict:
 
         # ---- 1. log π_θ of each demonstration's completion tokens -----------------------------------
         policy.train()
-        logprobs, hits, mask, tokens = batch_logprobs(policy, tokenizer, [train_rows[i] for i in batch],
-                                                      args.max_completion_tokens)
+        rows = [train_rows[i] for i in distributed.share(batch)]  # under torchrun, B/N on a rank
+        logprobs, hits, mask, tokens = batch_logprobs(policy, tokenizer, rows, args.max_completion_tokens)
 
         # ---- 2. the NLL of the completion tokens, and the update ----------------------------------
-        loss = sft_loss(logprobs, mask)
+        share = distributed.share_of(mask.sum())  # this rank's part of the batch's tokens: 1.0 in one process
+        loss = sft_loss(logprobs, mask) * share  # so that Σ over the ranks is the token mean over the whole batch
         run.check_finite(loss, step)
         loss.backward()
+        distributed.all_reduce_grads(policy)  # Σ over the ranks
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
         run.check_finite(grad_norm, step, "gradient norm")
         optimizer.step()
@@ -226,18 +231,16 @@ def main(args: Args) -> dict:
         scheduler.step()
 
         # ---- 3. log (TRL's names) --------------------------------------------------------------------
-        num_tokens += tokens  # prompt + completion tokens seen so far, as TRL counts them
+        num_tokens += distributed.all_sum(tokens)  # prompt + completion tokens seen so far, as TRL counts them
         step_time = time.time() - t0
         stats = {
-            "loss": loss.item(),
-            "mean_token_accuracy": masked_mean(hits.float(), mask).item(),  # the argmax was the demonstrated token
+            "loss": distributed.all_sum(loss.item()),
+            "mean_token_accuracy": distributed.all_sum(masked_mean(hits.float(), mask).item() * share),  # argmax hit
             "num_tokens": num_tokens,
             "completion_length": mask.sum(1).float().mean().item(),
-            "grad_norm": grad_norm.item(),
-            "lr": lr,
-            "time/step": step_time,
-            "tokens_per_second": tokens / step_time,
+            "grad_norm": grad_norm.item(), "lr": lr, "time/step": step_time, "tokens_per_second": tokens / step_time,
         }
+        stats = distributed.mean_over_ranks(stats)  # equal shares, or the same number on every rank
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "acc": f"{stats['mean_token_accuracy']:.3f}"})
 
         # ---- 4. evaluate and checkpoint --------------------------------------------------------------

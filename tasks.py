@@ -39,6 +39,7 @@ import torch
 from tqdm.auto import tqdm
 
 import common
+import distributed
 import runs
 from runs import InputError
 
@@ -270,12 +271,14 @@ def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens:
     """Greedy held-out accuracy with the verifier, a few sample completions to read, and `unearned`: the share
     of problems whose greedy answer `verify` pays but `verify_strict` does not (never stated as a result).
     score(prompt_ids, prompt_mask, completion_ids, completion_mask, problems) -> (..., n) also scores each batch's
-    completions (a reward model, in ppo.py): returned as "scores", (..., N) over all the problems."""
+    completions (a reward model, in ppo.py): returned as "scores", (..., N) over all the problems. Under torchrun
+    each rank decodes its share of the problems and the counts are summed (`scores` is for one process only)."""
     device = next(model.parameters()).device
     correct, unearned, samples, scores = 0.0, 0.0, [], []
-    bar = runs.progress(len(problems), "held-out accuracy", leave=False)
-    for start in range(0, len(problems), batch_size):
-        batch = problems[start : start + batch_size]
+    mine = distributed.share(problems)  # all of them in one process
+    bar = runs.progress(len(mine), "held-out accuracy", leave=False)
+    for start in range(0, len(mine), batch_size):
+        batch = mine[start : start + batch_size]
         ids, mask = tokenize_prompts(tokenizer, [p.prompt for p in batch], device)
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
         completion_ids = common.sample_completions(model, ids, mask, 1, max_new_tokens, eos, pad, 0.0)
@@ -290,7 +293,9 @@ def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens:
             scores.append(score(ids, mask, completion_ids, completion_mask, batch))
         bar.update(len(batch))
     bar.close()
-    result = {"accuracy": correct / len(problems), "unearned": unearned / len(problems), "samples": samples}
+    correct, unearned = distributed.all_sum(correct), distributed.all_sum(unearned)  # every rank's share
+    result = {"accuracy": correct / len(problems), "unearned": unearned / len(problems),
+              "samples": distributed.concat(samples)[:num_samples_kept]}
     return {**result, "scores": torch.cat(scores, dim=-1)} if score is not None else result
 
 
@@ -320,7 +325,8 @@ def evaluate_pass_at_k(model, tokenizer, problems: list[Problem], k: int, max_ne
 def evaluate_policy(model, tokenizer, problems: list[Problem], max_new_tokens: int, seed: int, step: int,
                     pass_k: int = 0, score: Optional[Callable] = None) -> dict:
     """The held-out evaluation every algorithm reports: greedy accuracy (evaluate_accuracy, with its `score`) and,
-    with pass_k, pass@k from pass_k samples a problem at temperature 1 (evaluate_pass_at_k); each said in a line."""
+    with pass_k, pass@k from pass_k samples a problem at temperature 1 (evaluate_pass_at_k); each said in a line.
+    Under torchrun the greedy accuracy is split over the ranks; pass@k is drawn whole by each (the same numbers)."""
     model.eval()
     result = evaluate_accuracy(model, tokenizer, problems, max_new_tokens, score=score)
     if pass_k:

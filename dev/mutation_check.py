@@ -58,7 +58,7 @@ class Mutation(NamedTuple):
 GRPO, PPO, DPO, RM = "tests/test_grpo.py", "tests/test_ppo.py", "tests/test_dpo.py", "tests/test_reward_model.py"
 COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/test_variants.py"
 REL, SFT, BANDIT = "tests/test_reliability.py", "tests/test_sft.py", "tests/test_bandit.py"
-MEMORY, PRM = "tests/test_memory_plan.py", "tests/test_prm.py"
+MEMORY, PRM, DIST = "tests/test_memory_plan.py", "tests/test_prm.py", "tests/test_distributed.py"
 
 MUTATIONS = [
     # ---- grpo.py: advantages, KL, the clipped loss, aggregation, the loop ---------------------------------
@@ -83,8 +83,8 @@ MUTATIONS = [
     Mutation("grpo.py", "loss = masked_sum(per_token, mask) / (mask.shape[0] * max_completion_length)",
              "loss = masked_sum(per_token, mask) / (mask.shape[0] * mask.shape[1])",
              "Dr. GRPO normaliser uses the padded width, not max_completion_length", f"{GRPO} -k ragged_mask"),
-    Mutation("grpo.py", "return micro_mask.sum().item() / batch_mask.sum().item()",
-             "return micro_mask.shape[0] / batch_mask.shape[0]",
+    Mutation("grpo.py", "return micro_mask.sum().item() / batch_tokens",
+             "return micro_mask.shape[0] / batch_rows",
              "token-mean micro-batch weighted by its share of rows, not of tokens",
              f"{GRPO} -k weighted_micro_batches"),
     Mutation("grpo.py", "(loss * weight).backward()", "loss.backward()",
@@ -220,7 +220,7 @@ MUTATIONS = [
              '[r["completion"] for r in rows], device,\n                                                      '
              "max_completion_tokens, [False] * len(rows))",
              "SFT never learns to end: no EOS target", f"{SFT} -k only_completion"),
-    Mutation("sft.py", "num_tokens += tokens", "num_tokens = tokens",
+    Mutation("sft.py", "num_tokens += distributed.all_sum(tokens)", "num_tokens = distributed.all_sum(tokens)",
              "num_tokens not cumulative", f"{SFT} -k fixed_mapping"),
     # ---- reward_model.py ---------------------------------------------------------------------------------
     Mutation("reward_model.py", "diff = chosen_scores - rejected_scores", "diff = rejected_scores - chosen_scores",
@@ -350,11 +350,11 @@ MUTATIONS = [
     Mutation("models.py", 'dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32',
              'dtype = torch.bfloat16 if precision != "fp32" else torch.float32',
              "bf16-mixed with bfloat16 weights (no float32 master copy)", f"{COMMON} -k small_update"),
-    Mutation("runs.py", '            set_rng_state(self.resumed["rng"], generator)\n', "",
+    Mutation("runs.py", '            distributed.set_rng_states(self.resumed["rng"], generator)\n', "",
              "GRPO resume without restoring the sampling generator", f"{GRPO} -k resume"),
-    Mutation("runs.py", "                state = self.resumed[name]\n",
+    Mutation("runs.py", "                fsdp.load_state(obj, self.resumed[name], model)\n",
              '                if name == "optimizer":\n                    continue\n'
-             "                state = self.resumed[name]\n",
+             "                fsdp.load_state(obj, self.resumed[name], model)\n",
              "GRPO resume with a fresh AdamW", f"{GRPO} -k resume"),
     Mutation("dpo.py", '        heldout_ref, train_ref = resumed["heldout_ref"].to(device), resumed["train_ref"]',
              '        heldout_ref, train_ref = resumed["heldout_ref"].to(device), None',
@@ -419,6 +419,9 @@ MUTATIONS = [
              "count = max(len(right), len(wrong))", "ORM pairs not limited per problem",
              "tests/test_compare.py -k orm_pairs"),
     # ---- scripts/memory_plan.py: the memory plan ---------------------------------------------------------------------
+    Mutation("scripts/memory_plan.py", '"gradients_gb": trainable * width / ranks / 2**30',
+             '"gradients_gb": trainable * width / 2**30', "memory plan (--fsdp): gradients not split over the ranks",
+             f"{MEMORY} -k fsdp"),
     Mutation("scripts/memory_plan.py", '"optimizer_gb": 2 * trainable * width / 2**30',
              '"optimizer_gb": 2 * trainable * 4 / 2**30',
              "memory plan: AdamW moments always float32 (bf16-true keeps them in bfloat16)",
@@ -447,13 +450,13 @@ MUTATIONS = [
              "        centered = centered / (rewards.std(unbiased=False) + eps)",
              "std of the whole batch instead of each group's", f"{BANDIT} -k fixed_point"),
     # Gradients are freed right after each optimizer step; without it they pile up across steps.
-    Mutation("grpo.py", "                optimizer.zero_grad(set_to_none=True)\n", "                pass\n",
+    Mutation("grpo.py", "                optimizer.zero_grad(set_to_none=True)  #", "                pass  #",
              "gradients accumulate across steps (never zeroed)", f"{GRPO} -k resume_continues_exactly"),
-    Mutation("dpo.py", "        optimizer.zero_grad(set_to_none=True)\n", "        pass\n",
+    Mutation("dpo.py", "        optimizer.zero_grad(set_to_none=True)  #", "        pass  #",
              "gradients accumulate across steps (never zeroed)", f"{DPO} -k resume_continues_exactly"),
     Mutation("sft.py", "        optimizer.zero_grad(set_to_none=True)\n", "        pass\n",
              "gradients accumulate across steps (never zeroed)", f"{SFT} -k resume_continues_exactly"),
-    Mutation("reward_model.py", "        optimizer.zero_grad(set_to_none=True)\n", "        pass\n",
+    Mutation("reward_model.py", "        optimizer.zero_grad(set_to_none=True)  #", "        pass  #",
              "gradients accumulate across steps (never zeroed)", f"{RM} -k resume_continues_exactly"),
     Mutation("variants.py", "        optimizer.zero_grad(set_to_none=True)\n", "        pass\n",
              "gradients accumulate across steps (never zeroed)", f"{VARIANTS} -k resume_continues_exactly"),
@@ -552,6 +555,31 @@ MUTATIONS = [
     Mutation("tasks.py", "train_problems(seed, training_exclusion(eval_size, make=chain), make=chain)",
              "train_problems(seed, training_exclusion(eval_size), make=chain)",
              "multi-step chains trained on their held-out set (the sums' excluded instead)", f"{TASKS} -k multistep"),
+    # ---- torchrun: the loss exact over the ranks, the logged numbers reduced, each rank's random states ----------
+    Mutation("grpo.py", "batch_tokens, batch_rows = distributed.all_sum(mask.sum()), distributed.all_sum(B)",
+             "batch_tokens, batch_rows = mask.sum(), B", "GRPO loss divided by each rank's own tokens and sequences",
+             f"{DIST} -k grpo_two_ranks"),
+    Mutation("grpo.py", '"entropy": distributed.all_sum(entropy_sum)', '"entropy": entropy_sum',
+             "GRPO entropy, a rank's part of the token mean, not summed over the ranks", f"{DIST} -k grpo_two_ranks"),
+    Mutation("grpo.py", "        stats = distributed.mean_over_ranks(stats)", "        pass",
+             "GRPO logs rank 0's numbers, not the batch's", f"{DIST} -k grpo_two_ranks"),
+    Mutation("grpo.py", "                distributed.all_reduce_grads(policy)", "                pass",
+             "GRPO gradients not summed over the ranks", f"{DIST} -k grpo_two_ranks"),
+    Mutation("dpo.py", "loss = losses.mean() * distributed.share_of(len(pairs))", "loss = losses.mean()",
+             "DPO loss a mean over each rank's pairs, then summed", f"{DIST} -k dpo_two_ranks"),
+    Mutation("sft.py", "share = distributed.share_of(mask.sum())", "share = 1.0 / distributed.world_size()",
+             "SFT the average of per-rank token means (DDP's averaging), not the batch's token mean",
+             f"{DIST} -k sft_two_ranks"),
+    Mutation("fsdp.py", "            module.set_gradient_divide_factor(1.0)", "            pass",
+             "--fsdp: gradients averaged over the ranks, not summed", f"{DIST} -k grpo_sharded"),
+    Mutation("distributed.py", "if world_size() == 1 or fsdp.is_sharded(model):", "if world_size() == 1:",
+             "--fsdp: the reduce-scattered gradients all-reduced once more", f"{DIST} -k grpo_sharded"),
+    Mutation("fsdp.py", "is_sharded(model) and obj.state:  # none before the first step", "False:",
+             "--fsdp: each rank's AdamW shard saved as rank 0's, resumed on every rank",
+             f"{DIST} -k 'resumes and fsdp'"),
+    Mutation("distributed.py", "set_rng_state(states if world_size() == 1 else states[rank()], generator)",
+             "set_rng_state(states if world_size() == 1 else states[0], generator)",
+             "every rank resumed with rank 0's random states", f"{DIST} -k resumes"),
 ]
 
 

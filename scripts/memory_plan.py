@@ -8,6 +8,8 @@ The first word names the script (grpo, dpo, ppo, sft, reward_model, variants); t
 options, parsed by its Args. Each row is one model the algorithm holds (policy, reference, reward models,
 critic): its weights and, for a trained model, its gradients, AdamW state and one micro-batch's activations.
 --prompt-tokens sets the prompt length the plan assumes (default: the longest held-out arithmetic prompt).
+--ranks N plans one rank of `torchrun --nproc_per_node N script.py --fsdp`: each model's weights, gradients and AdamW
+state are split over the N ranks (FSDP2 shards every parameter); the activations are one rank's micro-batch, as given.
 """
 
 from __future__ import annotations
@@ -84,11 +86,12 @@ def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, pre
 
 
 def memory_plan(held: list[tuple], precision: str, lora: common.LoraOptions, checkpointing: bool, sequences: int,
-                tokens: int, logit_tokens: int, fast_kernels: bool = False) -> dict:
+                tokens: int, logit_tokens: int, fast_kernels: bool = False, ranks: int = 1) -> dict:
     """Print and return the plan: one row per model (name, config, head "lm" or "score", trained?) with its
     parameters and GiB of weights, and for a trained model its gradients, AdamW state (two moments in the
     weights' dtype) and one micro-batch's activations (`activation_bytes`; a score head has no vocabulary
-    logits). Weights are float32 (the master copy under bf16-mixed) unless bf16-true.
+    logits). Weights are float32 (the master copy under bf16-mixed) unless bf16-true. With `ranks` > 1 (--fsdp),
+    one rank's: weights, gradients and AdamW state divided by the ranks, the activations whole.
     Returns {"memory_plan": rows, "total_gb": total}."""
     width = 2 if precision == "bf16-true" else 4
     rows = []
@@ -98,14 +101,15 @@ def memory_plan(held: list[tuple], precision: str, lora: common.LoraOptions, che
         trainable = trainable if trained else 0
         activations = activation_bytes(config, sequences, tokens, logit_tokens if head == "lm" else 0, precision,
                                        checkpointing, fast_kernels) if trained else 0
-        rows.append({"model": name, "parameters": params, "weights_gb": params * width / 2**30,
-                     "gradients_gb": trainable * width / 2**30, "optimizer_gb": 2 * trainable * width / 2**30,
-                     "activations_gb": activations / 2**30})
+        rows.append({"model": name, "parameters": params, "weights_gb": params * width / ranks / 2**30,
+                     "gradients_gb": trainable * width / ranks / 2**30,
+                     "optimizer_gb": 2 * trainable * width / ranks / 2**30, "activations_gb": activations / 2**30})
     columns = ("weights_gb", "gradients_gb", "optimizer_gb", "activations_gb")
     total = sum(r[c] for r in rows for c in columns)
     print(f"memory plan: precision {precision}, LoRA r = {lora.lora_r or 'off'}, "
           f"gradient checkpointing {'on' if checkpointing else 'off'}, "
-          f"one micro-batch = {sequences} sequences, {tokens} token positions")
+          f"one micro-batch = {sequences} sequences, {tokens} token positions"
+          + (f"; one of {ranks} ranks (--fsdp): weights, gradients and AdamW state / {ranks}" if ranks > 1 else ""))
     print(f"{'model':<16}{'parameters':>15}{'weights':>10}{'gradients':>11}"
           f"{'AdamW state':>13}{'activations':>13}   (GiB)")
     for r in rows:
@@ -161,11 +165,14 @@ def main(argv: list[str]) -> dict:
     scripts = ("grpo", "dpo", "ppo", "sft", "reward_model", "variants")
     runs.require(bool(argv) and argv[0] in scripts, f"usage: scripts/memory_plan.py {{{','.join(scripts)}}} [options]")
     algo, rest = argv[0], argv[1:]
-    prompt_tokens = None
-    if "--prompt-tokens" in rest:
-        i = rest.index("--prompt-tokens")
-        runs.require(i + 1 < len(rest) and rest[i + 1].isdigit(), "--prompt-tokens needs a number of tokens")
-        prompt_tokens, rest = int(rest[i + 1]), rest[:i] + rest[i + 2:]
+    numbers = {"--prompt-tokens": None, "--ranks": 1}  # this script's own options, the rest the script's
+    for flag in numbers:
+        if flag in rest:
+            i = rest.index(flag)
+            runs.require(i + 1 < len(rest) and rest[i + 1].isdigit() and int(rest[i + 1]) >= 1,
+                         f"{flag} needs a whole number >= 1")
+            numbers[flag], rest = int(rest[i + 1]), rest[:i] + rest[i + 2:]
+    prompt_tokens, ranks = numbers["--prompt-tokens"], numbers["--ranks"]
     module = __import__(algo)
     args = tyro.cli(module.Args, args=rest, prog=f"scripts/memory_plan.py {algo}")
     device = common.resolve_device(args.run.device)
@@ -175,7 +182,7 @@ def main(argv: list[str]) -> dict:
     S = prompt_tokens or tasks.longest_prompt(tokenizer, tasks.heldout_problems(eval_size))
     rows, sequences, tokens, logit_tokens = models_held(algo, args, len(tokenizer), S)
     return memory_plan(rows, precision, args.lora, args.gradient_checkpointing, sequences, tokens, logit_tokens,
-                       common.resolve_kernels(args.run.kernels, device))
+                       common.resolve_kernels(args.run.kernels, device), ranks)
 
 
 def loaded_table(held: dict[str, torch.nn.Module], trainable: set[str]) -> list[dict]:

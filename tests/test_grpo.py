@@ -174,7 +174,7 @@ def test_weighted_micro_batches_sum_to_the_full_batch_loss(loss_agg):
         s = slice(i, i + 1)
         part, _ = grpo_loss(logprobs[s], old[s], None, advantages[s], mask[s], beta=0.0, loss_agg=loss_agg,
                             max_completion_length=5)
-        parts += part * micro_batch_weight(loss_agg, mask[s], mask)
+        parts += part * micro_batch_weight(loss_agg, mask[s], int(mask.sum()), mask.shape[0])
     assert parts.item() == pytest.approx(full.item(), abs=1e-6)
 
 

@@ -10,6 +10,7 @@ import transformers
 
 import common
 import models
+import runs
 from conftest import run_script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -148,3 +149,14 @@ def test_grpo_plan_counts_a_reward_model_and_the_prompt_length_can_be_set(dropou
     assert plan["memory_plan"][2]["gradients_gb"] == 0 and plan["memory_plan"][2]["weights_gb"] > 0
     longer = memory_plan.main(["grpo", "--model", "tiny", "--prompt-tokens", "400"])
     assert longer["memory_plan"][0]["activations_gb"] > plan["memory_plan"][0]["activations_gb"]
+
+
+def test_one_rank_of_fsdp_holds_a_quarter_of_the_weights_gradients_and_adamw_state_and_all_its_activations():
+    whole = memory_plan.main(["grpo", "--model", "tiny", "--prompt-tokens", "40"])["memory_plan"]
+    rank = memory_plan.main(["grpo", "--model", "tiny", "--prompt-tokens", "40", "--ranks", "4"])["memory_plan"]
+    for one, shard in zip(whole, rank):
+        for column in ("weights_gb", "gradients_gb", "optimizer_gb"):
+            assert shard[column] == pytest.approx(one[column] / 4, rel=1e-12)
+        assert shard["activations_gb"] == one["activations_gb"]  # FSDP splits no activation
+    with pytest.raises(runs.InputError, match="--ranks needs a whole number >= 1"):
+        memory_plan.main(["grpo", "--model", "tiny", "--ranks", "0"])

@@ -1,0 +1,98 @@
+"""--fsdp: each rank holds 1/N of every weight, gradient and AdamW moment (PyTorch's FSDP2, `fully_shard`).
+
+Under torchrun without --fsdp every rank holds the whole model (distributed.py). With it, `shard` splits each
+transformer block's parameters, and then the rest, into N shards, one a rank (DTensors). A block's forward first
+gathers its whole weights from the ranks and frees them after (`reshard_after_forward`); its backward gathers them
+again and reduce-scatters the gradients, so each rank keeps only the gradient of its own shard, and AdamW updates
+only that shard. Activations are not sharded: each rank computes its own share of the batch, as without --fsdp.
+
+What changes for the rest of the code, and nothing else does:
+- gradients are summed over the ranks by the reduce-scatter (`set_gradient_divide_factor(1)`: each rank's loss is
+  already its part of the whole batch's, as in distributed.py), so distributed.all_reduce_grads has nothing to do;
+- every forward is a collective: the ranks must call the model equally often. Sampling runs until every rank's rows
+  have finished (`all_finished`), and the held-out set must divide over the ranks (runs.check_options);
+- a checkpoint holds whole tensors, gathered from the shards (`state_of`): it loads with `from_pretrained` and
+  resumes with the same number of ranks;
+- kernels.py is off for a sharded model: its CPU paths read whole weights.
+Imports no module of the project.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors on the CPU, gathered from the shards
+
+
+def shard(on: bool, *models) -> None:
+    """With --fsdp, shard each of `models` in place (None is skipped; trained or frozen alike): each transformer
+    block (the classes transformers names in _no_split_modules), then the model itself (embeddings, norm, head)."""
+    for model in filter(None, models) if on else ():
+        block_names = set(getattr(model, "_no_split_modules", None) or [])
+        for module in model.modules():
+            if type(module).__name__ in block_names:
+                fully_shard(module)
+        # the outermost units reshard too (a root keeps its weights whole after a forward by default): a model's
+        # parameters are always its shards between steps. A reward model's backbone and head are units of their own,
+        # since common.reward_scores calls them apart, never the model itself.
+        for unit in (model.base_model, model.score) if hasattr(model, "score") else ():
+            fully_shard(unit, reshard_after_forward=True)
+        fully_shard(model, reshard_after_forward=True)
+        for module in filter(is_sharded, model.modules()):  # each unit's gradients: Σ over the ranks, not their mean
+            module.set_gradient_divide_factor(1.0)  # (each rank's loss is already its part of the batch's)
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no pre-multiplied sum
+        model.fast_kernels = False  # common.fast_kernels: the plain code, which reads no whole weight itself
+
+
+def check_options(args, ranks: int, require) -> None:
+    """--fsdp's own checks (runs.check_options; `require` raises its one-line error): torchrun, no LoRA yet, and a
+    held-out set that divides over the ranks, since every forward is a collective (each rank the same batches)."""
+    if args.run.fsdp:
+        require(ranks > 1, "--fsdp shards the model over torchrun's ranks: torchrun --nproc_per_node N script.py ...")
+        require(not args.lora.lora_r, "--fsdp with --lora-r does not run yet: use one of the two")
+        eval_size = getattr(args, "eval_size", None) or 0
+        require(eval_size % ranks == 0, f"--fsdp: --eval-size {eval_size} must divide over {ranks} torchrun ranks")
+
+
+def is_sharded(model) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def all_finished(model, finished: torch.Tensor) -> bool:
+    """Whether every row has finished: this rank's rows, or with a sharded model every rank's (their forwards
+    gather weights together, so all ranks decode until the last row of any rank ends)."""
+    done = finished.all()
+    if is_sharded(model):
+        done = done.to(torch.int32)
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)
+    return bool(done)
+
+
+def whole_weights(model):
+    """The model's whole tensors on the CPU, gathered from every rank (each must call it): rank 0 gets them, the
+    others an empty dict. None for a model that is not sharded: save_pretrained then reads them itself."""
+    return get_model_state_dict(model, options=WHOLE) if is_sharded(model) else None
+
+
+def state_of(obj, model):
+    """What a checkpoint keeps of an optimizer, scheduler or generator; a sharded model's optimizer as whole tensors
+    (every rank must call it)."""
+    if isinstance(obj, torch.Generator):
+        return obj.get_state()
+    if isinstance(obj, torch.optim.Optimizer) and is_sharded(model) and obj.state:  # none before the first step
+        return get_optimizer_state_dict(model, obj, options=WHOLE)
+    return obj.state_dict()
+
+
+def load_state(obj, state, model) -> None:
+    """The inverse of state_of, on resume: a sharded model's optimizer takes each rank's shard of the whole state."""
+    if isinstance(obj, torch.Generator):
+        obj.set_state(state)
+    elif isinstance(obj, torch.optim.Optimizer) and is_sharded(model) and state["state"]:
+        set_optimizer_state_dict(model, obj, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        obj.load_state_dict(state)

@@ -1,0 +1,170 @@
+"""torchrun: N ranks with a share of the batch each train the weights one process trains on the whole batch.
+
+Each test launches the real command line, `python -m torch.distributed.run --nproc_per_node 2 ...` (gloo, 2 CPU
+processes), through tests/fixed_completions.py: each rank samples from its own generator, so the completions are
+fixed by the prompts there and one process and two ranks train on the same batch. Compared: every logged number
+but timings (to float tolerance: the ranks' gradients are summed in another order) and the final weights.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+from conftest import REPO, TIMING, args_of
+from safetensors.torch import load_file
+
+import common
+import distributed
+import runs
+import tasks
+
+ENTRY = str(REPO / "tests" / "fixed_completions.py")
+TINY = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens", "12")
+
+
+def launch(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env):
+    """`script argv` as one process (ranks = 1) or under torchrun; returns its one run folder."""
+    command = [sys.executable, entry, script] if ranks == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), entry, script]
+    proc = subprocess.run([*command, *argv, "--output-dir", str(output_dir)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
+    errors = [line for line in proc.stderr.splitlines() if "Error" in line or "error:" in line]  # not the bars
+    assert proc.returncode == 0, "\n".join(errors[-20:]) or proc.stderr[-3000:]
+    folders = list(output_dir.iterdir())
+    assert len(folders) == 1, folders  # rank 0 alone made a run folder
+    return folders[0]
+
+
+def metrics(run_dir) -> list[dict]:
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING) and k != "time/elapsed"} for row in rows]
+
+
+def assert_same_training(one, two, ties=()) -> None:
+    """The same numbers logged at each step and the same final weights, to float tolerance. `ties`: metrics that
+    count which of two numbers is larger, where one process computes both alike and the other run does not."""
+    rows_one, rows_two = metrics(one), metrics(two)
+    assert [r["step"] for r in rows_two] == [1, 2, 3]  # each step logged once
+    for a, b in zip(rows_one, rows_two):
+        assert a.keys() == b.keys()
+        for k in set(a) - set(ties):  # metrics.jsonl keeps 6 significant digits: a last digit may round the other
+            # way. DPO's rewards are β × a difference of two sums of ~30 log-probs: float32 leaves them ~1e-6 absolute
+            tolerance = 1e-5 if k.startswith("rewards/") else 1e-8
+            assert b[k] == pytest.approx(a[k], rel=1e-5, abs=tolerance), (a["step"], k, a[k], b[k])
+    weights = [load_file(run / "model" / "model.safetensors") for run in (one, two)]
+    for name, w in weights[0].items():
+        torch.testing.assert_close(weights[1][name], w, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def assert_same_training_sharded_or_not(tmp_path, script: str, argv, ties=()) -> None:
+    """One process, 2 ranks each holding the whole model, and 2 ranks each holding half of it (--fsdp): one run.
+    A sharded model's log-probs come from one forward of [prompt, completion], not from the prompt's cache
+    (common.completion_logprobs): the same function, rounded differently, so `ties` may break the other way."""
+    one = launch(1, tmp_path / "one", script, *argv)
+    assert_same_training(one, launch(2, tmp_path / "two", script, *argv))
+    assert_same_training(one, launch(2, tmp_path / "fsdp", script, *argv, "--fsdp"), ties)
+
+
+@pytest.fixture(scope="module")
+def grpo_runs(tmp_path_factory):
+    """GRPO, token-mean over a batch whose two halves hold different numbers of tokens, micro-batches of 4."""
+    tmp = tmp_path_factory.mktemp("grpo")
+    argv = (*TINY, "--prompts-per-step", "4", "--group-size", "4", "--batch-size", "4", "--loss-agg", "token-mean")
+    return launch(1, tmp / "one", "grpo.py", *argv), launch(2, tmp / "two", "grpo.py", *argv)
+
+
+def test_grpo_two_ranks_train_the_weights_one_process_trains(grpo_runs):
+    assert_same_training(*grpo_runs)
+
+
+def test_only_rank_0_writes(grpo_runs):
+    _, two = grpo_runs  # launch() checked there is one run folder; here, what it holds
+    assert sorted(p.name for p in two.iterdir() if p.name != "curves.png") == [
+        "args.json", "eval.json", "metrics.jsonl", "model"]
+    assert [json.loads(line)["step"] for line in open(two / "metrics.jsonl")] == [1, 2, 3]
+    model = transformers.AutoModelForCausalLM.from_pretrained(two / "model")  # an ordinary checkpoint
+    weights = load_file(two / "model" / "model.safetensors")
+    assert all(torch.equal(p, weights[name]) for name, p in model.named_parameters() if name in weights)
+
+
+def test_dpo_two_ranks_train_the_weights_one_process_trains(tmp_path):
+    argv = (*TINY, "--dataset", "tests/data/pairs.jsonl", "--batch-size", "4", "--beta", "0.5")
+    # at step 1 the policy is the reference: every margin is 0 in one process, ±1e-8 sharded (after the cached ones)
+    assert_same_training_sharded_or_not(tmp_path, "dpo.py", argv, ties=("rewards/accuracies",))
+
+
+def test_sft_two_ranks_train_the_weights_one_process_trains(tmp_path):
+    argv = (*TINY, "--batch-size", "4", "--num-demonstrations", "64")
+    assert_same_training_sharded_or_not(tmp_path, "sft.py", argv)
+
+
+def test_reward_model_two_ranks_train_the_weights_one_process_trains(tmp_path):
+    argv = ("--model", "tiny", "--steps", "3", "--dataset", "tests/data/pairs.jsonl", "--batch-size", "4")
+    assert_same_training_sharded_or_not(tmp_path, "reward_model.py", argv)
+
+
+@pytest.mark.parametrize("sharded", [(), ("--fsdp",)], ids=["replicated", "fsdp"])
+def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, sharded):
+    """2 steps, then --resume to 3, under torchrun with the ranks' own sampling (SAMPLE=1): each rank's generator
+    comes back from the checkpoint, so the run is the one of 3 steps straight, to the bit; one process refuses it.
+    With --fsdp the ranks also decode until every rank's rows end, and AdamW's state is gathered and re-sharded."""
+    argv = ("--prompts-per-step", "2", "--group-size", "4", *sharded)
+    straight = launch(2, tmp_path / "straight", "grpo.py", *argv, *TINY, SAMPLE="1")
+    split = launch(2, tmp_path / "split", "grpo.py", *argv, *TINY[:2], "--steps", "2", *TINY[4:], SAMPLE="1")
+    launch(2, tmp_path / "split", "grpo.py", *argv, *TINY, "--resume", str(split), SAMPLE="1")
+    assert metrics(straight) == metrics(split)
+    weights = [load_file(run / "model" / "model.safetensors") for run in (straight, split)]
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+    with pytest.raises(runs.InputError, match="saved by 2 process"):
+        runs.load_trainer_state(str(split), 4)
+
+
+@pytest.mark.parametrize("script, options, message", [
+    ("grpo", {"prompts_per_step": 3}, "--prompts-per-step 3 does not divide over 2 torchrun ranks"),
+    ("grpo", {"dynamic_sampling": True}, "--dynamic-sampling does not run under torchrun yet"),
+    ("dpo", {"batch_size": 5}, "--batch-size 5 does not divide over 2 torchrun ranks"),
+    ("sft", {"batch_size": 7}, "--batch-size 7 does not divide over 2 torchrun ranks"),
+    ("reward_model", {"batch_size": 3}, "--batch-size 3 does not divide over 2 torchrun ranks"),
+    ("ppo", {}, "does not run under torchrun yet"),
+])
+def test_a_set_up_the_ranks_cannot_share_is_one_line(monkeypatch, tmp_path, script, options, message):
+    module = __import__(script)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node 2 sets it, checked before anything loads
+    args = args_of(module.Args, model="tiny", output_dir=str(tmp_path), **options)
+    args = tasks.evaluation_for_model(args) if hasattr(args, "eval_size") else args
+    with pytest.raises(runs.InputError, match=message):
+        module.check_args(args)
+
+
+def test_a_backend_this_torch_lacks_is_one_line(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.distributed, "is_gloo_available", lambda: False)
+    with pytest.raises(runs.InputError, match="needs torch.distributed's gloo backend"):
+        common.resolve_device("cpu")
+
+
+def test_alone_every_helper_returns_its_input():
+    """A plain run is rank 0 of 1: no collective call, nothing changed (one process stays bit-identical)."""
+    stats, x = {"reward": 0.25, "skipped": 1}, torch.tensor([1.5, 2.0])
+    assert distributed.world_size() == 1 and distributed.is_main()
+    assert distributed.mean_over_ranks(stats) is stats and distributed.all_sum(x) is x and distributed.all_sum(3) == 3
+    assert distributed.share([1, 2, 3]) == [1, 2, 3] and distributed.share_of(7) == 1.0
+
+
+def test_each_rank_takes_a_contiguous_share(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    shares = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        shares.append(distributed.share(list(range(8))))
+    assert shares == [[0, 1], [2, 3, 4], [5, 6, 7]]  # in rank order they are the list; sizes differ by one at most
+
+
+def test_grpo_sharded_over_two_ranks_trains_the_weights_one_process_trains(grpo_runs, tmp_path):
+    """--fsdp (FSDP2 on gloo): each rank holds half of every weight, gradient and AdamW moment; the same run."""
+    argv = (*TINY, "--prompts-per-step", "4", "--group-size", "4", "--batch-size", "4", "--loss-agg", "token-mean")
+    assert_same_training(grpo_runs[0], launch(2, tmp_path / "fsdp", "grpo.py", *argv, "--fsdp"))
