@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 import common
 import distributed
+import grpo
 import runs
 import tasks
 
@@ -138,6 +139,18 @@ def test_a_set_up_the_ranks_cannot_share_is_one_line(monkeypatch, tmp_path, scri
     args = tasks.evaluation_for_model(args) if hasattr(args, "eval_size") else args
     with pytest.raises(runs.InputError, match=message):
         module.check_args(args)
+
+
+@pytest.mark.parametrize("world, options, message", [
+    ("1", {}, "--fsdp shards the model over torchrun's ranks"),
+    ("2", {"eval_size": 5}, "--fsdp: --eval-size 5 must divide over 2 torchrun ranks"),
+    ("2", {"lora_r": 8}, "--fsdp with --lora-r does not run yet"),
+])
+def test_an_fsdp_set_up_that_cannot_run_is_one_line(monkeypatch, tmp_path, world, options, message):
+    monkeypatch.setenv("WORLD_SIZE", world)
+    args = tasks.evaluation_for_model(args_of(grpo.Args, model="tiny", output_dir=str(tmp_path), fsdp=True, **options))
+    with pytest.raises(runs.InputError, match=message):
+        grpo.check_args(args)
 
 
 def test_a_backend_this_torch_lacks_is_one_line(monkeypatch):
