@@ -75,7 +75,7 @@ def join_ranks(device: torch.device) -> torch.device:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(backend)
-        atexit.register(dist.destroy_process_group)
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # on an error; else Run.finish
     if not distributed.is_main():
         sys.stdout = open(os.devnull, "w")
     return device

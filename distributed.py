@@ -38,9 +38,9 @@ def is_main() -> bool:
 
 
 def share(items: list) -> list:
-    """This rank's contiguous share of a list that every rank built whole: rank r of N takes the r-th of N slices,
-    so the ranks' shares, in rank order, are the list. A training batch divides evenly (runs.check_options); a
-    held-out set need not (shares then differ by one)."""
+    """This rank's contiguous share of a list that every rank built whole: rank r of N takes the r-th of N slices, so
+    the ranks' shares, in rank order, are the list. A training batch divides evenly (runs.check_options); a held-out
+    set need not (shares then differ by one)."""
     return items[rank() * len(items) // world_size() : (rank() + 1) * len(items) // world_size()]
 
 
@@ -67,9 +67,9 @@ def share_of(count) -> float:
 
 
 def mean_over_ranks(stats: dict) -> dict:
-    """Logged numbers averaged over the ranks. Each rank's number is a mean over an equal share of the batch (a
-    reward, a length) or already the same on every rank (a sum over the ranks, grad_norm, lr), so the average is
-    the one-process number; timings become the ranks' average. An int stays an int."""
+    """Logged numbers averaged over the ranks. Each rank's number is a mean over an equal share of the batch (a reward,
+    a length) or already the same on every rank (a sum over the ranks, grad_norm, lr), so the average is the one-
+    process number; timings become the ranks' average. An int stays an int."""
     if world_size() == 1:
         return stats
     values = torch.tensor([float(v) for v in stats.values()], dtype=torch.float64, device=_device())
@@ -100,10 +100,13 @@ def from_main(obj):
     return obj if world_size() == 1 else gather(obj)[0]
 
 
-def barrier() -> None:
-    """Wait until every rank gets here (rank 0 built what the others read next); nothing alone."""
+def barrier(leave: bool = False) -> None:
+    """Wait until every rank gets here (rank 0 built what the others read next); nothing alone. With `leave`, at a
+    run's end: then leave the group, its work done, before the interpreter's teardown (gloo's threads abort it)."""
     if world_size() > 1:
         dist.barrier()
+        if leave:
+            dist.destroy_process_group()
 
 
 def gather(obj) -> list:
@@ -143,8 +146,3 @@ def rng_states(generator: Optional[torch.Generator] = None):
 
 def set_rng_states(states, generator: Optional[torch.Generator] = None) -> None:
     set_rng_state(states if world_size() == 1 else states[rank()], generator)
-
-
-def ranks_saved(states) -> int:
-    """How many processes wrote a checkpoint's random states (rng_states): it resumes with as many."""
-    return len(states) if isinstance(states, list) else 1

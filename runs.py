@@ -196,7 +196,7 @@ def load_trainer_state(resume: Optional[str], steps: int) -> Optional[dict]:
     state = torch.load(path, weights_only=True)
     require(state["step"] < steps,
             f"--resume {resume}: the run is already at step {state['step']}; pass a larger --steps to extend it")
-    saved_by = distributed.ranks_saved(state["rng"])  # each rank's random states: it goes on with as many
+    saved_by = len(state["rng"]) if isinstance(state["rng"], list) else 1  # a list of each rank's (rng_states)
     require(saved_by == distributed.world_size(), f"--resume {resume}: saved by {saved_by} process(es), resumed "
             f"by {distributed.world_size()}; resume it with as many (torchrun --nproc_per_node {saved_by})")
     return state
@@ -441,9 +441,9 @@ class Run:
             self.save(last_step)
             if self.main and self.args.lora.lora_r and self.args.lora.merge_lora:
                 merged = copy.deepcopy(self.model).merge_and_unload()  # a plain from_pretrained checkpoint
-                merged.save_pretrained(self.dir / "merged")
-                self.tokenizer.save_pretrained(self.dir / "merged")
+                merged.save_pretrained(self.dir / "merged"), self.tokenizer.save_pretrained(self.dir / "merged")
         self.metrics.close()
+        distributed.barrier(leave=True)  # under torchrun: every rank done, then the process group left
         minutes, seconds = divmod(round(result["wall_time_s"]), 60)
         print(f"{headline(self.before, after)}\nwall time {minutes} min {seconds} s; "
               f"peak memory {result['memory/peak_gb']:.2f} GiB\nrun folder {result['run_dir']}")

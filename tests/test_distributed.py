@@ -33,7 +33,8 @@ def launch(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), entry, script]
     proc = subprocess.run([*command, *argv, "--output-dir", str(output_dir)], cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
-    errors = [line for line in proc.stderr.splitlines() if "Error" in line or "error:" in line]  # not the bars
+    errors = [line for line in proc.stderr.splitlines()  # not the progress bars
+              if any(word in line for word in ("Error", "error:", "Exception", "terminate", "what()", "test:"))]
     assert proc.returncode == 0, "\n".join(errors[-20:]) or proc.stderr[-3000:]
     folders = list(output_dir.iterdir())
     assert len(folders) == 1, folders  # rank 0 alone made a run folder
