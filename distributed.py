@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import random
 from typing import Optional
 
@@ -38,9 +39,8 @@ def is_main() -> bool:
 
 
 def share(items: list) -> list:
-    """This rank's contiguous share of a list that every rank built whole: rank r of N takes the r-th of N slices, so
-    the ranks' shares, in rank order, are the list. A training batch divides evenly (runs.check_options); a held-out
-    set need not (shares then differ by one)."""
+    """This rank's contiguous share of a list every rank built whole (rank r of N takes the r-th of N slices): in
+    rank order the shares are the list. A training batch divides evenly; a held-out set may not (sizes differ by 1)."""
     return items[rank() * len(items) // world_size() : (rank() + 1) * len(items) // world_size()]
 
 
@@ -67,9 +67,8 @@ def share_of(count) -> float:
 
 
 def mean_over_ranks(stats: dict) -> dict:
-    """Logged numbers averaged over the ranks. Each rank's number is a mean over an equal share of the batch (a reward,
-    a length) or already the same on every rank (a sum over the ranks, grad_norm, lr), so the average is the one-
-    process number; timings become the ranks' average. An int stays an int."""
+    """Logged numbers averaged over the ranks: each is a mean over an equal share of the batch (a reward, a length)
+    or the same on every rank (a sum over the ranks, grad_norm, lr), so the average is one process's. Ints stay ints."""
     if world_size() == 1:
         return stats
     values = torch.tensor([float(v) for v in stats.values()], dtype=torch.float64, device=_device())
@@ -101,12 +100,15 @@ def from_main(obj):
 
 
 def barrier(leave: bool = False) -> None:
-    """Wait until every rank gets here (rank 0 built what the others read next); nothing alone. With `leave`, at a
-    run's end: then leave the group, its work done, before the interpreter's teardown (gloo's threads abort it)."""
+    """Wait until every rank gets here (rank 0 built what the others read next); nothing alone. With `leave`, at the
+    end of a finished run: then leave the group and end the process at once, since the interpreter's teardown with
+    gloo's threads alive aborted some finished runs (SIGABRT, "terminate called without an active exception")."""
     if world_size() > 1:
         dist.barrier()
         if leave:
             dist.destroy_process_group()
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(0)
 
 
 def gather(obj) -> list:

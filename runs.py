@@ -443,8 +443,8 @@ class Run:
                 merged = copy.deepcopy(self.model).merge_and_unload()  # a plain from_pretrained checkpoint
                 merged.save_pretrained(self.dir / "merged"), self.tokenizer.save_pretrained(self.dir / "merged")
         self.metrics.close()
-        distributed.barrier(leave=True)  # under torchrun: every rank done, then the process group left
         minutes, seconds = divmod(round(result["wall_time_s"]), 60)
         print(f"{headline(self.before, after)}\nwall time {minutes} min {seconds} s; "
               f"peak memory {result['memory/peak_gb']:.2f} GiB\nrun folder {result['run_dir']}")
+        distributed.barrier(leave=True)  # under torchrun: every rank done, the group left, the process ended here
         return result
