@@ -292,8 +292,9 @@ def table(rows: list[dict], args) -> str:
              f"| algorithm | steps | held-out accuracy | pass@{k} | KL to start (per completion) | wall time (min) | "
              "peak memory (GiB) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
-    # one row per seed: the starting model is measured once per seed
-    starts = list({r["seed"]: r for r in rows}.values())
+    # one row per seed: the starting model is measured once per seed, read from each seed's first run
+    first = {r["seed"]: r for r in reversed(rows)}
+    starts = list(first.values())
     if starts:
         passes = [r[f"pass@{k}_before"] for r in starts if r[f"pass@{k}_before"] is not None]
         lines.append(f"| starting model | | {mean_std([r['accuracy_before'] for r in starts])} | "
@@ -303,7 +304,9 @@ def table(rows: list[dict], args) -> str:
         if not runs:
             continue
         passes = [r[f"pass@{k}"] for r in runs if r[f"pass@{k}"] is not None]
-        lines.append(f"| {runs[0]['name']} | {runs[0]['steps']} | {mean_std([r['accuracy'] for r in runs])} | "
+        own_start = any(r["accuracy_before"] != first[r["seed"]]["accuracy_before"] for r in runs)  # another prompt
+        start = f" (from {mean_std([r['accuracy_before'] for r in runs])})" if own_start else ""
+        lines.append(f"| {runs[0]['name']}{start} | {runs[0]['steps']} | {mean_std([r['accuracy'] for r in runs])} | "
                      f"{mean_std(passes) if passes else ''} | {mean_std([r['kl'] for r in runs], 2)} | "
                      f"{mean_std([r['wall_time_s'] / 60 for r in runs], 1)} | "
                      f"{mean_std([r['peak_gb'] for r in runs], 2)} |")

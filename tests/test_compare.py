@@ -62,6 +62,9 @@ def test_table_rows(tmp_path):
     assert "| starting model | | 0.200 ± 0.000 | 0.600 ± 0.141 | 0 | | |" in text  # one value per seed, not per run
     assert "| GRPO | 10 | 0.600 ± 0.141 | 0.750 ± 0.000 | 2.00 ± 1.41 | 2.0 ± 1.4 | 4.00 ± 0.00 |" in text
     assert "| DPO | 10 | 0.400 | 0.600 | 1.00 | 1.0 | 4.00 |" in text  # one seed: no spread
+    r1 = {**rows[2], "algo": "r1-rewards", "name": "R1", "accuracy_before": 0.4}  # another prompt, another start
+    text = compare.table([*rows, r1], compare.parse_args(["--algos", "grpo", "dpo", "r1-rewards", "--seeds", "0", "1"]))
+    assert "| starting model | | 0.200 ± 0.000 |" in text and "| R1 (from 0.400) | 10 | 0.400 |" in text
 
 
 def test_command_settings_are_named_as_args_json_names_them():
