@@ -409,7 +409,8 @@ MUTATIONS = [
              "        if i + 1 < len(options) and not options[i + 1].startswith(\"--\"):",
              "comparison reads one value per option (--rewards correct format)",
              "tests/test_compare.py -k command_settings"),
-    Mutation("scripts/compare.py", 'first = {r["seed"]: r for r in reversed(rows)}', 'first = {r["seed"]: r for r in rows}',
+    Mutation("scripts/compare.py", 'first = {r["seed"]: r for r in reversed(rows)}',
+             'first = {r["seed"]: r for r in rows}',
              "comparison's starting model read from each seed's last run (another prompt's)",
              "tests/test_compare.py -k table_rows"),
     # ---- scripts/prm_vs_orm.py: majority vote and the ORM's pairs ---------------------------------------------------
