@@ -246,17 +246,29 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -
     return (x * mask).sum() if dim is None else (x * mask).sum(dim)
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None, over_ranks: bool = False):
+    """The mean of the masked entries (along `dim`); over_ranks: under torchrun, of every rank's (the whole batch's)."""
+    if over_ranks:  # Σ over the ranks of each one's sum and count; the plain mean in one process
+        return distributed.all_sum(masked_sum(x, mask)) / distributed.all_sum(mask.sum()).clamp(min=1)
     return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
-                  eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) over masked entries, population variance (divide by N, not N-1)."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
+                  over_ranks: bool = False) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over masked entries, population variance (divide by N, not N-1); over_ranks:
+    one mean and variance for the whole batch under torchrun, from every rank's entries (masked_mean)."""
+    mean = masked_mean(x, mask, over_ranks=over_ranks)
+    var = masked_mean((x - mean) ** 2, mask, over_ranks=over_ranks)
     whitened = (x - mean) * torch.rsqrt(var + eps)
     return whitened if shift_mean else whitened + mean
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(R - V) / Var(R) over the masked tokens (every rank's): 1 is a perfect critic, 0 no better than a mean."""
+    mean = lambda x: masked_mean(x, mask, over_ranks=True)
+    var_returns, residual = mean((returns - mean(returns)) ** 2), returns - values
+    var_residual = mean((residual - mean(residual)) ** 2)
+    return (1.0 - var_residual / var_returns).item() if var_returns > 0 else float("nan")
 
 
 def reward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

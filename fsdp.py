@@ -65,34 +65,36 @@ def is_sharded(model) -> bool:
 def all_finished(model, finished: torch.Tensor) -> bool:
     """Whether every row has finished: this rank's rows, or with a sharded model every rank's (their forwards
     gather weights together, so all ranks decode until the last row of any rank ends)."""
-    done = finished.all()
+    done = finished.all().to(torch.int32)
     if is_sharded(model):
-        done = done.to(torch.int32)
         dist.all_reduce(done, op=dist.ReduceOp.MIN)
     return bool(done)
 
 
 def whole_weights(model):
-    """The model's whole tensors on the CPU, gathered from every rank (each must call it): rank 0 gets them, the
-    others an empty dict. None for a model that is not sharded: save_pretrained then reads them itself."""
+    """A sharded model's whole tensors on the CPU (every rank calls it; rank 0 gets them, the others {}); else None."""
     return get_model_state_dict(model, options=WHOLE) if is_sharded(model) else None
 
 
-def state_of(obj, model):
-    """What a checkpoint keeps of an optimizer, scheduler or generator; a sharded model's optimizer as whole tensors
-    (every rank must call it)."""
+def owner(optimizer: torch.optim.Optimizer, models: dict):
+    """The one of `models` (name -> model: a policy, a critic) whose parameters `optimizer` updates."""
+    return next(m for m in models.values() if any(p is optimizer.param_groups[0]["params"][0] for p in m.parameters()))
+
+
+def state_of(obj, models):
+    """What a checkpoint keeps of an optimizer, scheduler or generator (a sharded model's optimizer: whole tensors)."""
     if isinstance(obj, torch.Generator):
         return obj.get_state()
-    if isinstance(obj, torch.optim.Optimizer) and is_sharded(model) and obj.state:  # none before the first step
-        return get_optimizer_state_dict(model, obj, options=WHOLE)
+    if isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and obj.state:  # not before
+        return get_optimizer_state_dict(model, obj, options=WHOLE)  # the first step
     return obj.state_dict()
 
 
-def load_state(obj, state, model) -> None:
+def load_state(obj, state, models) -> None:
     """The inverse of state_of, on resume: a sharded model's optimizer takes each rank's shard of the whole state."""
     if isinstance(obj, torch.Generator):
         obj.set_state(state)
-    elif isinstance(obj, torch.optim.Optimizer) and is_sharded(model) and state["state"]:
+    elif isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and state["state"]:
         set_optimizer_state_dict(model, obj, state, options=StateDictOptions(full_state_dict=True))
     else:
         obj.load_state_dict(state)

@@ -38,10 +38,15 @@ Reward over-optimisation (Gao et al. 2023): the mitigations the literature lists
 default (ensemble_score, shaped_score, --kl-budget). Each step logs the learned `score` beside the
 `verifier`'s 0/1 of the same samples, `kl` and `completion_length`.
 
+Several processes, `torchrun --nproc_per_node N ppo.py ...`: a rank samples B/N completions and puts M/N of its rows
+into each minibatch of M. Advantages are whitened, and the KL that steers β is averaged, over every rank's completions;
+each loss is divided by the whole minibatch's tokens and the ranks sum gradients, so the token means are exact.
+
 Run:
     python reward_model.py                                   # stage 2 first: prints its run folder
     python ppo.py --reward-model runs/rm-smollm2-0-<time>/model
     python ppo.py --reward verifier                          # the verifier as the reward; critic from the policy
+    torchrun --nproc_per_node 2 ppo.py --reward verifier     # 2 ranks; --fsdp: each holds half of all four models
 
 Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens, H hidden size.
 """
@@ -57,10 +62,11 @@ from tqdm.auto import tqdm
 
 import common
 import distributed
+import fsdp
 import models
 import runs
 import tasks
-from common import masked_mean, masked_whiten
+from common import explained_variance, masked_mean, masked_whiten
 from runs import InputError, require
 
 
@@ -158,7 +164,7 @@ class Args:
 
 def check_args(args: Args) -> None:
     runs.check_options(args, at_least_one=("steps", "batch_size", "minibatch_size", "ppo_epochs", "max_new_tokens",
-                                           "eval_size", "kl_horizon"))
+                                           "eval_size", "kl_horizon"), split="minibatch_size")
     require(args.batch_size % args.minibatch_size == 0,
             f"--minibatch-size {args.minibatch_size} must divide --batch-size {args.batch_size}")
     require(args.reward != "model" or args.reward_model is not None,
@@ -255,14 +261,6 @@ def adaptive_kl_coef(kl_coef: float, kl: float, target: float, horizon: int, n_c
     return kl_coef * (1.0 + error * n_completions / horizon)
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(R - V) / Var(R) over the masked tokens: 1 is a perfect critic, 0 no better than a constant."""
-    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
-    residual = returns - values
-    var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
-    return (1.0 - var_residual / var_returns).item() if var_returns > 0 else float("nan")
-
-
 def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tensor:
     """V(s_t) for each completion token t: the critic's head on the hidden state *before* y_t. (B, T)
     The hidden state at position S-1+t has read the prompt and y_<t, which is the state s_t."""
@@ -346,10 +344,11 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         critic = common.add_lora(critic, critic_source, args.lora)
     for model in (policy, critic) if args.gradient_checkpointing else ():
         model.activation_checkpointing_enable()
+    fsdp.shard(args.run.fsdp, policy, ref_model, critic, *reward_models)  # --fsdp: 1/N of each model on a rank
     policy_optimizer, _ = common.make_optimizer(policy, args.lr)  # constant rates, no warm-up
     critic_optimizer, _ = common.make_optimizer(critic, args.critic_lr)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    minibatch_order = torch.Generator().manual_seed(args.seed)
+    generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())  # each rank its own draws
+    minibatch_order = torch.Generator().manual_seed(args.seed)  # the same on every rank, over its own rows
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     kl_coef = resumed["kl_coef"] if resumed else args.kl_coef
     run = runs.Run(args, "ppo", tokenizer, device, resumed,
@@ -376,7 +375,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         """Greedy held-out accuracy by the verifier, beside the reward model's mean score of the same completions."""
         result = tasks.evaluate_policy(policy, tokenizer, heldout, args.max_new_tokens, args.seed, step, pass_k,
                                        score=lambda *batch: score_completions(*batch)[0])
-        raw = result.pop("scores")  # (M, N)
+        raw = distributed.concat(result.pop("scores").T).T  # (M, N): every rank's share of the problems, in order
         if not ensemble_norm:  # the starting policy
             ensemble_norm.update(mean=raw.mean(1), std=raw.std(1, unbiased=False).clamp(min=1e-6))
         scores = learned_score(raw)  # (N,)
@@ -395,7 +394,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         # ---- 1. sample one completion per prompt from the policy --------------------------------
         t0 = time.time()
         rng_before_sampling = distributed.rng_state(generator)  # what a --kl-budget stop saves, to sample it again
-        problems = [next(train_stream) for _ in range(args.batch_size)]
+        problems = distributed.share([next(train_stream) for _ in range(args.batch_size)])  # B/N on a rank
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
         completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad,
@@ -403,9 +402,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
         width = int(mask.sum(1).max())  # drop columns that are padding in every row
         completion_ids, mask = completion_ids[:, :width], mask[:, :width]
-        ones = torch.ones(args.batch_size, dtype=torch.long, device=device)
-        memory_generate = runs.peak_memory_gb(device)
-        time_generate = time.time() - t0
+        B, M = len(problems), args.minibatch_size // distributed.world_size()  # this rank's rows of a (mini)batch
+        ones = torch.ones(B, dtype=torch.long, device=device)
+        memory_generate, time_generate = runs.peak_memory_gb(device), time.time() - t0
 
         # ---- 2. score, and the frozen quantities of this batch -------------------------------------
         t1 = time.time()
@@ -416,8 +415,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 source = "reward model" if args.reward == "model" else "reward function"
                 raise InputError(f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: "
                                  f"the {source} returned a non-finite score")
-            finished = (completion_ids == eos).any(1)
-            lengths = mask.sum(1)  # (B,)
+            finished, lengths = (completion_ids == eos).any(1), mask.sum(1)  # (B,) each
             shaped = shaped_score(scores, verified, lengths, before["score"], before["score_std"], args.reward_clip,
                                   args.verifier_weight, args.length_penalty)  # the optional mitigations
             penalised = shaped - args.missing_eos_penalty * (~finished).float()
@@ -431,18 +429,18 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
 
             # ---- 3. per-token rewards, GAE, whitened advantages ---------------------------------------
             rewards, kl = kl_penalized_rewards(penalised, old_logprobs, ref_logprobs, mask, kl_coef, args.kl_estimator)
-            if args.whiten_rewards:
-                rewards = masked_whiten(rewards, mask, shift_mean=False) * mask
+            if args.whiten_rewards:  # over the whole batch's tokens: every rank's
+                rewards = masked_whiten(rewards, mask, shift_mean=False, over_ranks=True) * mask
             advantages, returns = compute_gae(rewards, old_values, mask, args.gamma, args.lam)
-            advantages = masked_whiten(advantages, mask) * mask
-        if args.kl_budget is not None and kl.sum(1).mean().item() > args.kl_budget:
+            advantages = masked_whiten(advantages, mask, over_ranks=True) * mask
+        kl_per_completion = distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})["kl"]  # the whole batch's
+        if args.kl_budget is not None and kl_per_completion > args.kl_budget:
             stopped_at = step - 1
             distributed.set_rng_state(rng_before_sampling, generator)  # rewound: the checkpoint resumes here
-            tqdm.write(f"step {step}: KL per completion {kl.sum(1).mean().item():.3f} > --kl-budget {args.kl_budget}: "
+            tqdm.write(f"step {step}: KL per completion {kl_per_completion:.3f} > --kl-budget {args.kl_budget}: "
                        "stopped before this update")
             break
-        memory_score = runs.peak_memory_gb(device)
-        time_score = time.time() - t1
+        memory_score, time_score = runs.peak_memory_gb(device), time.time() - t1
 
         # ---- 4. PPO epochs over minibatches: policy and critic, each with its optimizer ------------
         t2 = time.time()
@@ -450,9 +448,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         critic.train()
         step_metrics = []
         for epoch in range(args.ppo_epochs):
-            order = torch.randperm(args.batch_size, generator=minibatch_order)
-            for start in range(0, args.batch_size, args.minibatch_size):
-                rows = order[start : start + args.minibatch_size].to(device)
+            order = torch.randperm(B, generator=minibatch_order)  # under torchrun: M/N of each rank's B/N rows
+            for start in range(0, B, M):
+                rows = order[start : start + M].to(device)
                 logprobs, entropy = common.completion_logprobs(policy, prompt_ids[rows], prompt_mask[rows],
                                                                completion_ids[rows], ones[rows], args.temperature,
                                                                with_entropy=True, entropy_grad=args.entropy_coef > 0)
@@ -462,7 +460,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 values = token_values(critic, prompt_ids[rows], prompt_mask[rows], completion_ids[rows])
                 vf_loss, vf_clip = ppo_value_loss(values, old_values[rows], returns[rows], mask[rows], args.value_clip)
                 run.check_finite(policy_loss + vf_loss, step)
-                (policy_loss + args.vf_coef * vf_loss).backward()  # the two models share no parameters
+                share = distributed.share_of(mask[rows].sum())  # this rank's part of the minibatch's tokens; 1.0 alone
+                ((policy_loss + args.vf_coef * vf_loss) * share).backward()  # the two models share no parameters
+                distributed.all_reduce_grads(policy), distributed.all_reduce_grads(critic)  # Σ over the ranks
                 policy_grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 run.check_finite(policy_grad_norm, step, "policy gradient norm")
                 critic_grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm)
@@ -471,15 +471,14 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 critic_optimizer.step()
                 policy_optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
                 critic_optimizer.zero_grad(set_to_none=True)
-                step_metrics.append({**m, "pg_loss": pg_loss.item(), "policy_loss": policy_loss.item(),
-                                     "vf_loss": vf_loss.item(), "value_clip_ratio": vf_clip,
-                                     "entropy": entropy_mean.item(), "grad_norm": policy_grad_norm.item(),
-                                     "critic/grad_norm": critic_grad_norm.item()})
-        memory_update = runs.peak_memory_gb(device)
-        time_update = time.time() - t2
+                token_means = {**m, "pg_loss": pg_loss.item(), "policy_loss": policy_loss.item(),
+                               "vf_loss": vf_loss.item(), "value_clip_ratio": vf_clip, "entropy": entropy_mean.item()}
+                # × share × N: the mean over the ranks (mean_over_ranks, below) is then the minibatch's token mean
+                step_metrics.append({**{k: v * share * distributed.world_size() for k, v in token_means.items()},
+                                     "grad_norm": policy_grad_norm.item(), "critic/grad_norm": critic_grad_norm.item()})
+        memory_update, time_update = runs.peak_memory_gb(device), time.time() - t2
 
         # ---- 5. adaptive KL, log -------------------------------------------------------------------
-        kl_per_completion = kl.sum(1).mean().item()
         kl_used = kl_coef
         if args.target_kl is not None:
             kl_coef = adaptive_kl_coef(kl_coef, kl_per_completion, args.target_kl, args.kl_horizon, args.batch_size)
@@ -497,11 +496,12 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "explained_variance": explained_variance(old_values, returns, mask),
             "completion_length": mask.sum(1).float().mean().item(),
             "completion_finished": finished.float().mean().item(),
-            "completions/distinct": common.distinct_fraction(completion_ids, mask, len(completion_ids)),  # the batch
+            "completions/distinct": common.distinct_fraction(completion_ids, mask, B),  # the batch (a rank's share)
             "time/generate": time_generate, "time/score": time_score, "time/update": time_update,
             "time/step": step_time, "tokens_per_second": mask.sum().item() / step_time,
             "memory/generate_gb": memory_generate, "memory/score_gb": memory_score, "memory/update_gb": memory_update,
         }
+        stats = distributed.mean_over_ranks(stats)  # each rank's mean over an equal share: their mean is the batch's
         run.log(step, stats, {"score": f"{stats['score']:.3f}", "verifier": f"{stats['verifier']:.2f}",
                               "kl": f"{stats['kl']:.3f}"})
 

@@ -306,19 +306,19 @@ def peak_memory_gb(device: torch.device) -> float:
 
 def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, others: Optional[dict] = None,
                     weights: Optional[dict] = None) -> None:
-    """`model` as a save_pretrained folder (its `weights`, when given: a sharded model's whole tensors; any `others`,
-    e.g. a critic, in subfolders) and, for --resume, trainer_state.pt (optimizers, schedulers, RNG states, step, data
-    position, evaluations). Written to a temporary folder, then swapped in: an interrupted save never replaces a good
-    one, and non-finite weights are never written."""
-    models = {"": model, **(others or {})}
-    tensors = list(weights.values()) if weights else [p for m in models.values() for p in m.parameters()]
+    """`model` as a save_pretrained folder (`others`, e.g. a critic, in subfolders; `weights[name]`, if given, is one
+    of them as whole tensors, gathered from a sharded model) and, for --resume, trainer_state.pt (optimizers,
+    schedulers, RNG states, step, data position, evaluations). Written to a temporary folder, then swapped in: an
+    interrupted save never replaces a good one, and non-finite weights are never written."""
+    models, weights = {"": model, **(others or {})}, weights or {}
+    tensors = [t for name, m in models.items() for t in (weights.get(name) or dict(m.named_parameters())).values()]
     require(all(torch.isfinite(t).all() for t in tensors),
             f"refusing to save non-finite weights to {path}; the previous checkpoint there is kept")
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     for name, m in models.items():  # a LoRA model saves its adapter (and heads); never look up its base on the Hub
         m.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}),
-                          **({"state_dict": weights} if weights and name == "" else {}))
+                          **({"state_dict": weights[name]} if weights.get(name) else {}))
     tokenizer.save_pretrained(tmp)
     if state is not None:
         torch.save(state, tmp / "trainer_state.pt")
@@ -359,9 +359,10 @@ class Run:
         """What a checkpoint holds: `model` (and `others`, e.g. a critic), every `stateful` object's state
         (optimizers, schedulers, generators), the RNG states, and `extra()`; restored now when resuming."""
         self.model, self.generator, self.others, self.extra, self.stateful = model, generator, others, extra, stateful
+        self.models = {"": model, **(others or {})}  # an optimizer's state is gathered with its own model's (--fsdp)
         if self.resumed:
             for name, obj in stateful.items():
-                fsdp.load_state(obj, self.resumed[name], model)
+                fsdp.load_state(obj, self.resumed[name], self.models)
             distributed.set_rng_states(self.resumed["rng"], generator)
 
     def begin(self, evaluate: Callable) -> dict:
@@ -409,10 +410,9 @@ class Run:
             self.save(step)
 
     def save(self, step: int) -> None:
-        state = {"step": step, "rng": distributed.rng_states(self.generator), "evals": self.evals,
-                 "before": self.before,
-                 **{name: fsdp.state_of(obj, self.model) for name, obj in self.stateful.items()}, **self.extra()}
-        weights = fsdp.whole_weights(self.model)  # --fsdp: gathered from every rank's shard; else None
+        state = {"step": step, "rng": distributed.rng_states(self.generator), "evals": self.evals, **self.extra(),
+                 "before": self.before, **{name: fsdp.state_of(o, self.models) for name, o in self.stateful.items()}}
+        weights = {name: fsdp.whole_weights(m) for name, m in self.models.items()}  # --fsdp: from every rank's shard
         if self.main:
             save_checkpoint(self.model, self.tokenizer, self.dir / "model", state, others=self.others, weights=weights)
         self.last_good = step

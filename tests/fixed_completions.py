@@ -38,6 +38,7 @@ def digit_fraction(completion: str, answer: str) -> float:
 
 if os.environ.get("SAMPLE") != "1":
     common.sample_completions = fixed_completions
-tasks.VERIFIERS["last-number"] = digit_fraction
+tasks.VERIFIERS["last-number"] = digit_fraction  # GRPO's reward
+tasks.verify = digit_fraction  # PPO's --reward verifier, and held-out accuracy
 sys.argv = sys.argv[1:]
 runpy.run_path(str(REPO / sys.argv[0]), run_name="__main__")

@@ -25,6 +25,7 @@ import tasks
 
 ENTRY = str(REPO / "tests" / "fixed_completions.py")
 TINY = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens", "12")
+NEAR_ZERO = ("pg_loss", "policy_loss", "kl", "kl_coef", "non_score_reward", "rlhf_reward")  # PPO's: see below
 
 
 def launch(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env):
@@ -47,19 +48,22 @@ def metrics(run_dir) -> list[dict]:
 
 
 def assert_same_training(one, two, ties=()) -> None:
-    """The same numbers logged at each step and the same final weights, to float tolerance. `ties`: metrics that
-    count which of two numbers is larger, where one process computes both alike and the other run does not."""
+    """The same numbers logged at each step and the same final weights (and a critic's), to float tolerance. `ties`:
+    metrics that count which of two numbers is larger, where one process computes both alike and the other does not."""
     rows_one, rows_two = metrics(one), metrics(two)
     assert [r["step"] for r in rows_two] == [1, 2, 3]  # each step logged once
     for a, b in zip(rows_one, rows_two):
         assert a.keys() == b.keys()
         for k in set(a) - set(ties):  # metrics.jsonl keeps 6 significant digits: a last digit may round the other
-            # way. DPO's rewards are β × a difference of two sums of ~30 log-probs: float32 leaves them ~1e-6 absolute
-            tolerance = 1e-5 if k.startswith("rewards/") else 1e-8
+            # way. DPO's rewards are β × a difference of two sums of ~30 log-probs, PPO's loss a mean of whitened
+            # advantages (mean 0) and its KL (in rlhf_reward, and in β through --target-kl) a sum of log-prob
+            # differences: float32 leaves them ~1e-6 absolute
+            tolerance = 1e-5 if k.startswith("rewards/") or k in NEAR_ZERO else 1e-8
             assert b[k] == pytest.approx(a[k], rel=1e-5, abs=tolerance), (a["step"], k, a[k], b[k])
-    weights = [load_file(run / "model" / "model.safetensors") for run in (one, two)]
-    for name, w in weights[0].items():
-        torch.testing.assert_close(weights[1][name], w, rtol=1e-6, atol=1e-7, msg=name)
+    for model in ("model", "model/critic") if (one / "model" / "critic").exists() else ("model",):
+        weights = [load_file(run / model / "model.safetensors") for run in (one, two)]
+        for name, w in weights[0].items():
+            torch.testing.assert_close(weights[1][name], w, rtol=1e-6, atol=1e-7, msg=f"{model}: {name}")
 
 
 def assert_same_training_sharded_or_not(tmp_path, script: str, argv, ties=()) -> None:
@@ -104,23 +108,36 @@ def test_sft_two_ranks_train_the_weights_one_process_trains(tmp_path):
     assert_same_training_sharded_or_not(tmp_path, "sft.py", argv)
 
 
+def test_ppo_two_ranks_train_the_weights_one_process_trains(tmp_path):
+    """Policy and critic. Advantages whitened over the whole batch, the two token-mean losses over the whole
+    minibatch, the KL that steers the adaptive controller and the explained variance over every rank's completions."""
+    argv = (*TINY, "--reward", "verifier", "--batch-size", "4", "--minibatch-size", "4", "--target-kl", "0.005",
+            "--kl-horizon", "8")  # KL error unclipped: β moves by it in full
+    assert_same_training_sharded_or_not(tmp_path, "ppo.py", argv)
+
+
 def test_reward_model_two_ranks_train_the_weights_one_process_trains(tmp_path):
     argv = ("--model", "tiny", "--steps", "3", "--dataset", "tests/data/pairs.jsonl", "--batch-size", "4")
     assert_same_training_sharded_or_not(tmp_path, "reward_model.py", argv)
 
 
-@pytest.mark.parametrize("sharded", [(), ("--fsdp",)], ids=["replicated", "fsdp"])
-def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, sharded):
+@pytest.mark.parametrize("script, argv", [
+    ("grpo.py", ("--prompts-per-step", "2", "--group-size", "4")),
+    ("grpo.py", ("--prompts-per-step", "2", "--group-size", "4", "--fsdp")),
+    ("ppo.py", ("--reward", "verifier", "--batch-size", "4", "--minibatch-size", "2", "--fsdp")),
+], ids=["grpo", "grpo-fsdp", "ppo-fsdp"])
+def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, script, argv):
     """2 steps, then --resume to 3, under torchrun with the ranks' own sampling (SAMPLE=1): each rank's generator
     comes back from the checkpoint, so the run is the one of 3 steps straight, to the bit; one process refuses it.
-    With --fsdp the ranks also decode until every rank's rows end, and AdamW's state is gathered and re-sharded."""
-    argv = ("--prompts-per-step", "2", "--group-size", "4", *sharded)
-    straight = launch(2, tmp_path / "straight", "grpo.py", *argv, *TINY, SAMPLE="1")
-    split = launch(2, tmp_path / "split", "grpo.py", *argv, *TINY[:2], "--steps", "2", *TINY[4:], SAMPLE="1")
-    launch(2, tmp_path / "split", "grpo.py", *argv, *TINY, "--resume", str(split), SAMPLE="1")
+    With --fsdp the ranks also decode until every rank's rows end, and each AdamW's state (PPO's two: the policy's,
+    the critic's) is gathered with its own model's shards and re-sharded."""
+    straight = launch(2, tmp_path / "straight", script, *argv, *TINY, SAMPLE="1")
+    split = launch(2, tmp_path / "split", script, *argv, *TINY[:2], "--steps", "2", *TINY[4:], SAMPLE="1")
+    launch(2, tmp_path / "split", script, *argv, *TINY, "--resume", str(split), SAMPLE="1")
     assert metrics(straight) == metrics(split)
-    weights = [load_file(run / "model" / "model.safetensors") for run in (straight, split)]
-    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+    for model in ("model", "model/critic") if script == "ppo.py" else ("model",):
+        weights = [load_file(run / model / "model.safetensors") for run in (straight, split)]
+        assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
     with pytest.raises(runs.InputError, match="saved by 2 process"):
         runs.load_trainer_state(str(split), 4)
 
@@ -131,7 +148,8 @@ def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, sharded):
     ("dpo", {"batch_size": 5}, "--batch-size 5 does not divide over 2 torchrun ranks"),
     ("sft", {"batch_size": 7}, "--batch-size 7 does not divide over 2 torchrun ranks"),
     ("reward_model", {"batch_size": 3}, "--batch-size 3 does not divide over 2 torchrun ranks"),
-    ("ppo", {}, "does not run under torchrun yet"),
+    ("ppo", {"batch_size": 6, "minibatch_size": 3}, "--minibatch-size 3 does not divide over 2 torchrun ranks"),
+    ("variants", {"algo": "rloo"}, "does not run under torchrun yet"),
 ])
 def test_a_set_up_the_ranks_cannot_share_is_one_line(monkeypatch, tmp_path, script, options, message):
     module = __import__(script)
