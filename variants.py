@@ -48,10 +48,13 @@ Conventions a reader could get wrong (each pinned by a test):
 - A non-finite score from the reward function stops the run with a message that names the reward,
   before it becomes a NaN loss (whose message would blame the learning rate).
 
+Under `torchrun --nproc_per_node N` a rank takes P/N of the pairs or prompts (whole groups) and its part of the batch's
+loss (REINFORCE++: whitened over every rank's tokens, their token mean); ranks sum gradients. Not KTO (z0 spans ranks).
+
 Run:
     python variants.py --algo simpo             # embedded model, the preference data of dpo.py
     python variants.py --algo rloo              # embedded model, verifier reward
-    python variants.py --algo reinforce_pp_baseline --model tiny --steps 3
+    torchrun --nproc_per_node 2 variants.py --algo reinforce_pp_baseline --model tiny --steps 3
     python variants.py --algo kto --model tiny --dataset tests/data/pairs.jsonl --steps 3
     python variants.py --help
 
@@ -68,6 +71,8 @@ import torch
 import torch.nn.functional as F
 
 import common
+import distributed
+import fsdp
 import models
 import preferences
 import runs
@@ -182,9 +187,7 @@ def kto_loss(policy_logps, ref_logps, desirable, policy_kl_logps, ref_kl_logps, 
 
 def simpo_loss(policy_chosen_logps, policy_rejected_logps, chosen_lengths, rejected_lengths, beta: float, gamma: float):
     """SimPO (Meng et al. 2024, eq. 6): -log σ(β/|y_w| log π(y_w) - β/|y_l| log π(y_l) - γ). All (P,); no reference.
-
-    Returns (losses, chosen_rewards, rejected_rewards) with rewards β/|y| log π(y) (detached).
-    """
+    Returns (losses, chosen_rewards, rejected_rewards) with rewards β/|y| log π(y) (detached)."""
     chosen_rewards = beta * policy_chosen_logps / chosen_lengths
     rejected_rewards = beta * policy_rejected_logps / rejected_lengths
     losses = -F.logsigmoid(chosen_rewards - rejected_rewards - gamma)
@@ -195,8 +198,7 @@ def orpo_loss(policy_chosen_logps, policy_rejected_logps, chosen_lengths, reject
     """ORPO (Hong et al. 2024, eq. 6-7): mean-token NLL of y_w + λ · -log σ(log odds(y_w) - log odds(y_l)). All (P,).
 
     log P(y) = log π(y|x) / |y| (mean token log-prob), log odds(y) = log P - log(1 - P).
-    Returns (losses, chosen_rewards, rejected_rewards) with rewards λ·log P (detached), as TRL logs them.
-    """
+    Returns (losses, chosen_rewards, rejected_rewards) with rewards λ·log P (detached), as TRL logs them."""
     chosen_mean = policy_chosen_logps / chosen_lengths
     rejected_mean = policy_rejected_logps / rejected_lengths
     # log(1 - P) = log(-expm1(log P)), exact for P near 0 and near 1
@@ -214,10 +216,8 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> torch.Tensor:
-    """A_i = r_i - r(x, ȳ) with ȳ the greedy completion of sample i's prompt (Li et al. 2024).
-
-    rewards (N,) with N/P consecutive samples per prompt, greedy_rewards (P,) -> (N,)
-    """
+    """A_i = r_i - r(x, ȳ) with ȳ the greedy completion of sample i's prompt (Li et al. 2024). rewards (N,) with N/P
+    consecutive samples per prompt, greedy_rewards (P,) -> (N,)"""
     return rewards - greedy_rewards.repeat_interleave(len(rewards) // len(greedy_rewards))
 
 
@@ -238,7 +238,7 @@ def reinforce_pp_advantages(scores: torch.Tensor, logprobs: torch.Tensor, ref_lo
     last = (mask.sum(1) - 1).clamp(min=0)  # (B,) index of the last completion token
     rewards[torch.arange(len(scores), device=scores.device), last] += scores
     returns = rewards.flip(1).cumsum(1).flip(1)  # (B, T) G_t; padding after the last token adds nothing
-    return masked_whiten(returns, mask) * mask  # (B, T) one mean and std for all B·T valid tokens
+    return masked_whiten(returns, mask, over_ranks=True) * mask  # (B, T) one mean and std for all valid tokens
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +288,8 @@ def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: l
 
 def check_args(args: Args) -> None:
     runs.check_options(args, at_least_one=("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size",
-                                           "max_completion_tokens"))
+                                           "max_completion_tokens"), split="batch_size")
+    require(distributed.world_size() == 1 or args.algo != "kto", "--algo kto does not run under torchrun yet")
     require(args.beta is None or args.beta > 0, "--beta must be > 0")
     require(args.algo != "rloo" or args.group_size >= 2,
             f"--group-size must be at least 2 for RLOO (the other samples are the baseline), not {args.group_size}")
@@ -341,8 +342,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    # SimPO and ORPO are reference-free: no second model is loaded. The reference is the starting model, also
-    # when resuming; with LoRA it is the policy with its adapter off.
+    # SimPO, ORPO: no reference. Else the starting model, also when resuming (with LoRA: the policy, adapter off)
     uses_reference = args.algo in ("ipo", "kto", "rloo", "remax", *REINFORCE_PP)
     ref_model = common.frozen_copy(policy) if uses_reference and not args.lora.lora_r else None
     if resumed:
@@ -352,8 +352,9 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         policy = common.add_lora(policy, args.model, args.lora)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
+    fsdp.shard(args.run.fsdp, policy, ref_model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, lr, warmup_steps=args.warmup_steps)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
+    generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())  # each rank its own draws
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     run = runs.Run(args, args.algo, tokenizer, device, resumed)
     run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler)  # what a checkpoint holds; resumed here
@@ -369,11 +370,12 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         if offline:
             # ---- offline: one batch of preference pairs, one loss ------------------------------------
             policy.train()
-            loss, stats = offline_loss(args, beta, policy, ref_model, tokenizer,
-                                       [train_pairs[i] for i in batches[step - 1]])
+            pairs = distributed.share([train_pairs[i] for i in batches[step - 1]])  # P/N pairs on a rank
+            loss, stats = offline_loss(args, beta, policy, ref_model, tokenizer, pairs)
+            share = distributed.share_of(len(pairs))  # this rank's part of the batch's mean; 1.0 alone
         else:
             # ---- online 1. sample: k per prompt (RLOO, REINFORCE++) or one plus the greedy one (ReMax) ------
-            problems = [next(train_stream) for _ in range(args.batch_size)]
+            problems = distributed.share([next(train_stream) for _ in range(args.batch_size)])  # P/N on a rank
             prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
             k = 1 if args.algo == "remax" else args.group_size
             policy.eval()
@@ -415,24 +417,24 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
                 loss = -masked_mean(advantages * logprobs, mask)
             else:
                 loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()
+            share = distributed.share_of(mask.sum() if args.algo in REINFORCE_PP else len(scores))  # of the batch's
             stats = {"reward": scores.mean().item(), "kl": kl.mean().item(), "rlhf_reward": rewards.mean().item(),
-                     "advantage_abs": (masked_mean(advantages.abs(), mask) if args.algo in REINFORCE_PP
+                     "advantage_abs": (masked_mean(advantages.abs(), mask, over_ranks=True) if args.algo in REINFORCE_PP
                                        else advantages.abs().mean()).item(),
-                     "completion_length": mask.sum(1).float().mean().item(),
-                     # per group (RLOO, REINFORCE++), per batch (ReMax)
-                     "completions/distinct": common.distinct_fraction(completion_ids, mask,
-                                                                      k if k > 1 else len(completion_ids)),
-                     "loss": loss.item()}
+                     "completion_length": mask.sum(1).float().mean().item(),  # distinct: per group; ReMax: per batch
+                     "completions/distinct": common.distinct_fraction(completion_ids, mask, k if k > 1 else len(mask))}
 
         # ---- update, log ---------------------------------------------------------------------------------
         run.check_finite(loss, step)
-        loss.backward()
+        (loss * share).backward()  # this rank's part of the batch's loss
+        distributed.all_reduce_grads(policy)  # Σ over the ranks
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
         run.check_finite(grad_norm, step, "gradient norm")
         optimizer.step()
-        # now, not at the next backward: the model's size in float32, idle through sampling
-        optimizer.zero_grad(set_to_none=True)
-        stats.update({"grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0], "time/step": time.time() - t0})
+        optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
+        stats.update({"loss": distributed.all_sum(loss.item() * share), "grad_norm": grad_norm.item(),
+                      "lr": scheduler.get_last_lr()[0], "time/step": time.time() - t0})
+        stats = distributed.mean_over_ranks(stats)  # each rank's mean over an equal share: their mean is the batch's
         scheduler.step()
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}"})
 

@@ -25,7 +25,7 @@ import tasks
 
 ENTRY = str(REPO / "tests" / "fixed_completions.py")
 TINY = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens", "12")
-NEAR_ZERO = ("pg_loss", "policy_loss", "kl", "kl_coef", "non_score_reward", "rlhf_reward")  # PPO's: see below
+NEAR_ZERO = ("loss", "pg_loss", "policy_loss", "kl", "kl_coef", "non_score_reward", "rlhf_reward")  # see below
 
 
 def launch(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env):
@@ -55,9 +55,9 @@ def assert_same_training(one, two, ties=()) -> None:
     for a, b in zip(rows_one, rows_two):
         assert a.keys() == b.keys()
         for k in set(a) - set(ties):  # metrics.jsonl keeps 6 significant digits: a last digit may round the other
-            # way. DPO's rewards are β × a difference of two sums of ~30 log-probs, PPO's loss a mean of whitened
-            # advantages (mean 0) and its KL (in rlhf_reward, and in β through --target-kl) a sum of log-prob
-            # differences: float32 leaves them ~1e-6 absolute
+            # way. DPO's rewards are β × a difference of two sums of ~30 log-probs, a policy-gradient loss a mean of
+            # advantages of mean 0 (PPO's, REINFORCE++'s whitened), PPO's KL (in rlhf_reward, and in β through
+            # --target-kl) a sum of log-prob differences: float32 leaves them ~1e-6 absolute
             tolerance = 1e-5 if k.startswith("rewards/") or k in NEAR_ZERO else 1e-8
             assert b[k] == pytest.approx(a[k], rel=1e-5, abs=tolerance), (a["step"], k, a[k], b[k])
     for model in ("model", "model/critic") if (one / "model" / "critic").exists() else ("model",):
@@ -116,6 +116,20 @@ def test_ppo_two_ranks_train_the_weights_one_process_trains(tmp_path):
     assert_same_training_sharded_or_not(tmp_path, "ppo.py", argv)
 
 
+@pytest.mark.parametrize("algo, options", [
+    ("reinforce_pp_baseline", ("--group-size", "4")),  # advantages whitened over every rank's tokens; a token mean
+    ("rloo", ("--group-size", "4")),  # a mean over sequences
+    ("ipo", ("--dataset", "tests/data/pairs.jsonl")),  # offline: a mean over pairs
+])
+def test_variants_two_ranks_train_the_weights_one_process_trains(tmp_path, algo, options):
+    argv = (*TINY, "--algo", algo, "--batch-size", "4", *options)
+    if algo == "reinforce_pp_baseline":
+        assert_same_training_sharded_or_not(tmp_path, "variants.py", argv)
+    else:
+        assert_same_training(launch(1, tmp_path / "one", "variants.py", *argv),
+                             launch(2, tmp_path / "two", "variants.py", *argv))
+
+
 def test_reward_model_two_ranks_train_the_weights_one_process_trains(tmp_path):
     argv = ("--model", "tiny", "--steps", "3", "--dataset", "tests/data/pairs.jsonl", "--batch-size", "4")
     assert_same_training_sharded_or_not(tmp_path, "reward_model.py", argv)
@@ -149,7 +163,8 @@ def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, script, argv):
     ("sft", {"batch_size": 7}, "--batch-size 7 does not divide over 2 torchrun ranks"),
     ("reward_model", {"batch_size": 3}, "--batch-size 3 does not divide over 2 torchrun ranks"),
     ("ppo", {"batch_size": 6, "minibatch_size": 3}, "--minibatch-size 3 does not divide over 2 torchrun ranks"),
-    ("variants", {"algo": "rloo"}, "does not run under torchrun yet"),
+    ("variants", {"algo": "kto"}, "--algo kto does not run under torchrun yet"),
+    ("variants", {"algo": "rloo", "batch_size": 3}, "--batch-size 3 does not divide over 2 torchrun ranks"),
 ])
 def test_a_set_up_the_ranks_cannot_share_is_one_line(monkeypatch, tmp_path, script, options, message):
     module = __import__(script)
