@@ -49,11 +49,11 @@ def shard(on: bool, *models) -> None:
 
 
 def check_options(args, ranks: int, require) -> None:
-    """--fsdp's own checks (runs.check_options; `require` raises its one-line error): torchrun, no LoRA yet, and a
-    held-out set that divides over the ranks, since every forward is a collective (each rank the same batches)."""
+    """--fsdp's checks: torchrun, no --merge-lora, a held-out set that divides over the ranks (a collective forward)."""
     if args.run.fsdp:
         require(ranks > 1, "--fsdp shards the model over torchrun's ranks: torchrun --nproc_per_node N script.py ...")
-        require(not args.lora.lora_r, "--fsdp with --lora-r does not run yet: use one of the two")
+        require(not args.lora.merge_lora, "--merge-lora does not run with --fsdp: merge the saved adapter afterwards "
+                "in one process (peft: PeftModel.from_pretrained(base, adapter).merge_and_unload())")
         eval_size = getattr(args, "eval_size", None) or 0
         require(eval_size % ranks == 0, f"--fsdp: --eval-size {eval_size} must divide over {ranks} torchrun ranks")
 

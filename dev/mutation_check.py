@@ -577,6 +577,8 @@ MUTATIONS = [
              f"{DIST} -k sft_two_ranks"),
     Mutation("fsdp.py", "            module.set_gradient_divide_factor(1.0)", "            pass",
              "--fsdp: gradients averaged over the ranks, not summed", f"{DIST} -k grpo_sharded"),
+    Mutation("fsdp.py", "            module.set_force_sum_reduction_for_comms(True)", "            pass",
+             "--fsdp with LoRA: the reduce-scatter left at FSDP's default op", f"{DIST} -k lora"),
     Mutation("fsdp.py", "require(eval_size % ranks == 0,", "require(True,",
              "--fsdp: a held-out set that does not divide over the ranks let through (their forwards would hang)",
              f"{DIST} -k fsdp_set_up"),

@@ -61,7 +61,8 @@ def assert_same_training(one, two, ties=()) -> None:
             tolerance = 1e-5 if k.startswith("rewards/") or k in NEAR_ZERO else 1e-8
             assert b[k] == pytest.approx(a[k], rel=1e-5, abs=tolerance), (a["step"], k, a[k], b[k])
     for model in ("model", "model/critic") if (one / "model" / "critic").exists() else ("model",):
-        weights = [load_file(run / model / "model.safetensors") for run in (one, two)]
+        file = "model.safetensors" if (one / model / "model.safetensors").exists() else "adapter_model.safetensors"
+        weights = [load_file(run / model / file) for run in (one, two)]
         for name, w in weights[0].items():
             torch.testing.assert_close(weights[1][name], w, rtol=1e-6, atol=1e-7, msg=f"{model}: {name}")
 
@@ -130,6 +131,14 @@ def test_variants_two_ranks_train_the_weights_one_process_trains(tmp_path, algo,
                              launch(2, tmp_path / "two", "variants.py", *argv))
 
 
+def test_lora_sharded_over_two_ranks_trains_the_adapter_one_process_trains(tmp_path):
+    """--fsdp with LoRA: the frozen base is sharded too, the reference is the policy with its adapter off, and the
+    saved adapter (an ordinary peft one) is one process's."""
+    argv = (*TINY, "--prompts-per-step", "4", "--group-size", "4", "--lora-r", "8")
+    assert_same_training(launch(1, tmp_path / "one", "grpo.py", *argv),
+                         launch(2, tmp_path / "fsdp", "grpo.py", *argv, "--fsdp"))
+
+
 def test_reward_model_two_ranks_train_the_weights_one_process_trains(tmp_path):
     argv = ("--model", "tiny", "--steps", "3", "--dataset", "tests/data/pairs.jsonl", "--batch-size", "4")
     assert_same_training_sharded_or_not(tmp_path, "reward_model.py", argv)
@@ -178,7 +187,7 @@ def test_a_set_up_the_ranks_cannot_share_is_one_line(monkeypatch, tmp_path, scri
 @pytest.mark.parametrize("world, options, message", [
     ("1", {}, "--fsdp shards the model over torchrun's ranks"),
     ("2", {"eval_size": 5}, "--fsdp: --eval-size 5 must divide over 2 torchrun ranks"),
-    ("2", {"lora_r": 8}, "--fsdp with --lora-r does not run yet"),
+    ("2", {"lora_r": 8, "merge_lora": True}, "--merge-lora does not run with --fsdp"),
 ])
 def test_an_fsdp_set_up_that_cannot_run_is_one_line(monkeypatch, tmp_path, world, options, message):
     monkeypatch.setenv("WORLD_SIZE", world)
