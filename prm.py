@@ -22,7 +22,8 @@ own held-out set). A policy writing one line gives one step, an outcome model; a
 (σ(z) > 0.5 against y > 0.5), and best-of-N accuracy beside a random solution's and the oracle's (any of N right).
 
 Run: python prm.py (SmolLM2-135M-Instruct, embedded); python prm.py --policy runs/sft-.../model (an SFT policy's
-solutions); python prm.py --model tiny --steps 3 (a smoke run, seconds).
+solutions); python prm.py --model tiny --steps 3 (a smoke run, seconds); torchrun --nproc_per_node 2 prm.py (B/2
+solutions a rank, the loss divided by the whole batch's steps; rank 0 labels the solutions).
 
 Shapes: B solutions, S prompt tokens, T completion tokens, K steps (the most in the batch).
 """
@@ -43,6 +44,8 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 
 import common
+import distributed
+import fsdp
 import models
 import runs
 import tasks
@@ -239,7 +242,7 @@ def step_label_data(args: Args, tokenizer, device, precision: str) -> tuple[dict
            f"-k{args.num_rollouts}-tokens{args.max_new_tokens}-temp{args.temperature:g}-{precision}"
            f"{'' if tokenizer.chat_template else '-plain'}")
     folder, splits = runs.CACHE_DIR / "prm-data" / key, ("train", "heldout")
-    if not folder.exists():
+    if not folder.exists() and distributed.is_main():  # under torchrun rank 0 labels them, the others wait
         train, heldout = tasks.multistep_problems(args.seed, args.num_problems, args.eval_size)
         policy = models.load_model(name, len(tokenizer), device, precision, args.seed,
                                    use_kernels=common.resolve_kernels("auto", device)).eval()
@@ -247,6 +250,7 @@ def step_label_data(args: Args, tokenizer, device, precision: str) -> tuple[dict
                                                  args.max_new_tokens, args.temperature, args.seed)
         labelled = {"train": label(train), "heldout": label(heldout)}
         tasks.write_splits(folder, labelled)
+    distributed.barrier()
     return tasks.read_splits(folder, splits), folder
 
 
@@ -274,7 +278,7 @@ def evaluate(model, tokenizer, rows: list[dict], kind: str, aggregate: str, num_
 def main(args: Args) -> dict:
     """Label solutions by rollouts, train the PRM on the step labels; returns the final metrics (also eval.json)."""
     runs.check_options(args, at_least_one=("steps", "batch_size", "eval_size", "num_problems", "num_solutions",
-                                           "num_rollouts", "max_new_tokens"))
+                                           "num_rollouts", "max_new_tokens"), split="batch_size")
     runs.require(args.temperature > 0, "--temperature must be > 0 (it samples the solutions and the rollouts)")
     common.set_seed(args.seed)
     device = common.resolve_device(args.run.device)
@@ -290,6 +294,7 @@ def main(args: Args) -> dict:
     if args.lora.lora_r and not resumed:
         model = common.add_lora(model, args.model, args.lora)  # the score head stays fully trainable
     model.config.pad_token_id = tokenizer.pad_token_id  # a saved checkpoint scores batches in transformers too
+    fsdp.shard(args.run.fsdp, model)  # --fsdp: 1/N of the model's weights on a rank
     optimizer, scheduler = common.make_optimizer(model, args.lr, 0.0, args.warmup_steps)
     batches = tasks.epoch_batches(len(train_rows), args.batch_size, args.steps, args.seed)
     run = runs.Run(args, "prm", tokenizer, device, resumed, lambda result: result, "eval/step_accuracy")
@@ -304,7 +309,7 @@ def main(args: Args) -> dict:
 
     run.begin(report)
     for step, batch in enumerate(batches[run.first_step - 1 :], run.first_step):
-        t0, rows = time.time(), [train_rows[i] for i in batch]
+        t0, rows = time.time(), distributed.share([train_rows[i] for i in batch])  # B/N solutions on a rank
 
         # ---- 1. score every step of each solution ---------------------------------------------------------------
         model.train()
@@ -314,19 +319,21 @@ def main(args: Args) -> dict:
         # ---- 2. binary cross-entropy on the step labels, and update -----------------------------------------------
         loss = prm_loss(logits, labels, step_mask)
         run.check_finite(loss, step)
-        loss.backward()
+        share = distributed.share_of(step_mask.sum())  # this rank's part of the batch's steps; 1.0 alone
+        (loss * share).backward()
+        distributed.all_reduce_grads(model)  # Σ over the ranks
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         run.check_finite(grad_norm, step, "gradient norm")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        lr = scheduler.get_last_lr()[0]  # the rate this step used
-        scheduler.step()
 
         # ---- 3. log -------------------------------------------------------------------------------------------------
         hits = ((logits.detach() > 0) == (labels > 0.5)).float()
-        stats = {"loss": loss.item(), "step_accuracy": common.masked_mean(hits, step_mask).item(),
-                 "label_mean": common.masked_mean(labels, step_mask).item(), "steps": int(step_mask.sum()),
-                 "grad_norm": grad_norm.item(), "lr": lr, "time/step": time.time() - t0}
+        mean = lambda x: common.masked_mean(x, step_mask, over_ranks=True).item()  # over every rank's steps
+        stats = {"loss": distributed.all_sum(loss.item() * share), "step_accuracy": mean(hits),
+                 "label_mean": mean(labels), "steps": distributed.all_sum(int(step_mask.sum())),
+                 "grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0], "time/step": time.time() - t0}
+        scheduler.step()
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "acc": f"{stats['step_accuracy']:.2f}"})
 
         # ---- 4. evaluate and checkpoint ---------------------------------------------------------------------------

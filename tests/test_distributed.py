@@ -139,6 +139,14 @@ def test_lora_sharded_over_two_ranks_trains_the_adapter_one_process_trains(tmp_p
                          launch(2, tmp_path / "fsdp", "grpo.py", *argv, "--fsdp"))
 
 
+def test_prm_two_ranks_train_the_weights_one_process_trains(tmp_path):
+    """The PRM's loss is a mean over the batch's steps, which the ranks' halves split unevenly; rank 0 labels."""
+    argv = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens", "12", "--batch-size", "4",
+            "--num-problems", "8", "--num-solutions", "2", "--num-rollouts", "2")
+    assert_same_training(launch(1, tmp_path / "one", "prm.py", *argv, RLHF_CACHE=str(tmp_path / "cache-one")),
+                         launch(2, tmp_path / "two", "prm.py", *argv, RLHF_CACHE=str(tmp_path / "cache-two")))
+
+
 def test_reward_model_two_ranks_train_the_weights_one_process_trains(tmp_path):
     argv = ("--model", "tiny", "--steps", "3", "--dataset", "tests/data/pairs.jsonl", "--batch-size", "4")
     assert_same_training_sharded_or_not(tmp_path, "reward_model.py", argv)
