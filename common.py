@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import datetime
 import os
 import random
 import sys
@@ -73,8 +74,8 @@ def join_ranks(device: torch.device) -> torch.device:
                 f"{torch.cuda.device_count()} GPU(s): start at most one rank per GPU (--nproc_per_node)")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group(backend)
+    if not dist.is_initialized():  # a long wait: the others wait while rank 0 alone samples and labels data
+        dist.init_process_group(backend, timeout=datetime.timedelta(hours=2))
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # on an error; else Run.finish
     if not distributed.is_main():
         sys.stdout = open(os.devnull, "w")
@@ -247,7 +248,7 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None, over_ranks: bool = False):
-    """The mean of the masked entries (along `dim`); over_ranks: under torchrun, of every rank's (the whole batch's)."""
+    """The mean of the masked entries (along `dim`); over_ranks: of every rank's entries, all of them (no `dim`)."""
     if over_ranks:  # Σ over the ranks of each one's sum and count; the plain mean in one process
         return distributed.all_sum(masked_sum(x, mask)) / distributed.all_sum(mask.sum()).clamp(min=1)
     return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)

@@ -49,7 +49,7 @@ def concat(items):
     if world_size() == 1:
         return items
     parts = gather(items)
-    return torch.cat(parts) if isinstance(items, torch.Tensor) else [x for part in parts for x in part]
+    return torch.cat([p.to(items.device) for p in parts]) if isinstance(items, torch.Tensor) else sum(parts, [])
 
 
 def all_sum(x):

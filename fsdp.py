@@ -36,10 +36,10 @@ def shard(on: bool, *models) -> None:
         for module in model.modules():
             if type(module).__name__ in block_names:
                 fully_shard(module)
-        # the outermost units reshard too (a root keeps its weights whole after a forward by default): a model's
-        # parameters are always its shards between steps. A reward model's backbone and head are units of their own,
-        # since common.reward_scores calls them apart, never the model itself.
-        for unit in (model.base_model, model.score) if hasattr(model, "score") else ():
+        # the outermost units reshard too (a root keeps its weights whole after a forward by default). A reward model's
+        # or critic's backbone and head (under a LoRA wrapper) are units of their own: reward_scores calls them apart.
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        for unit in (inner.base_model, inner.score) if hasattr(inner, "score") else ():
             fully_shard(unit, reshard_after_forward=True)
         fully_shard(model, reshard_after_forward=True)
         for module in filter(is_sharded, model.modules()):  # each unit's gradients: Σ over the ranks, not their mean

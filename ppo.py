@@ -38,15 +38,15 @@ Reward over-optimisation (Gao et al. 2023): the mitigations the literature lists
 default (ensemble_score, shaped_score, --kl-budget). Each step logs the learned `score` beside the
 `verifier`'s 0/1 of the same samples, `kl` and `completion_length`.
 
-Several processes, `torchrun --nproc_per_node N ppo.py ...`: a rank samples B/N completions and puts M/N of its rows
-into each minibatch of M. Advantages are whitened, and the KL that steers β is averaged, over every rank's completions;
-each loss is divided by the whole minibatch's tokens and the ranks sum gradients, so the token means are exact.
+Under `torchrun --nproc_per_node N` a rank samples B/N completions and puts M/N of its rows into each minibatch of M
+(M < B: other minibatches than one process's). Advantages are whitened, and the KL that steers β is averaged, over every
+rank's completions; losses are divided by the whole minibatch's tokens and the ranks sum gradients: exact token means.
 
 Run:
     python reward_model.py                                   # stage 2 first: prints its run folder
     python ppo.py --reward-model runs/rm-smollm2-0-<time>/model
     python ppo.py --reward verifier                          # the verifier as the reward; critic from the policy
-    torchrun --nproc_per_node 2 ppo.py --reward verifier     # 2 ranks; --fsdp: each holds half of all four models
+    torchrun --nproc_per_node 2 ppo.py --reward verifier     # 2 ranks; --fsdp: each holds half of every model
 
 Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens, H hidden size.
 """
@@ -501,7 +501,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "time/step": step_time, "tokens_per_second": mask.sum().item() / step_time,
             "memory/generate_gb": memory_generate, "memory/score_gb": memory_score, "memory/update_gb": memory_update,
         }
-        stats = distributed.mean_over_ranks(stats)  # each rank's mean over an equal share: their mean is the batch's
+        stats = distributed.mean_over_ranks(stats)  # the batch's (but distinct: within a rank's share; timings)
         run.log(step, stats, {"score": f"{stats['score']:.3f}", "verifier": f"{stats['verifier']:.2f}",
                               "kl": f"{stats['kl']:.3f}"})
 

@@ -272,7 +272,7 @@ def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens:
     of problems whose greedy answer `verify` pays but `verify_strict` does not (never stated as a result).
     score(prompt_ids, prompt_mask, completion_ids, completion_mask, problems) -> (..., n) also scores each batch's
     completions (a reward model, in ppo.py): returned as "scores", (..., N) over all the problems. Under torchrun
-    each rank decodes its share of the problems and the counts are summed (`scores` is for one process only)."""
+    each rank decodes its share of the problems and the counts are summed (`scores`: this rank's problems only)."""
     device = next(model.parameters()).device
     correct, unearned, samples, scores = 0.0, 0.0, [], []
     mine = distributed.share(problems)  # all of them in one process

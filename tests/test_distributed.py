@@ -131,12 +131,12 @@ def test_variants_two_ranks_train_the_weights_one_process_trains(tmp_path, algo,
                              launch(2, tmp_path / "two", "variants.py", *argv))
 
 
-def test_lora_sharded_over_two_ranks_trains_the_adapter_one_process_trains(tmp_path):
-    """--fsdp with LoRA: the frozen base is sharded too, the reference is the policy with its adapter off, and the
-    saved adapter (an ordinary peft one) is one process's."""
-    argv = (*TINY, "--prompts-per-step", "4", "--group-size", "4", "--lora-r", "8")
-    assert_same_training(launch(1, tmp_path / "one", "grpo.py", *argv),
-                         launch(2, tmp_path / "fsdp", "grpo.py", *argv, "--fsdp"))
+def test_lora_sharded_over_two_ranks_trains_the_adapters_one_process_trains(tmp_path):
+    """--fsdp with LoRA, in PPO: the frozen bases are sharded too, the reference is the policy with its adapter off,
+    the critic's backbone and head are reached through its wrapper, and the saved adapters are one process's."""
+    argv = (*TINY, "--reward", "verifier", "--batch-size", "4", "--minibatch-size", "4", "--lora-r", "8")
+    assert_same_training(launch(1, tmp_path / "one", "ppo.py", *argv),
+                         launch(2, tmp_path / "fsdp", "ppo.py", *argv, "--fsdp"))
 
 
 def test_prm_two_ranks_train_the_weights_one_process_trains(tmp_path):
