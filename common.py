@@ -89,20 +89,24 @@ def resolve_kernels(kernels: str, device: torch.device) -> bool:
     return kernels == "on" or (kernels == "auto" and device.type == "cpu")
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """auto -> bf16-mixed on CUDA, fp32 on CPU.
-
-    fp32: float32 weights and compute. bf16-mixed: float32 master weights (AdamW updates them in
-    float32), forward and backward matmuls in bfloat16 under torch.autocast, as TRL's bf16=True.
-    bf16-true: bfloat16 weights; half the memory, but an update smaller than half a weight's bf16
-    rounding step (|Δw| below about |w|·2^-8: at lr 1e-5, any |w| ≳ 3e-3) is rounded away and lost.
-    Log-softmax, log-probs, losses, advantages and KL are float32 under every precision.
-    """
+def resolve_precision(precision: str, device: torch.device, model: str = "") -> str:
+    """auto -> bf16-mixed on CUDA, and for a real model on a CPU that multiplies bf16 natively (cpu_has_bf16_matmul);
+    else fp32: other CPUs emulate bf16, slower, and the tiny models' matmuls are too small for it to pay.
+    bf16-mixed keeps float32 master weights and autocasts matmuls to bf16 (TRL's bf16=True); bf16-true stores bf16
+    weights and loses updates below half a weight's bf16 step (docs/precision.md). Log-probs, losses: float32."""
     if precision == "auto":
-        return "bf16-mixed" if device.type == "cuda" else "fp32"
+        tiny = model in ("tiny", "tiny-gpt2")
+        fast_bf16 = device.type == "cuda" or (cpu_has_bf16_matmul() and not tiny)
+        return "bf16-mixed" if fast_bf16 else "fp32"
     if precision not in ("fp32", "bf16-mixed", "bf16-true"):
         raise InputError(f"--precision must be auto, fp32, bf16-mixed or bf16-true, not {precision!r}")
     return precision
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """AVX512-BF16 or AMX: oneDNN's bfloat16 matmuls run natively, 1.4-1.7x faster per GRPO step than float32's
+    (docs/precision.md); an AVX2 CPU emulates them, slower than float32."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def fast_kernels(model) -> bool:
@@ -129,14 +133,20 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.0, warmup_steps: int = 0):
-    """AdamW over the trainable parameters and a schedule that warms up linearly over `warmup_steps`
-    updates, then stays constant. fused=True: one kernel over all parameters (0.07 s instead of
-    0.3-0.6 s per step on a 2-core CPU)."""
+def lr_factor(step: int, warmup_steps: int, decay_steps: int = 0) -> float:
+    """Update `step`'s (from 0) learning rate over the peak: a linear warm-up over `warmup_steps`, then constant, or
+    with decay_steps (decay_steps - step) / (decay_steps - warmup_steps), to 0 after the last (TRL's "linear")."""
+    if step < warmup_steps or not decay_steps:
+        return min(1.0, (step + 1) / max(1, warmup_steps))
+    return max(0.0, (decay_steps - step) / max(1, decay_steps - warmup_steps))
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.0, warmup_steps: int = 0, decay_steps=0):
+    """AdamW over the trainable parameters (fused: 0.07 s, not 0.3-0.6 s, a step on 2 CPU cores); lr_factor's rate."""
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type in ("cpu", "cuda"))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, warmup_steps)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, decay_steps))
     return optimizer, scheduler
 
 

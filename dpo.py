@@ -233,7 +233,7 @@ def main(args: Args) -> dict:
     check_args(args)
     common.set_seed(args.seed)
     device = common.resolve_device(args.run.device)
-    precision = common.resolve_precision(args.run.precision, device)
+    precision = common.resolve_precision(args.run.precision, device, args.model)
     fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)

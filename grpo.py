@@ -30,7 +30,7 @@ Where this file departs from the papers, and why:
 - The std in Â is the population std (÷ G) plus eps = 1e-4; TRL's sample std (÷ G-1) makes |Â| smaller by √((G-1)/G).
 - Dynamic sampling drops zero-variance groups without refilling the batch as DAPO does (`frac_reward_zero_std` says
   how much it shrinks); a batch left with no group makes no update but counts as a step (`skipped`). One process only.
-- β defaults to 0.04 (DeepSeekMath; `--beta 0` loads no reference model). The lr warms up linearly, then stays constant.
+- β defaults to 0.04 (DeepSeekMath; `--beta 0` loads no reference model). The lr warms up, then is constant or decays.
 - After SFT, use `--lr 2e-6 --prompts-per-step 16`: the policy is peaked (entropy 0.03, most groups all right or all
   wrong), and 1e-5 on the few mixed groups of 4 prompts undid SFT's gains (0.915 → 0.730; docs/results.md).
 
@@ -136,6 +136,8 @@ class Args:
     """AdamW learning rate"""
     warmup_steps: int = 10
     """linear learning-rate warm-up, in batches (a batch that dynamic sampling skips counts too)"""
+    lr_decay: bool = False
+    """after the warm-up, decay the learning rate linearly to 0 at --steps (TRL's default); off: constant"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
@@ -171,10 +173,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool 
                      eps: float = 1e-4) -> torch.Tensor:
     """Â_i = (r_i - mean(r_group)) / (std(r_group) + eps), DeepSeekMath §4.1.2. (N,) -> (N,)
 
-    Groups are consecutive runs of `group_size`. std is the population std (divide by G).
-    With scale_by_std=False (Dr. GRPO) only the mean is subtracted. A group whose rewards are
-    all equal gets exactly zero advantages either way, detected as max == min: the float32 std
-    of eight copies of 0.7 is 6e-8, not 0, and (r - mean) / (std + eps) would give ±6e-4.
+    Groups are consecutive runs of `group_size`; std is the population std (÷ G). With scale_by_std=False (Dr. GRPO)
+    only the mean is subtracted. A group whose rewards are all equal gets exactly zero advantages either way, found
+    as max == min: the float32 std of eight copies of 0.7 is 6e-8, not 0, and (r - mean) / (std + eps) gives ±6e-4.
     """
     grouped = rewards.view(-1, group_size)  # (P, G)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
@@ -290,10 +291,8 @@ def micro_batch_weight(loss_agg: str, micro_mask: torch.Tensor, batch_tokens: in
 
 
 def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, penalty: float) -> torch.Tensor:
-    """DAPO eq. 13, soft overlong punishment: 0 up to L_max - L_cache, then falling linearly to -penalty at L_max.
-
-    lengths (B,) -> (B,). L_max = max_new_tokens, L_cache = buffer.
-    """
+    """DAPO eq. 13, soft overlong punishment, (B,) -> (B,): 0 up to L_max - L_cache, then falling linearly to
+    -penalty at L_max, where L_max = max_new_tokens and L_cache = buffer."""
     if buffer <= 0:
         return torch.zeros_like(lengths, dtype=torch.float)
     over = (lengths - (max_new_tokens - buffer)).clamp(min=0).float()
@@ -311,7 +310,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]
     common.set_seed(args.seed)
     device = common.resolve_device(args.run.device)
-    precision = common.resolve_precision(args.run.precision, device)
+    precision = common.resolve_precision(args.run.precision, device, args.model)
     fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
@@ -331,7 +330,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     fsdp.shard(args.run.fsdp, policy, ref_model, reward_model)  # --fsdp: 1/N of each model's weights on a rank
-    optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
+    optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps,
+                                                 args.steps if args.lr_decay else 0)
     generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())  # each rank its own draws
     G, eos, pad = args.group_size, tokenizer.eos_token_id, tokenizer.pad_token_id
 

@@ -318,7 +318,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     check_args(args)
     common.set_seed(args.seed)
     device = common.resolve_device(args.run.device)
-    precision = common.resolve_precision(args.run.precision, device)
+    precision = common.resolve_precision(args.run.precision, device, args.model)
     fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)

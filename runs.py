@@ -63,7 +63,7 @@ class RunOptions:
     fsdp: bool = False
     """under torchrun, shard weights, gradients and AdamW state over the ranks (FSDP2), for a model too big for one"""
     precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
-    """auto: bf16-mixed (fp32 weights, bf16 autocast) on cuda, fp32 on cpu; bf16-true loses updates below bf16's step"""
+    """auto: bf16-mixed (fp32 weights, bf16 matmuls) on cuda or AVX512-BF16 CPUs, else fp32; bf16-true loses updates"""
     kernels: Literal["auto", "on", "off"] = "auto"
     """kernels.py's faster log-probs and sampling, the same numbers: auto (on for a CPU, off for CUDA)"""
     prompt_format: Literal["auto", "chat", "plain"] = "auto"

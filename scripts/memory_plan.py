@@ -176,7 +176,7 @@ def main(argv: list[str]) -> dict:
     module = __import__(algo)
     args = tyro.cli(module.Args, args=rest, prog=f"scripts/memory_plan.py {algo}")
     device = common.resolve_device(args.run.device)
-    precision = common.resolve_precision(args.run.precision, device)
+    precision = common.resolve_precision(args.run.precision, device, args.model)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     eval_size = getattr(args, "eval_size", None) or tasks.DEFAULT_EVAL_SIZE
     S = prompt_tokens or tasks.longest_prompt(tokenizer, tasks.heldout_problems(eval_size))

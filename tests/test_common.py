@@ -239,11 +239,25 @@ def test_entropy_by_hand(fast):
 
 
 # ---- precision ------------------------------------------------------------------------------------------------
-def test_auto_precision_is_bf16_mixed_on_cuda_and_fp32_on_cpu():
-    assert common.resolve_precision("auto", torch.device("cuda")) == "bf16-mixed"
-    assert common.resolve_precision("auto", torch.device("cpu")) == "fp32"
+def test_auto_precision_is_bf16_mixed_on_cuda_and_on_a_cpu_with_bf16_matmuls_for_a_real_model(monkeypatch):
+    assert common.resolve_precision("auto", torch.device("cuda"), "smollm2") == "bf16-mixed"
+    assert common.resolve_precision("auto", torch.device("cuda"), "tiny") == "bf16-mixed"
+    for has_bf16, real, tiny in ((True, "bf16-mixed", "fp32"), (False, "fp32", "fp32")):
+        monkeypatch.setattr(common, "cpu_has_bf16_matmul", lambda: has_bf16)
+        assert common.resolve_precision("auto", torch.device("cpu"), "smollm2") == real
+        assert common.resolve_precision("auto", torch.device("cpu"), "tiny") == tiny
+        assert common.resolve_precision("auto", torch.device("cpu"), "tiny-gpt2") == tiny
+        assert common.resolve_precision("fp32", torch.device("cpu"), "smollm2") == "fp32"  # asked for: kept
     with pytest.raises(runs.InputError, match="--precision must be auto, fp32, bf16-mixed or bf16-true"):
         common.resolve_precision("float16", torch.device("cpu"))
+
+
+# ---- the learning-rate schedule ---------------------------------------------------------------------------------
+def test_lr_warms_up_then_stays_constant_or_decays_linearly_to_zero_at_the_last_step():
+    # warm-up 2: (s + 1) / 2 = 0.5, 1; constant after. With decay over 6 updates: (6 - s) / (6 - 2) for s = 2..5
+    assert [common.lr_factor(s, 2) for s in range(5)] == [0.5, 1.0, 1.0, 1.0, 1.0]
+    assert [common.lr_factor(s, 2, 6) for s in range(6)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
+    assert [common.lr_factor(s, 0, 4) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]  # no warm-up: decays from 1
 
 
 def fraction_of_weights_changed(precision: str, tokenizer, prompts) -> float:

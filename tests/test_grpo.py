@@ -500,6 +500,11 @@ def test_a_skipped_batch_still_counts_for_the_warm_up_evaluation_and_checkpoint(
     assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]  # stepping it before any update is meant
 
 
+def test_lr_decay_falls_linearly_over_the_run_after_the_warm_up(tmp_path):
+    rows = metrics_of(main(tiny_args(tmp_path, steps=4, lr=1e-3, warmup_steps=1, lr_decay=True)))
+    assert [row["lr"] for row in rows] == pytest.approx([1e-3, 1e-3, 2e-3 / 3, 1e-3 / 3])  # 1e-3 × (4 - s) / 3
+
+
 def test_resume_is_exact_across_a_skipped_batch(tmp_path):
     # step 2's two prompts get a constant reward: dynamic sampling skips the batch the split run stops and resumes at
     stream, _ = tasks.load_problems(None, 0, 8, 2)
@@ -635,8 +640,8 @@ def test_cli_help_lists_every_option_with_its_default():
     assert proc.returncode == 0
     for flag in ("--model", "--group-size", "--num-iterations", "--eps-low", "--eps-high", "--beta", "--kl-estimator",
                  "--loss-agg", "--scale-by-std", "--dynamic-sampling", "--overlong-buffer", "--lr", "--warmup-steps",
-                 "--batch-size", "--gradient-checkpointing", "--max-new-tokens", "--temperature", "--top-p",
-                 "--eval-every", "--importance-level", "--loss-type", "--rewards", "--reward-weights",
+                 "--lr-decay", "--batch-size", "--gradient-checkpointing", "--max-new-tokens", "--temperature",
+                 "--top-p", "--eval-every", "--importance-level", "--loss-type", "--rewards", "--reward-weights",
                  "--prompt-style"):
         assert flag in proc.stdout, flag
     assert "default: smollm2" in proc.stdout and "seq-mean-token-sum-norm" in proc.stdout
