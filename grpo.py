@@ -77,7 +77,7 @@ class Args:
     """JSONL file with fields prompt, answer (numeric)"""
     seed: int = 0
     """seed for problems, sampling and initialisation"""
-    eval_every: int = 50
+    eval_every: int = 10
     """evaluate held-out accuracy and save a checkpoint every this many steps (0 = only before and after)"""
     eval_size: Annotated[Optional[int], runs.none_means("200; 16 for the tiny random models", "INT")] = None
     """held-out problems for greedy accuracy (verifier reward)"""
@@ -94,9 +94,9 @@ class Args:
     prompt_style: Literal["question", "r1"] = "question"
     """question alone, or r1: it asks for <think> reasoning </think><answer> answer </answer> (held-out too)"""
     # ---- algorithm: GRPO, and the DAPO / Dr. GRPO options --------------------------------------------------------
-    steps: int = 100
+    steps: int = 50
     """training batches, each freshly sampled (μ optimizer steps each, none if skipped; warm-up counts batches)"""
-    prompts_per_step: int = 4
+    prompts_per_step: int = 8
     """prompts per batch (P)"""
     group_size: int = 8
     """completions sampled per prompt (G >= 2)"""

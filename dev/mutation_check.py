@@ -410,6 +410,9 @@ MUTATIONS = [
              "        if args.kl_budget is not None and kl_per_completion > args.kl_budget and step > 2:",
              "KL budget checked one update late", f"{PPO} -k kl_budget"),
     # ---- scripts/compare.py ----------------------------------------------------------------------------------------
+    Mutation("scripts/compare.py", 'GRPO = ["grpo.py", "--prompts-per-step", "4"]', 'GRPO = ["grpo.py"]',
+             "compare.py's GRPO rows at grpo.py's default 8 prompts, counted as 32 completions a step",
+             "tests/test_compare.py -k completions_per_step"),
     Mutation("scripts/compare.py", "kl += common.masked_sum(logprobs - ref_logprobs, completion_mask).item()",
              "kl += common.masked_sum(ref_logprobs - logprobs, completion_mask).item()",
              "comparison KL with the log-ratio reversed", "tests/test_compare.py -k sampled_kl"),

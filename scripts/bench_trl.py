@@ -29,8 +29,8 @@ The settings. Where docs/performance.md states one it is mirrored; everything el
 
 The docs' comparison, ours and TRL's one after the other (A B A B) on a quiet machine, each timed by the OS:
     python -m venv --system-site-packages /tmp/trl && /tmp/trl/bin/pip install trl==1.16.0 torch==2.13.0
-    /usr/bin/time -v python grpo.py --beta 0 --steps 12 --eval-size 8 --eval-every 0 --no-save-model \\
-        --precision bf16-mixed --output-dir runs/bench
+    /usr/bin/time -v python grpo.py --prompts-per-step 4 --beta 0 --steps 12 --eval-size 8 --eval-every 0 \\
+        --no-save-model --precision bf16-mixed --output-dir runs/bench
     /usr/bin/time -v /tmp/trl/bin/python scripts/bench_trl.py grpo --steps 12
     /usr/bin/time -v python dpo.py --dataset tests/data/pairs.jsonl --steps 22 --eval-size 8 --no-save-model \\
         --precision bf16-mixed --output-dir runs/bench-dpo

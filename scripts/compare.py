@@ -53,14 +53,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+# 4 prompts × 8 completions = 32 a step: the shape the comparison was run with (grpo.py's own default is 8 prompts)
+GRPO = ["grpo.py", "--prompts-per-step", "4"]
 # slug: (name in the table, command after `python`, training completions per step)
 ALGORITHMS = {
     "sft": ("SFT", ["sft.py"], 16),
-    "grpo": ("GRPO", ["grpo.py"], 32),
+    "grpo": ("GRPO", GRPO, 32),
     "dapo": ("GRPO, DAPO settings",
-             ["grpo.py", "--loss-agg", "token-mean", "--eps-high", "0.28", "--dynamic-sampling", "--beta", "0"], 32),
+             [*GRPO, "--loss-agg", "token-mean", "--eps-high", "0.28", "--dynamic-sampling", "--beta", "0"], 32),
     "dr-grpo": ("GRPO, Dr. GRPO settings",
-                ["grpo.py", "--no-scale-by-std", "--loss-agg", "seq-mean-token-sum-norm"], 32),
+                [*GRPO, "--no-scale-by-std", "--loss-agg", "seq-mean-token-sum-norm"], 32),
     "rloo": ("RLOO", ["variants.py", "--algo", "rloo"], 32),
     "remax": ("ReMax", ["variants.py", "--algo", "remax"], 8),
     "ppo-verifier": ("PPO, verifier", ["ppo.py", "--reward", "verifier"], 8),
@@ -74,12 +76,12 @@ ALGORITHMS = {
     "reinforce-pp-baseline": ("REINFORCE++, baseline", ["variants.py", "--algo", "reinforce_pp_baseline"], 32),
     "online-dpo": ("Online DPO", ["dpo.py", "--online"], 16),  # two samples per prompt, kept pairs or not
     # With μ = 1 the ratio is 1 and GSPO and CISPO are GRPO itself: they differ only with μ > 1.
-    "grpo-mu2": ("GRPO, μ = 2", ["grpo.py", "--num-iterations", "2"], 32),
-    "gspo": ("GSPO, μ = 2", ["grpo.py", "--num-iterations", "2", "--importance-level", "sequence",
+    "grpo-mu2": ("GRPO, μ = 2", [*GRPO, "--num-iterations", "2"], 32),
+    "gspo": ("GSPO, μ = 2", [*GRPO, "--num-iterations", "2", "--importance-level", "sequence",
                              "--eps-low", "3e-4", "--eps-high", "4e-4"], 32),
-    "cispo": ("CISPO, μ = 2", ["grpo.py", "--num-iterations", "2", "--loss-type", "cispo"], 32),
+    "cispo": ("CISPO, μ = 2", [*GRPO, "--num-iterations", "2", "--loss-type", "cispo"], 32),
     "r1-rewards": ("GRPO, correct + 0.5 format, R1 prompt",
-                   ["grpo.py", "--rewards", "correct", "format", "--reward-weights", "1", "0.5",
+                   [*GRPO, "--rewards", "correct", "format", "--reward-weights", "1", "0.5",
                     "--prompt-style", "r1"], 32),
 }
 # Choices by name only: the default set is the one the README's comparison was run with.

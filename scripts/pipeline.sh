@@ -19,7 +19,8 @@ python reward_model.py --model "$SFT" --output-dir "$OUT/rm" "$@"
 RM=$(last "$OUT/rm")model
 python ppo.py --model "$SFT" --reward-model "$RM" --output-dir "$OUT/ppo" "$@"
 # PPO samples 8 completions per step for 40 steps = 320; GRPO samples 4 x 8 = 32 per step: 10 steps
-python grpo.py --model "$SFT" --reward-model "$RM" --steps 10 --eval-every 0 --output-dir "$OUT/grpo-rm" "$@"
+python grpo.py --model "$SFT" --reward-model "$RM" --prompts-per-step 4 --steps 10 --eval-every 0 \
+    --output-dir "$OUT/grpo-rm" "$@"
 
 python - "$OUT" <<'EOF'
 import glob, json, sys

@@ -32,7 +32,9 @@ def test_completions_per_step_are_the_scripts_own_defaults():
     import variants
 
     per_step = {slug: n for slug, (_, _, n) in compare.ALGORITHMS.items()}
-    assert per_step["grpo"] == args_of(grpo.Args).prompts_per_step * args_of(grpo.Args).group_size
+    grpo_rows = [command for _, command, _ in compare.ALGORITHMS.values() if command[0] == "grpo.py"]
+    assert all(command[:3] == ["grpo.py", "--prompts-per-step", "4"] for command in grpo_rows)  # the table's shape
+    assert per_step["grpo"] == 4 * args_of(grpo.Args).group_size
     assert per_step["ppo-verifier"] == per_step["ppo-rm"] == args_of(ppo.Args).batch_size
     assert per_step["sft"] == args_of(sft.Args).batch_size and per_step["dpo"] == 2 * args_of(dpo.Args).batch_size
     online = args_of(variants.Args, algo="rloo")
@@ -68,15 +70,16 @@ def test_table_rows(tmp_path):
 
 
 def test_command_settings_are_named_as_args_json_names_them():
-    dapo = compare.ALGORITHMS["dapo"][1]  # grpo.py --loss-agg token-mean --eps-high 0.28 --dynamic-sampling --beta 0
+    dapo = compare.ALGORITHMS["dapo"][1]  # grpo.py --prompts-per-step 4 --loss-agg token-mean ... --beta 0
     assert compare.command_settings([*dapo, "--no-scale-by-std", "--kl-coef", "-1", "--output-dir", "x"]) == {
-        "loss_agg": "token-mean", "eps_high": "0.28", "dynamic_sampling": True, "beta": "0", "scale_by_std": False,
+        "prompts_per_step": "4", "loss_agg": "token-mean", "eps_high": "0.28", "dynamic_sampling": True, "beta": "0", "scale_by_std": False,
         "kl_coef": "-1"}
     assert (compare.same_setting(0.0, "0") and compare.same_setting(0.28, "0.28")
             and not compare.same_setting(0.04, "0.4"))
     assert compare.same_setting(False, False) and not compare.same_setting(None, "runs/rm/model")
     r1 = compare.command_settings(compare.ALGORITHMS["r1-rewards"][1])  # several values after one option
-    assert r1 == {"rewards": ["correct", "format"], "reward_weights": ["1", "0.5"], "prompt_style": "r1"}
+    assert r1 == {"prompts_per_step": "4", "rewards": ["correct", "format"], "reward_weights": ["1", "0.5"],
+                  "prompt_style": "r1"}
     assert compare.same_setting(["correct", "format"], r1["rewards"]) and compare.same_setting([1.0, 0.5], ["1", "0.5"])
     assert compare.same_setting(["correct"], "correct") and not compare.same_setting(["correct", "format"], "correct")
 
