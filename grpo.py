@@ -31,8 +31,8 @@ Where this file departs from the papers, and why:
 - Dynamic sampling drops zero-variance groups without refilling the batch as DAPO does (`frac_reward_zero_std` says
   how much it shrinks); a batch left with no group makes no update but counts as a step (`skipped`). One process only.
 - β defaults to 0.04 (DeepSeekMath; `--beta 0` loads no reference model). The lr warms up, then is constant or decays.
-- After SFT, use `--lr 2e-6 --prompts-per-step 16`: the policy is peaked (entropy 0.03, most groups all right or all
-  wrong), and 1e-5 on the few mixed groups of 4 prompts undid SFT's gains (0.915 → 0.730; docs/results.md).
+- After SFT, use `--lr 2e-6 --prompts-per-step 16 --steps 10`: the policy is peaked (entropy 0.03, most groups all
+  right or all wrong); 1e-5 on a few mixed groups undid SFT (0.915 → 0.730), later steps drift down (docs/results.md).
 
 Several processes, `torchrun --nproc_per_node N grpo.py ...`: a rank samples and scores P/N prompts, whole groups (Â
 needs no communication); it divides its loss by the whole batch's count and the ranks sum gradients, so each --loss-agg
@@ -42,7 +42,7 @@ Run:
     python grpo.py                      # SmolLM2-135M-Instruct (embedded) on arithmetic, CPU or GPU
     python grpo.py --model tiny --steps 3
     python grpo.py --loss-agg token-mean --eps-high 0.28 --dynamic-sampling --beta 0   # DAPO-style
-    python grpo.py --model runs/sft-smollm2-0-<time>/model --lr 2e-6 --prompts-per-step 16 --steps 25   # after SFT
+    python grpo.py --model runs/sft-smollm2-0-<time>/model --lr 2e-6 --prompts-per-step 16 --steps 10   # after SFT
 
 Shapes: P prompts, G completions per prompt, B = P*G sequences, S prompt tokens, T completion tokens.
 """
