@@ -72,8 +72,8 @@ def test_table_rows(tmp_path):
 def test_command_settings_are_named_as_args_json_names_them():
     dapo = compare.ALGORITHMS["dapo"][1]  # grpo.py --prompts-per-step 4 --loss-agg token-mean ... --beta 0
     assert compare.command_settings([*dapo, "--no-scale-by-std", "--kl-coef", "-1", "--output-dir", "x"]) == {
-        "prompts_per_step": "4", "loss_agg": "token-mean", "eps_high": "0.28", "dynamic_sampling": True, "beta": "0", "scale_by_std": False,
-        "kl_coef": "-1"}
+        "prompts_per_step": "4", "loss_agg": "token-mean", "eps_high": "0.28", "dynamic_sampling": True, "beta": "0",
+        "scale_by_std": False, "kl_coef": "-1"}
     assert (compare.same_setting(0.0, "0") and compare.same_setting(0.28, "0.28")
             and not compare.same_setting(0.04, "0.4"))
     assert compare.same_setting(False, False) and not compare.same_setting(None, "runs/rm/model")
