@@ -137,7 +137,7 @@ class Args:
     warmup_steps: int = 10
     """linear learning-rate warm-up, in batches (a batch that dynamic sampling skips counts too)"""
     lr_decay: bool = False
-    """after the warm-up, decay the learning rate linearly to 0 at --steps (TRL's default); off: constant"""
+    """after the warm-up, decay the learning rate linearly to 0 at --steps (TRL's usual schedule); off: constant"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
