@@ -37,6 +37,8 @@ import kernels
 import runs
 from runs import InputError, require
 
+TINY_MODELS = ("tiny", "tiny-gpt2")  # small random models built in memory (models.py), for tests and smoke runs
+
 
 # ---------------------------------------------------------------------------------------------
 # Set-up: seed, device, precision
@@ -90,13 +92,11 @@ def resolve_kernels(kernels: str, device: torch.device) -> bool:
 
 
 def resolve_precision(precision: str, device: torch.device, model: str = "") -> str:
-    """auto -> bf16-mixed on CUDA, and for a real model on a CPU that multiplies bf16 natively (cpu_has_bf16_matmul);
-    else fp32: other CPUs emulate bf16, slower, and the tiny models' matmuls are too small for it to pay.
-    bf16-mixed keeps float32 master weights and autocasts matmuls to bf16 (TRL's bf16=True); bf16-true stores bf16
-    weights and loses updates below half a weight's bf16 step (docs/precision.md). Log-probs, losses: float32."""
+    """auto -> bf16-mixed on CUDA and, for a real model, a CPU with native bf16 (cpu_has_bf16_matmul); else fp32 (bf16
+    emulated is slower; the tiny models' matmuls too small to pay). bf16-mixed: fp32 master weights, bf16 autocast
+    (TRL's bf16=True); bf16-true: bf16 weights, losing updates under half a bf16 step. Log-probs, losses: float32."""
     if precision == "auto":
-        tiny = model in ("tiny", "tiny-gpt2")
-        fast_bf16 = device.type == "cuda" or (cpu_has_bf16_matmul() and not tiny)
+        fast_bf16 = device.type == "cuda" or (cpu_has_bf16_matmul() and model not in TINY_MODELS)
         return "bf16-mixed" if fast_bf16 else "fp32"
     if precision not in ("fp32", "bf16-mixed", "bf16-true"):
         raise InputError(f"--precision must be auto, fp32, bf16-mixed or bf16-true, not {precision!r}")

@@ -152,7 +152,7 @@ def load_tokenizer(name: str, prompt_format: str = "auto") -> transformers.PreTr
     """The tokenizer, and how prompts are shown to the model (tasks.format_prompt): auto = its chat
     template if it has one, else plain `Question: ...\nAnswer:`; plain drops the template, as a base
     model (gpt2) would meet the task; chat requires one."""
-    if name in ("tiny", "tiny-gpt2"):
+    if name in common.TINY_MODELS:
         tokenizer = make_tiny_tokenizer()
         if name == "tiny-gpt2":  # as gpt2: no chat template, pad = eos
             tokenizer.chat_template, tokenizer.pad_token = None, tokenizer.eos_token
@@ -184,7 +184,7 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
                                 use_kernels=use_kernels)
         model = peft.PeftModel.from_pretrained(base_model, name, is_trainable=keep_adapter)
         return model if keep_adapter else model.merge_and_unload()
-    if name in ("tiny", "tiny-gpt2"):
+    if name in common.TINY_MODELS:
         # One fixed random model whatever the seed, as a checkpoint is: a LoRA adapter trained on it at any seed
         # reloads onto the same base. The global generator is left as it was, for what the seed drives next.
         with torch.random.fork_rng():

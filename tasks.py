@@ -100,7 +100,7 @@ def evaluation_for_model(args):
     """`args` with an unset --eval-size and --pass-k chosen for the model: 200 held-out problems and pass@8, or for
     the tiny random models, which answer nothing right, 16 problems and no pass@k, so that a smoke run takes
     seconds. args.json records the values chosen."""
-    tiny = args.model in ("tiny", "tiny-gpt2")
+    tiny = args.model in common.TINY_MODELS
     eval_size = args.eval_size if args.eval_size is not None else 16 if tiny else DEFAULT_EVAL_SIZE
     pass_k = args.pass_k if args.pass_k is not None else 0 if tiny else 8
     return dataclasses.replace(args, eval_size=eval_size, pass_k=pass_k)
