@@ -81,8 +81,6 @@ class RunOptions:
 
 
 Shared = tyro.conf.OmitArgPrefixes  # a script's `run` and `lora`: flat flags (--device), a box of their own in --help
-
-
 shared = lambda group: dataclasses.field(default_factory=group)  # Args' `run` and `lora` fields
 
 
@@ -392,7 +390,8 @@ class Run:
         if self.main and self.first_step == step < self.args.steps:  # the expected duration, once a step is timed
             step_s, every, steps_left = time.time() - self.loop_start, self.args.eval_every, self.args.steps - step
             evals_left = 1 + ((self.args.steps - 1) // every - step // every if every else 0)
-            left = step_s * steps_left + self.eval_seconds * evals_left  # seconds
+            pass_k_s = min(self.before.get("pass_k_seconds", 0.0), self.eval_seconds)  # pass@k: again at the end only
+            left = step_s * steps_left + (self.eval_seconds - pass_k_s) * evals_left + pass_k_s  # seconds
             self.bar.write(f"{self.algo}: step {step} took {step_s:.1f} s; about "
                            f"{f'{left / 60:.1f} min' if left >= 60 else f'{left:.0f} s'} to go "
                            f"(steps: {steps_left}, evaluations: {evals_left})")

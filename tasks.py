@@ -31,6 +31,7 @@ import os
 import random
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -138,12 +139,7 @@ def extract_final_number(text: str) -> Optional[float]:
     """The last number in free text, or None. '1,234' is 1234; '5-3' is 5 and 3, not -3. Parsed with a regular
     expression and float(), never evaluated: model output is not code."""
     matches = _NUMBER.findall(text)
-    if not matches:
-        return None
-    try:
-        return float(matches[-1].replace(",", ""))
-    except ValueError:
-        return None
+    return float(matches[-1].replace(",", "")) if matches else None  # _NUMBER's matches all parse, commas removed
 
 
 def verify(completion: str, answer: str) -> float:
@@ -167,11 +163,7 @@ def verify_strict(completion: str, answer: str) -> float:
     matches, target = _STATED_RESULT.findall(completion), extract_final_number(answer)
     if not matches or target is None:
         return 0.0
-    try:
-        value = float(matches[-1].replace(",", ""))
-    except ValueError:
-        return 0.0
-    return float(math.isclose(value, target, abs_tol=1e-9))
+    return float(math.isclose(float(matches[-1].replace(",", "")), target, abs_tol=1e-9))  # every match parses
 
 
 VERIFIERS = {"last-number": verify, "strict": verify_strict}
@@ -330,7 +322,9 @@ def evaluate_policy(model, tokenizer, problems: list[Problem], max_new_tokens: i
     model.eval()
     result = evaluate_accuracy(model, tokenizer, problems, max_new_tokens, score=score)
     if pass_k:
+        started = time.perf_counter()  # runs.Run's expected duration counts pass@k only in the last evaluation
         result[f"pass@{pass_k}"] = evaluate_pass_at_k(model, tokenizer, problems, pass_k, max_new_tokens, seed)
+        result["pass_k_seconds"] = time.perf_counter() - started
         tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} "
                    f"({pass_k} samples per problem at temperature 1)")
     tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(problems)} problems)")

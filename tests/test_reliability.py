@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -275,3 +276,18 @@ def test_the_expected_duration_is_printed_after_the_first_step(tmp_path, capsys)
     lines = [line for line in capsys.readouterr().out.splitlines() if " to go " in line]
     # 4 steps left; evaluations at steps 2 and 4, and the final one at step 5
     assert len(lines) == 1 and lines[0].startswith("grpo: step 1 took ") and "(steps: 4, evaluations: 3)" in lines[0]
+
+
+def test_the_expected_duration_counts_pass_at_k_in_the_last_evaluation_only(monkeypatch, capsys):
+    # 10 steps, an evaluation every 4: greedy at steps 4 and 8, then the last one, which draws pass@k again.
+    # The starting evaluation took 30 s, 20 of them pass@k; step 1 took 5 s: 9 · 5 + 3 · 10 + 20 = 95 s to go
+    # (counting pass@k in every evaluation would say 9 · 5 + 3 · 30 = 135 s).
+    run = object.__new__(runs.Run)  # the attributes log() reads, set by hand; a clock that says step 1 took 5 s
+    vars(run).update(args=SimpleNamespace(steps=10, eval_every=4), algo="grpo", main=True, first_step=1,
+                     loop_start=100.0, eval_seconds=30.0, before={"accuracy": 0.5, "pass_k_seconds": 20.0},
+                     metrics=SimpleNamespace(write=lambda step, stats: None), device=torch.device("cpu"),
+                     bar=SimpleNamespace(update=lambda n: None, set_postfix=lambda postfix: None, write=print))
+    monkeypatch.setattr(runs.time, "time", lambda: 105.0)
+    run.log(1, {"loss": 0.0})
+    assert capsys.readouterr().out.strip() == \
+        "grpo: step 1 took 5.0 s; about 1.6 min to go (steps: 9, evaluations: 3)"

@@ -1,6 +1,7 @@
 """tasks.py: the verifier, the problems, prompt formatting, data files and preference data."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -153,6 +154,26 @@ def test_evaluate_accuracy_counts_unearned_rewards(tiny_model, tokenizer, monkey
     monkeypatch.setattr(tasks, "decode_completions", lambda tok, ids, mask: texts[: len(ids)])
     result = tasks.evaluate_accuracy(tiny_model, tokenizer, [tasks.Problem("What is 0 + 24?", "24")] * 3, 4)
     assert result["accuracy"] == pytest.approx(2 / 3) and result["unearned"] == pytest.approx(1 / 3)
+
+
+def test_evaluate_policy_times_pass_at_k_alone(tiny_model, tokenizer, monkeypatch):
+    # a clock moved only by the two stand-in evaluations: greedy 3 s, pass@k 7 s. Run's expected duration counts
+    # the pass@k seconds in the last evaluation only, so they must not include the greedy pass.
+    clock = SimpleNamespace(now=100.0)
+
+    def taking(seconds, result):
+        def evaluation(*args, **kwargs):
+            clock.now += seconds
+            return result()
+        return evaluation
+
+    monkeypatch.setattr(tasks, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    monkeypatch.setattr(tasks, "evaluate_accuracy", taking(3.0, lambda: {"accuracy": 0.25}))
+    monkeypatch.setattr(tasks, "evaluate_pass_at_k", taking(7.0, lambda: 0.5))
+    problems = tasks.heldout_problems(4)
+    assert tasks.evaluate_policy(tiny_model, tokenizer, problems, 4, seed=0, step=0, pass_k=2) == \
+        {"accuracy": 0.25, "pass@2": 0.5, "pass_k_seconds": 7.0}
+    assert "pass_k_seconds" not in tasks.evaluate_policy(tiny_model, tokenizer, problems, 4, seed=0, step=0)
 
 
 def test_before_and_after_pairs_the_comparable_numbers():
