@@ -26,13 +26,14 @@ from runs import InputError
 
 def label_samples(model, tokenizer, problems: list[tasks.Problem], samples_per_prompt: int, max_new_tokens: int,
                   temperature: float, seed: int, label_fn: Callable[[str, str], float] = tasks.verify,
-                  prompts_per_batch: int = 32) -> list[dict]:
+                  prompts_per_batch: int = 32, desc: str = "sampling preference data (once, then cached)"
+                  ) -> list[dict]:
     """G samples per problem, each labelled by the verifier: rows {prompt, answer, completion, label (1 or 0),
     finished (the model emitted EOS within max_new_tokens; a truncated sample must not get one later)}."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    rows, bar = [], runs.progress(len(problems), "sampling preference data (once, then cached)")
+    rows, bar = [], runs.progress(len(problems), desc)
     for start in range(0, len(problems), prompts_per_batch):
         batch = problems[start : start + prompts_per_batch]
         ids, mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in batch], device)

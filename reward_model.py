@@ -166,33 +166,35 @@ def evaluate(model, tokenizer, pairs: list[dict], samples: list[dict], max_compl
              batch_size: int = 32) -> dict:
     """Held-out pair accuracy and margin; agreement with the verifier on labelled samples (if any)."""
     model.eval()
-    chosen, rejected = [], []
-    for start in tqdm(range(0, len(pairs), batch_size), desc="held-out pairs", dynamic_ncols=True, leave=False):
-        c, r = pair_scores(model, tokenizer, pairs[start : start + batch_size], max_completion_tokens)
-        chosen.append(c)
-        rejected.append(r)
-    chosen, rejected = torch.cat(chosen), torch.cat(rejected)
-    result = {"eval/accuracy": (chosen > rejected).float().mean().item(),
-              "eval/margin": (chosen - rejected).mean().item()}
-    if samples:
-        scores = torch.cat([
-            score_texts(model, tokenizer, [s["prompt"] for s in samples[i : i + batch_size]],
-                        [s["completion"] for s in samples[i : i + batch_size]],
-                        max_completion_tokens, [s.get("finished", True) for s in samples[i : i + batch_size]])
-            for i in tqdm(range(0, len(samples), batch_size), desc="held-out samples", dynamic_ncols=True, leave=False)
-        ])
-        labels = torch.tensor([s["label"] for s in samples], dtype=torch.float)
-        by_prompt: dict[str, list[int]] = {}
-        for i, s in enumerate(samples):
-            by_prompt.setdefault(s["prompt"], []).append(i)
-        best = [max(rows, key=lambda i: scores[i].item()) for rows in by_prompt.values()]
-        result.update({
-            "agreement/auc": auc(scores.cpu(), labels),
-            "agreement/best_of_n_accuracy": labels[best].mean().item(),  # the top-scored sample of each prompt
-            "agreement/sample_accuracy": labels.mean().item(),  # a random sample of each prompt
-            "agreement/oracle_accuracy": torch.stack([labels[rows].max() for rows in by_prompt.values()]).mean().item(),
-        })
-    return result
+    scored = [pair_scores(model, tokenizer, pairs[i : i + batch_size], max_completion_tokens)
+              for i in tqdm(range(0, len(pairs), batch_size), desc="held-out pairs", dynamic_ncols=True, leave=False)]
+    chosen, rejected = torch.cat([c for c, _ in scored]), torch.cat([r for _, r in scored])  # (P,), (P,)
+    agreed = agreement(model, tokenizer, samples, max_completion_tokens, batch_size) if samples else {}
+    return {"eval/accuracy": (chosen > rejected).float().mean().item(),
+            "eval/margin": (chosen - rejected).mean().item(), **agreed}
+
+
+@torch.no_grad()
+def agreement(model, tokenizer, samples: list[dict], max_completion_tokens: int, batch_size: int = 32) -> dict:
+    """Agreement with the verifier on labelled samples, several a prompt (preferences.label_samples; any policy's in
+    scripts/rm_agreement.py): AUC, best-of-n accuracy (top-scored of each prompt's), a random sample's, the oracle's."""
+    model.eval()
+    scores = torch.cat([
+        score_texts(model, tokenizer, [s["prompt"] for s in samples[i : i + batch_size]],
+                    [s["completion"] for s in samples[i : i + batch_size]],
+                    max_completion_tokens, [s.get("finished", True) for s in samples[i : i + batch_size]])
+        for i in tqdm(range(0, len(samples), batch_size), desc="held-out samples", dynamic_ncols=True, leave=False)
+    ])
+    labels, by_prompt = torch.tensor([s["label"] for s in samples], dtype=torch.float), {}  # by_prompt: row indices
+    for i, s in enumerate(samples):
+        by_prompt.setdefault(s["prompt"], []).append(i)
+    best = [max(rows, key=lambda i: scores[i].item()) for rows in by_prompt.values()]
+    return {
+        "agreement/auc": auc(scores.cpu(), labels),
+        "agreement/best_of_n_accuracy": labels[best].mean().item(),  # the top-scored sample of each prompt
+        "agreement/sample_accuracy": labels.mean().item(),  # a random sample of each prompt
+        "agreement/oracle_accuracy": torch.stack([labels[rows].max() for rows in by_prompt.values()]).mean().item(),
+    }
 
 
 def check_args(args: Args) -> None:
@@ -242,9 +244,8 @@ def main(args: Args) -> dict:
         result = evaluate(model, tokenizer, heldout_pairs, heldout_samples, args.max_completion_tokens)
         line = f"step {step}: held-out pair accuracy {result['eval/accuracy']:.3f} ({len(heldout_pairs)} pairs)"
         if "agreement/auc" in result:
-            line += (f"; verifier agreement on {len(heldout_samples)} fresh samples: "
-                     f"AUC {result['agreement/auc']:.3f}, "
-                     f"best-of-n accuracy {result['agreement/best_of_n_accuracy']:.3f} "
+            line += (f"; verifier agreement on {len(heldout_samples)} fresh samples: AUC {result['agreement/auc']:.3f}"
+                     f", best-of-n accuracy {result['agreement/best_of_n_accuracy']:.3f} "
                      f"(random sample {result['agreement/sample_accuracy']:.3f})")
         tqdm.write(line)
         return result

@@ -10,13 +10,14 @@ import torch
 
 import models
 import runs
-from conftest import REPO, args_of, run_script
+from conftest import PAIRS, REPO, args_of, assert_one_line_error, run_script
 
 sys.path.insert(0, str(REPO / "scripts"))
 import accuracy_vs_time  # noqa: E402
 import beta_sweep  # noqa: E402
 import compare  # noqa: E402
 import prm_vs_orm  # noqa: E402
+import rm_agreement  # noqa: E402
 
 
 def test_mean_std_is_the_sample_std_over_seeds():
@@ -194,3 +195,21 @@ def test_orm_pairs_put_a_right_solution_over_a_wrong_one_of_the_same_prompt():
     assert pairs == [{"prompt": "p", "chosen": "r1", "rejected": "w1"},
                      {"prompt": "p", "chosen": "r1", "rejected": "w2"}]
     assert len(prm_vs_orm.right_wrong_pairs(rows, per_problem=8)) == 3  # at most max(rights, wrongs) pairs
+
+
+def test_rm_agreement_samples_every_policy_with_the_same_seed(tmp_path, digits_are_correct, capsys):
+    import reward_model
+
+    trained = reward_model.main(args_of(reward_model.Args, model="tiny", dataset=PAIRS, steps=1, batch_size=4,
+                                        output_dir=str(tmp_path), save_model=True))
+    out = tmp_path / "agreement.json"
+    rows = rm_agreement.main(rm_agreement.parse_args([
+        "--reward-model", f"{trained['run_dir']}/model", "--policies", "tiny", "tiny", "--eval-size", "6",
+        "--samples-per-prompt", "3", "--max-new-tokens", "4", "--out", str(out)]))
+    first, second = ({k: v for k, v in row.items() if k != "policy"} for row in rows)
+    assert first == second and 0 < first["agreement/sample_accuracy"] < 1  # the same samples, labels of both kinds
+    assert json.loads(out.read_text()) == rows
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny |")]
+    assert len(table) == 2 and f"| {first['agreement/auc']:.3f} |" in table[0]
+    missing = run_script("scripts/rm_agreement.py", "--reward-model", str(tmp_path / "none"), "--policies", "tiny")
+    assert_one_line_error(missing, str(tmp_path / "none"))

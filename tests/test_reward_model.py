@@ -55,6 +55,20 @@ def test_auc_by_hand():
     assert math.isnan(auc(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 1.0])))
 
 
+
+def test_agreement_by_hand(monkeypatch):
+    # A's samples: right scored 1, wrong 2, wrong -1; B's: wrong 0, right 3. Best-of-n picks A's wrong 2 and B's
+    # right 3: 1/2. A random sample is right 2/5 of the time, the oracle always. AUC: positives {1, 3} against
+    # negatives {2, -1, 0}: 1 beats two of them, 3 all three, so 5/6.
+    scores = {"A right": 1.0, "A wrong": 2.0, "A wrong too": -1.0, "B wrong": 0.0, "B right": 3.0}
+    monkeypatch.setattr(reward_model, "score_texts", lambda model, tokenizer, prompts, completions, *rest:
+                        torch.tensor([scores[c] for c in completions]))
+    samples = [{"prompt": text[0], "completion": text, "label": int("right" in text)} for text in scores]
+    assert reward_model.agreement(torch.nn.Linear(1, 1), None, samples, 8, batch_size=3) == pytest.approx({
+        "agreement/auc": 5 / 6, "agreement/best_of_n_accuracy": 0.5, "agreement/sample_accuracy": 0.4,
+        "agreement/oracle_accuracy": 1.0})
+
+
 # ---- where the score is read ----------------------------------------------------------------------------------------
 @pytest.fixture(params=["tiny", "tiny-gpt2"])
 def tiny_reward_model(request, tokenizer):
