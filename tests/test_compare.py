@@ -16,6 +16,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import accuracy_vs_time  # noqa: E402
 import beta_sweep  # noqa: E402
 import compare  # noqa: E402
+import policy_pairs  # noqa: E402
 import prm_vs_orm  # noqa: E402
 import rm_agreement  # noqa: E402
 
@@ -213,3 +214,18 @@ def test_rm_agreement_samples_every_policy_with_the_same_seed(tmp_path, digits_a
     assert len(table) == 2 and f"| {first['agreement/auc']:.3f} |" in table[0]
     missing = run_script("scripts/rm_agreement.py", "--reward-model", str(tmp_path / "none"), "--policies", "tiny")
     assert_one_line_error(missing, str(tmp_path / "none"))
+
+
+def test_policy_pairs_puts_the_earlier_rounds_first_then_the_policys_own(tmp_path, digits_are_correct, capsys):
+    out = tmp_path / "round2" / "pairs.jsonl"
+    pairs = policy_pairs.main(policy_pairs.parse_args([
+        "--policy", "tiny", "--num-prompts", "16", "--samples-per-prompt", "4", "--max-new-tokens", "6",
+        "--out", str(out), "--add", PAIRS]))
+    earlier = [json.loads(line) for line in open(PAIRS)]
+    assert [json.loads(line) for line in open(out)] == pairs and pairs[: len(earlier)] == earlier
+    own = pairs[len(earlier):]
+    assert own and all(any(c.isdigit() for c in p["chosen"]) and not any(c.isdigit() for c in p["rejected"])
+                       for p in own)  # digits_are_correct: a right answer holds a digit
+    assert f"{len(pairs)} pairs in {out}: {len(earlier)} from --add, {len(own)} from tiny" in capsys.readouterr().out
+    assert_one_line_error(run_script("scripts/policy_pairs.py", "--policy", "tiny", "--out", str(out), "--add",
+                                     str(tmp_path / "none.jsonl")), "--add")
