@@ -387,8 +387,9 @@ class Run:
         self.metrics.write(step, {**stats, "memory/peak_gb": peak_memory_gb(self.device)})
         self.bar.update(1)
         self.bar.set_postfix(postfix or {})
-        if self.main and self.first_step == step < self.args.steps:  # the expected duration, once a step is timed
-            step_s, every, steps_left = time.time() - self.loop_start, self.args.eval_every, self.args.steps - step
+        if self.main and step - self.first_step in (0, 1) and step < self.args.steps:  # the expected duration, after
+            step_s, self.loop_start = time.time() - self.loop_start, time.time()  # the 1st step, and the 2nd alone
+            every, steps_left = self.args.eval_every, self.args.steps - step
             evals_left = 1 + ((self.args.steps - 1) // every - step // every if every else 0)
             pass_k_s = min(self.before.get("pass_k_seconds", 0.0), self.eval_seconds)  # pass@k: again at the end only
             left = step_s * steps_left + (self.eval_seconds - pass_k_s) * evals_left + pass_k_s  # seconds

@@ -269,13 +269,15 @@ def test_a_tiny_run_records_the_evaluation_it_chose(tmp_path):
     assert (recorded["eval_size"], recorded["pass_k"]) == (16, 0) and not any(k.startswith("pass@") for k in result)
 
 
-def test_the_expected_duration_is_printed_after_the_first_step(tmp_path, capsys):
+def test_the_expected_duration_is_printed_after_the_first_step_and_the_second(tmp_path, capsys):
     args = args_of(grpo.Args, model="tiny", steps=5, eval_every=2, prompts_per_step=2, group_size=2, max_new_tokens=4,
                    eval_size=4, output_dir=str(tmp_path), save_model=False)
     grpo.main(args, reward_fn=digit_fraction)
     lines = [line for line in capsys.readouterr().out.splitlines() if " to go " in line]
-    # 4 steps left; evaluations at steps 2 and 4, and the final one at step 5
-    assert len(lines) == 1 and lines[0].startswith("grpo: step 1 took ") and "(steps: 4, evaluations: 3)" in lines[0]
+    # after step 1: 4 steps left, evaluations at steps 2 and 4 and the final one at step 5; after step 2 (its own
+    # time, without the first step's warm-up): 3 steps left, the evaluations at steps 4 and 5
+    assert len(lines) == 2 and lines[0].startswith("grpo: step 1 took ") and "(steps: 4, evaluations: 3)" in lines[0]
+    assert lines[1].startswith("grpo: step 2 took ") and "(steps: 3, evaluations: 2)" in lines[1]
 
 
 def test_the_expected_duration_counts_pass_at_k_in_the_last_evaluation_only(monkeypatch, capsys):
@@ -287,7 +289,10 @@ def test_the_expected_duration_counts_pass_at_k_in_the_last_evaluation_only(monk
                      loop_start=100.0, eval_seconds=30.0, before={"accuracy": 0.5, "pass_k_seconds": 20.0},
                      metrics=SimpleNamespace(write=lambda step, stats: None), device=torch.device("cpu"),
                      bar=SimpleNamespace(update=lambda n: None, set_postfix=lambda postfix: None, write=print))
-    monkeypatch.setattr(runs.time, "time", lambda: 105.0)
+    clock = iter([105.0, 105.0, 108.0, 108.0])  # step 1 ends at 105 s, step 2 (3 s on its own) at 108 s
+    monkeypatch.setattr(runs.time, "time", lambda: next(clock))
     run.log(1, {"loss": 0.0})
-    assert capsys.readouterr().out.strip() == \
-        "grpo: step 1 took 5.0 s; about 1.6 min to go (steps: 9, evaluations: 3)"
+    run.log(2, {"loss": 0.0})  # 8 · 3 + 3 · 10 + 20 = 74 s
+    assert capsys.readouterr().out.splitlines() == [
+        "grpo: step 1 took 5.0 s; about 1.6 min to go (steps: 9, evaluations: 3)",
+        "grpo: step 2 took 3.0 s; about 1.2 min to go (steps: 8, evaluations: 3)"]
