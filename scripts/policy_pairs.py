@@ -23,24 +23,20 @@ sys.path.insert(0, str(REPO))
 import common  # noqa: E402
 import models  # noqa: E402
 import preferences  # noqa: E402
+import rm_agreement  # noqa: E402  its sampling options
 import runs  # noqa: E402
 import tasks  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--policy", required=True, help="the policy to sample: a checkpoint folder or a model name")
-    parser.add_argument("--out", required=True, help="the JSONL file to write (prompt, chosen, rejected, ...)")
+    parser = rm_agreement.sampling_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", required=True, default=argparse.SUPPRESS,
+                        help="the policy to sample: a checkpoint folder or a model name")
+    parser.add_argument("--out", required=True, default=argparse.SUPPRESS,
+                        help="the JSONL file to write (prompt, chosen, rejected, ...)")
     parser.add_argument("--add", nargs="*", default=[], help="earlier rounds' pair files, written first")
     parser.add_argument("--num-prompts", type=int, default=1024, help="training problems sampled")
-    parser.add_argument("--samples-per-prompt", type=int, default=8, help="samples of each problem")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 1.0 is ppo.py's")
-    parser.add_argument("--max-new-tokens", type=int, default=32, help="the longest sample, in tokens")
     parser.add_argument("--seed", type=int, default=0, help="picks the problems and the samples")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16-mixed", "bf16-true"],
-                        help="as the training scripts' --precision")
     return parser.parse_args(argv)
 
 

@@ -29,20 +29,26 @@ import runs  # noqa: E402
 import tasks  # noqa: E402
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--reward-model", required=True, help="a reward_model.py checkpoint folder (…/model)")
-    parser.add_argument("--policies", nargs="+", required=True,
-                        help="the policies to sample: checkpoint folders or model names, on one tokenizer")
-    parser.add_argument("--eval-size", type=int, default=tasks.DEFAULT_EVAL_SIZE, help="held-out problems")
+def sampling_parser(description: str) -> argparse.ArgumentParser:
+    """The options of a script that samples a policy (this one and policy_pairs.py): how, and where."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--samples-per-prompt", type=int, default=8, help="samples of each problem")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 1.0 is ppo.py's")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="the longest sample, in tokens")
-    parser.add_argument("--seed", type=int, default=0, help="the sampling seed, the same for every policy")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16-mixed", "bf16-true"],
                         help="as the training scripts' --precision")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = sampling_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--reward-model", required=True, default=argparse.SUPPRESS,
+                        help="a reward_model.py checkpoint folder (…/model)")
+    parser.add_argument("--policies", nargs="+", required=True, default=argparse.SUPPRESS,
+                        help="the policies to sample: checkpoint folders or model names, on one tokenizer")
+    parser.add_argument("--eval-size", type=int, default=tasks.DEFAULT_EVAL_SIZE, help="held-out problems")
+    parser.add_argument("--seed", type=int, default=0, help="the sampling seed, the same for every policy")
     parser.add_argument("--out", help="also write the rows to this JSON file")
     return parser.parse_args(argv)
 
