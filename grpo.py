@@ -94,9 +94,9 @@ class Args:
     prompt_style: Literal["question", "r1"] = "question"
     """question alone, or r1: it asks for <think> reasoning </think><answer> answer </answer> (held-out too)"""
     # ---- algorithm: GRPO, and the DAPO / Dr. GRPO options --------------------------------------------------------
-    steps: int = 50
+    steps: int = 40
     """training batches, each freshly sampled (μ optimizer steps each, none if skipped; warm-up counts batches)"""
-    prompts_per_step: int = 8
+    prompts_per_step: int = 16
     """prompts per batch (P)"""
     group_size: int = 8
     """completions sampled per prompt (G >= 2)"""

@@ -411,7 +411,7 @@ MUTATIONS = [
              "KL budget checked one update late", f"{PPO} -k kl_budget"),
     # ---- scripts/compare.py ----------------------------------------------------------------------------------------
     Mutation("scripts/compare.py", 'GRPO = ["grpo.py", "--prompts-per-step", "4"]', 'GRPO = ["grpo.py"]',
-             "compare.py's GRPO rows at grpo.py's default 8 prompts, counted as 32 completions a step",
+             "compare.py's GRPO rows at grpo.py's default 16 prompts, counted as 32 completions a step",
              "tests/test_compare.py -k completions_per_step"),
     Mutation("scripts/compare.py", "kl += common.masked_sum(logprobs - ref_logprobs, completion_mask).item()",
              "kl += common.masked_sum(ref_logprobs - logprobs, completion_mask).item()",

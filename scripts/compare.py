@@ -53,7 +53,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# 4 prompts × 8 completions = 32 a step: the shape the comparison was run with (grpo.py's own default is 8 prompts)
+# 4 prompts × 8 completions = 32 a step: the shape the comparison was run with (grpo.py's own default is 16 prompts)
 GRPO = ["grpo.py", "--prompts-per-step", "4"]
 # slug: (name in the table, command after `python`, training completions per step)
 ALGORITHMS = {
