@@ -13,7 +13,7 @@ last() { ls -d "$1"/*/ | tail -1; }
 
 python sft.py --prompt-format plain --output-dir "$OUT/sft" "$@"
 SFT=$(last "$OUT/sft")model
-# after SFT the policy is peaked: a 5x lower lr, 2x the prompts a step, 10 steps (grpo.py's docstring says why)
+# after SFT the policy is peaked: a 5x lower lr and 10 steps of 16 prompts (grpo.py's docstring says why)
 python grpo.py --model "$SFT" --lr 2e-6 --prompts-per-step 16 --steps 10 --output-dir "$OUT/grpo" "$@"
 python reward_model.py --model "$SFT" --output-dir "$OUT/rm" "$@"
 RM=$(last "$OUT/rm")model
