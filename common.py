@@ -30,12 +30,19 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.utils.checkpoint
+import transformers
+from packaging.version import Version
 
 import distributed
 import fsdp
 import kernels
 import runs
 from runs import InputError, require
+
+# transformers 5.24 renamed the key/value cache, forward's `past_key_values=` and the output's field, to `cache`, and
+# removes the old name in 5.40: passed there, it would fall into **kwargs and the prompt's cache be silently ignored.
+CACHE = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
 
 TINY_MODELS = ("tiny", "tiny-gpt2")  # small random models built in memory (models.py), for tests and smoke runs
 
@@ -215,10 +222,38 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
     """
     if labels.shape[1] > logits.shape[1]:
         raise ValueError(f"{labels.shape[1]} labels per row but logits for {logits.shape[1]} positions")
-    if fast:  # the same numbers, slab by slab, without float32 (B, T, V) copies (a CPU's page faults cost more)
+    if fast:  # the same numbers, slab by slab, by a hand-written backward (a CPU's page faults cost more)
         return kernels.token_logprobs(logits, labels, temperature, with_entropy)
-    log_p = torch.log_softmax(logits[:, : labels.shape[1]].float() / temperature, dim=-1)  # (B, T, V)
-    logprobs = log_p.gather(-1, labels[..., None]).squeeze(-1)  # (B, T)
+    # A few sequences at a time, each piece computed again in the backward (checkpoint): whole, the float32 copy
+    # of the logits / τ and the log-softmax autograd keeps for the backward would be two (B, T, V) temporaries.
+    B, T, V = labels.shape[0], labels.shape[1], logits.shape[-1]
+    rows = max(1, LOGPROB_PIECE // max(1, T * V))  # sequences a piece: about LOGPROB_PIECE logits, at least one
+    logprobs = []
+    entropy = []
+    for start in range(0, B, rows):
+        piece_logprobs, piece_entropy = torch.utils.checkpoint.checkpoint(
+            _piece_logprobs,
+            logits[start : start + rows, :T],  # (rows, T, V), a view
+            labels[start : start + rows],
+            temperature,
+            with_entropy,
+            use_reentrant=False,
+            preserve_rng_state=False,
+        )
+        logprobs.append(piece_logprobs)
+        entropy.append(piece_entropy)
+    if not with_entropy:
+        return torch.cat(logprobs), None
+    return torch.cat(logprobs), torch.cat(entropy)
+
+
+LOGPROB_PIECE = 2**22  # logits in one piece of the plain log-prob path: 16 MiB in float32, never (B, T, V) whole
+
+
+def _piece_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):
+    """token_logprobs of one piece, whole: (rows, T, V), (rows, T) -> logprobs (rows, T), entropy (rows, T) or None."""
+    log_p = torch.log_softmax(logits.float() / temperature, dim=-1)  # (rows, T, V)
+    logprobs = log_p.gather(-1, labels[..., None]).squeeze(-1)  # (rows, T)
     if not with_entropy:
         return logprobs, None
     # A -inf logit (a masked vocabulary) has p_k log p_k = 0, not 0 · -inf = NaN. exp(-1e4) is 0 in float32 as
@@ -347,12 +382,13 @@ def completion_logprobs(
         if share_prompt and not (model.is_activation_checkpointing and model.training) and not fsdp.is_sharded(model):
             cache = None  # a one-token prompt has nothing to share
             if S > 1:  # (its logits are not used: logits_to_keep=1 keeps that cheap)
-                cache = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], use_cache=True,
-                              position_ids=position_ids(prompt_mask)[:, :-1], logits_to_keep=1).past_key_values
+                out = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], use_cache=True,
+                            position_ids=position_ids(prompt_mask)[:, :-1], logits_to_keep=1)
+                cache = out[CACHE]
                 _repeat_cache(cache, repeats)
             input_ids = torch.cat([prompt_ids[:, -1:].repeat_interleave(repeats, dim=0), completion_ids], 1)  # (B, 1+T)
             logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions[:, S - 1:],
-                           past_key_values=cache, use_cache=True).logits
+                           use_cache=True, **{CACHE: cache}).logits
         else:
             input_ids = torch.cat([prompt_ids.repeat_interleave(repeats, dim=0), completion_ids], dim=1)  # (B, S+T)
             logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions,
@@ -413,7 +449,7 @@ def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_tok
     repeats = torch.full((prompt_ids.shape[0],), num_samples, device=prompt_ids.device)
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask),
                 use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
+    cache = out[CACHE]
     _repeat_cache(cache, repeats)
     attention_mask = prompt_mask.repeat_interleave(repeats, dim=0)  # (B, S)
     next_logits = out.logits[:, -1].repeat_interleave(repeats, dim=0)  # (B, V)
@@ -429,7 +465,7 @@ def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_tok
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
         position = attention_mask.sum(1, keepdim=True) - 1  # (B, 1)
         out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position,
-                    past_key_values=cache, use_cache=True)
+                    use_cache=True, **{CACHE: cache})
         next_logits = out.logits[:, -1]
     return torch.stack(tokens, dim=1)
 
@@ -447,4 +483,7 @@ def _sample_token(logits: torch.Tensor, temperature: float, top_p: float, genera
     # entry, which on a CPU cost a third of all generation time at V = 49k.
     cdf = probs.cumsum(dim=-1)  # (B, V)
     u = torch.rand(cdf.shape[0], 1, device=cdf.device, generator=generator) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+    # The first token whose cumulative mass exceeds u (right=True): at u = 0 exactly, the first with any mass,
+    # never a token of zero mass before it (searchsorted's default would return token 0 there).
+    token = torch.searchsorted(cdf, u, right=True)
+    return token.squeeze(-1).clamp(max=cdf.shape[-1] - 1)

@@ -109,10 +109,15 @@ def split_steps(text: str) -> list[tuple[int, int]]:
 
 
 def step_end_tokens(offsets: list[tuple[int, int]], step_spans: list[tuple[int, int]]) -> list[int]:
-    """The index of each step's last token: the token whose characters [start, end) hold the step's last character.
-    offsets: each token's characters in the text (a fast tokenizer's offset mapping). A token that joins the last
-    character with the newline after it (BPE merges) is still the step's last token."""
-    return [next(i for i, (start, end) in enumerate(offsets) if start <= last - 1 < end) for _, last in step_spans]
+    """The index of each step's last token: the last token whose characters [start, end) hold the step's last
+    character. offsets: each token's characters in the text (a fast tokenizer's offset mapping). A token that joins
+    the last character with the newline after it (BPE merges) is still the step's last token; a character split
+    over several byte tokens ('€' is three in a byte-level BPE, each with its offsets) ends at the last of them."""
+    ends = []
+    for _, last in step_spans:
+        holding = [i for i, (start, end) in enumerate(offsets) if start <= last - 1 < end]
+        ends.append(holding[-1])
+    return ends
 
 
 def step_labels(rollouts_correct: torch.Tensor, num_rollouts: int, kind: str) -> torch.Tensor:
@@ -137,6 +142,8 @@ def prm_loss(step_logits: torch.Tensor, labels: torch.Tensor, step_mask: torch.T
 def aggregate_steps(step_probs: torch.Tensor, step_mask: torch.Tensor, how: str) -> torch.Tensor:
     """A solution's score from its steps' probabilities of being good, (B, K) -> (B,): `min` (Math-Shepherd) or
     `product` (Lightman et al. 2023). Padding counts as 1, neutral to both; a solution with no step scores 0."""
+    if step_probs.shape[1] == 0:  # no solution of the batch has a step: amin over an empty axis would raise
+        return step_probs.new_zeros(step_probs.shape[0])
     filled = step_probs.masked_fill(step_mask == 0, 1.0)  # (B, K)
     score = filled.amin(1) if how == "min" else filled.prod(1)  # (B,)
     return torch.where(step_mask.any(1), score, 0.0)

@@ -65,7 +65,8 @@ class RunOptions:
     precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
     """auto: bf16-mixed (fp32 weights, bf16 matmuls) on cuda or AVX512-BF16 CPUs, else fp32; bf16-true loses updates"""
     kernels: Literal["auto", "on", "off"] = "auto"
-    """kernels.py's faster log-probs and sampling, the same numbers: auto (on for a CPU, off for CUDA)"""
+    """kernels.py's faster log-probs and sampling (same numbers in fp32, bf16-rounding apart in bf16): auto = on
+    for a CPU, off for CUDA"""
     prompt_format: Literal["auto", "chat", "plain"] = "auto"
     """chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as for gpt2), auto (chat if it has one)"""
     output_dir: str = "runs"

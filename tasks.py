@@ -142,9 +142,27 @@ def extract_final_number(text: str) -> Optional[float]:
     return float(matches[-1].replace(",", "")) if matches else None  # _NUMBER's matches all parse, commas removed
 
 
+# DeepSeek-R1 reads the answer from its tag (Guo et al. 2025, arXiv:2501.12948, §2.2.2): when a completion has
+# `<answer>…</answer>`, both verifiers score the content of the last one and nothing outside it.
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def tagged_answer(completion: str) -> Optional[str]:
+    """The content of the completion's last `<answer>…</answer>`, or None when it has none."""
+    tagged = _ANSWER_TAG.findall(completion)
+    if not tagged:
+        return None
+    return tagged[-1]
+
+
 def verify(completion: str, answer: str) -> float:
-    """Reward 1.0 if the completion's final number equals the answer's (so '1,234' and '1234' match), else 0.0."""
-    value, target = extract_final_number(completion), extract_final_number(answer)
+    """Reward 1.0 if the completion's final number equals the answer's (so '1,234' and '1234' match), else 0.0.
+    A completion with `<answer>…</answer>` is scored on the tag's content alone."""
+    tagged = tagged_answer(completion)
+    if tagged is not None:
+        completion = tagged
+    value = extract_final_number(completion)
+    target = extract_final_number(answer)
     return float(value is not None and target is not None and math.isclose(value, target, abs_tol=1e-9))
 
 
@@ -152,6 +170,8 @@ def verify(completion: str, answer: str) -> float:
 # 's of "it's" / "that's", straight or curly apostrophe), then an optional ':' and any '**' bold or '$' sign.
 _RESULT_MARKER = r"(?:=|\bis\b|\bequals\b|\bequal\s+to\b|\banswer\b(?:\s*is\b)?|['\u2019]s\b)"
 _STATED_RESULT = re.compile(_RESULT_MARKER + r"\s*:?[\s*$]*(" + _NUMBER.pattern + ")", re.IGNORECASE)
+# An `<answer>` tag that holds one number alone (perhaps in '**' bold, after '$', before a full stop) states it.
+_TAGGED_NUMBER = re.compile(r"[\s*$]*(" + _NUMBER.pattern + r")[\s*.]*")
 
 
 def verify_strict(completion: str, answer: str) -> float:
@@ -159,8 +179,17 @@ def verify_strict(completion: str, answer: str) -> float:
     'equal to', 'answer' or "it's"/"that's" (then perhaps ':', '**' or '$') must equal it. `verify` pays for
     the last number anywhere, so `What is 0 + 24?` answered "…the sum of 0 and 24." or "0 + 24" earns 1.0
     by restating an operand; here it earns 0.0, while "0 + 24 = 24", "The sum is 24.", "The answer is: 24",
-    "The total is $24." and "It's 24" earn 1.0. A bare "24" earns 0.0 too: strict means the result is stated."""
-    matches, target = _STATED_RESULT.findall(completion), extract_final_number(answer)
+    "The total is $24." and "It's 24" earn 1.0. A bare "24" earns 0.0 too: strict means the result is stated.
+    The `<answer>` tag is a statement of its own: "<answer>24</answer>" earns 1.0, and the tag's content is
+    all that is read, so "<think>14 + 10 = 24</think><answer>23</answer>" earns 0.0."""
+    tagged = tagged_answer(completion)
+    if tagged is None:
+        matches = _STATED_RESULT.findall(completion)
+    elif _TAGGED_NUMBER.fullmatch(tagged):
+        matches = [_TAGGED_NUMBER.fullmatch(tagged).group(1)]
+    else:
+        matches = _STATED_RESULT.findall(tagged)
+    target = extract_final_number(answer)
     if not matches or target is None:
         return 0.0
     return float(math.isclose(float(matches[-1].replace(",", "")), target, abs_tol=1e-9))  # every match parses
@@ -172,14 +201,19 @@ VERIFIERS = {"last-number": verify, "strict": verify_strict}
 R1_INSTRUCTION = (" The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags,"
                   " respectively, i.e., <think> reasoning process here </think><answer> answer here </answer>.")
 _NO_TAG = r"(?:(?!</?(?:think|answer)>).)+"  # one or more characters, none of them starting a tag
-_R1_FORM = re.compile(rf"<think>{_NO_TAG}</think>\s*<answer>{_NO_TAG}</answer>", re.DOTALL)
+_R1_FORM = re.compile(rf"<think>({_NO_TAG})</think>\s*<answer>({_NO_TAG})</answer>", re.DOTALL)
 
 
 def format_reward(completion: str, answer: str = "") -> float:
-    """1.0 if the completion is exactly `<think>…</think>` then `<answer>…</answer>`, both non-empty, with only
-    whitespace around and between them and no tag inside, else 0.0: DeepSeek-R1's format reward. It pays the form
-    only (`answer` is unused; whether the answer is right is the verifier's job), so text after </answer> earns 0."""
-    return float(_R1_FORM.fullmatch(completion.strip()) is not None)
+    """1.0 if the completion is exactly `<think>…</think>` then `<answer>…</answer>`, each holding a non-space
+    character, with only whitespace around and between them and no tag inside, else 0.0: DeepSeek-R1's format
+    reward. It pays the form only (`answer` is unused; whether the answer is right is the verifier's job), so text
+    after </answer> earns 0."""
+    form = _R1_FORM.fullmatch(completion.strip())
+    if form is None:
+        return 0.0
+    reasoning, stated = form.groups()
+    return float(bool(reasoning.strip()) and bool(stated.strip()))  # "<think> </think>" is empty too
 
 
 REWARDS = {"format": format_reward}  # the rewards grpo.py --rewards names beside `correct`, (completion, answer)

@@ -189,9 +189,10 @@ def finished_run(folder: Path, command: list[str]):
 
 
 def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: str, k: int,
-                     max_new_tokens: int = 32) -> dict:
+                     max_new_tokens: int = 32, prompt_style: str = "question") -> dict:
     """pass@k and KL(π ‖ π_ref) per completion, both from one draw of k completions per held-out problem
-    at temperature 1 from `model` (a checkpoint folder, or `base` itself for the starting model).
+    at temperature 1 from `model` (a checkpoint folder, or `base` itself for the starting model), the problems
+    asked as the run asked them (grpo.py --prompt-style: `r1` adds R1's instruction to each question).
     - pass@k: Chen et al.'s unbiased estimator with n = k, the same as tasks.evaluate_pass_at_k.
     - KL: k1 = Σ_t log π − log π_ref of each completion, averaged over all k·eval_size completions;
       0 without scoring when `model` is `base`.
@@ -208,7 +209,7 @@ def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: s
     policy = models.load_model(str(model), len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
     reference = (models.load_model(base, len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
                  if model != base else None)
-    problems = tasks.heldout_problems(eval_size)
+    _, problems = tasks.with_prompt_style(prompt_style, iter([]), tasks.heldout_problems(eval_size))
     generator = torch.Generator(device=dev).manual_seed(seed)
     passed, kl, prompts_per_batch = 0.0, 0.0, max(1, 128 // k)
     with torch.no_grad():
@@ -263,13 +264,18 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
         run(command, folder / "log.txt")
         run_dir = finished_run(folder, command)
     evaluation = json.loads((run_dir / "eval.json").read_text())
-    max_new_tokens = json.loads((run_dir / "args.json").read_text())["max_new_tokens"]
+    run_args = json.loads((run_dir / "args.json").read_text())
+    max_new_tokens = run_args["max_new_tokens"]
+    # every column on the prompts the run trained and was evaluated on, the start's pass@k too
+    prompt_style = run_args.get("prompt_style", "question")
     k = args.pass_k
     after = measured(run_dir / f"sampled-k{k}.json", lambda: sampled_measures(
-        str(run_dir / "model"), args.model, args.eval_size, seed, args.device, k, max_new_tokens))
+        str(run_dir / "model"), args.model, args.eval_size, seed, args.device, k, max_new_tokens, prompt_style))
+    style = "" if prompt_style == "question" else f"-{prompt_style}-prompts"
     start = measured(
-        out / "starting-model" / f"seed-{seed}-k{k}-{args.eval_size}-problems-{max_new_tokens}-tokens.json",
-        lambda: sampled_measures(args.model, args.model, args.eval_size, seed, args.device, k, max_new_tokens))
+        out / "starting-model" / f"seed-{seed}-k{k}-{args.eval_size}-problems-{max_new_tokens}-tokens{style}.json",
+        lambda: sampled_measures(args.model, args.model, args.eval_size, seed, args.device, k, max_new_tokens,
+                                 prompt_style))
     if not args.keep_models:
         shutil.rmtree(run_dir / "model", ignore_errors=True)
     return {"algo": slug, "name": name, "seed": seed, "steps": steps, "completions": steps * per_step,
@@ -306,10 +312,15 @@ def table(rows: list[dict], args) -> str:
         if not runs:
             continue
         passes = [r[f"pass@{k}"] for r in runs if r[f"pass@{k}"] is not None]
-        own_start = any(r["accuracy_before"] != first[r["seed"]]["accuracy_before"] for r in runs)  # another prompt
+        # another prompt (the R1 style): its start's accuracy and pass@k, measured on that prompt, in its row
+        own_start = any(r["accuracy_before"] != first[r["seed"]]["accuracy_before"] for r in runs)
         start = f" (from {mean_std([r['accuracy_before'] for r in runs])})" if own_start else ""
+        pass_cell = mean_std(passes) if passes else ""
+        start_passes = [r[f"pass@{k}_before"] for r in runs if r[f"pass@{k}_before"] is not None]
+        if own_start and passes and start_passes:
+            pass_cell += f" (from {mean_std(start_passes)})"
         lines.append(f"| {runs[0]['name']}{start} | {runs[0]['steps']} | {mean_std([r['accuracy'] for r in runs])} | "
-                     f"{mean_std(passes) if passes else ''} | {mean_std([r['kl'] for r in runs], 2)} | "
+                     f"{pass_cell} | {mean_std([r['kl'] for r in runs], 2)} | "
                      f"{mean_std([r['wall_time_s'] / 60 for r in runs], 1)} | "
                      f"{mean_std([r['peak_gb'] for r in runs], 2)} |")
     return "\n".join(lines) + "\n"

@@ -4,10 +4,12 @@
     python scripts/memory_plan.py ppo --reward-model runs/rm-.../model --lora-r 16
     python scripts/memory_plan.py grpo --model meta-llama/Llama-2-7b-hf --prompt-tokens 512 --precision bf16-true
 
-The first word names the script (grpo, dpo, ppo, sft, reward_model, variants); the rest are that script's own
-options, parsed by its Args. Each row is one model the algorithm holds (policy, reference, reward models,
-critic): its weights and, for a trained model, its gradients, AdamW state and one micro-batch's activations.
---prompt-tokens sets the prompt length the plan assumes (default: the longest held-out arithmetic prompt).
+The first word names the script (grpo, dpo, ppo, sft, reward_model, variants, prm); the rest are that script's own
+options, parsed by its Args. Each row is one model the algorithm holds through its training loop (policy, reference,
+reward models, critic, PRM): its weights and, for a trained model, its gradients, AdamW state and one micro-batch's
+activations. prm.py's labelling policy (--policy) samples before the PRM loads and is freed first: it is no row.
+--prompt-tokens sets the prompt length the plan assumes (default: the longest held-out prompt, arithmetic or, for
+prm, the multi-step chains).
 --ranks N plans one rank of `torchrun --nproc_per_node N script.py --fsdp`: each model's weights, gradients and AdamW
 state are split over the N ranks (FSDP2 shards every parameter); the activations are one rank's micro-batch, as given.
 """
@@ -67,12 +69,13 @@ def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, pre
     """What one micro-batch's forward keeps for the backward. A transformer layer keeps s·b·h·(34 + 5·a·s/h)
     bytes of 16-bit activations (Korthikanti et al. 2022, arXiv:2205.05198, eq. 1; float32 doubles it);
     with checkpointing, only each layer's input (2·s·b·h bytes) and one layer's full set. tokens = s·b.
-    Plus the scored positions' logits, logit_tokens·V numbers a tensor, alive together when the backward starts:
-    - plain token_logprobs: four float32 tensors (logits / τ, their log-softmax, its gradient, the logits' gradient);
+    Plus the scored positions' logits, logit_tokens·V numbers a tensor, alive together in the backward:
     - with kernels.token_logprobs: two in the compute dtype (float32, or bfloat16 under autocast and bf16-true),
-      the logits and their gradient.
-    Measured with the CPU allocator's live bytes on a 32,768-token vocabulary, in units of one float32 logits
-    tensor: plain 4.3 (fp32) and 4.1 (bf16 autocast), kernels 1.8 and 1.0 (tests/test_common.py checks them).
+      the logits and their gradient;
+    - plain token_logprobs: the same two, three float32 tensors of one piece (its work, a few sequences at a time:
+      common.LOGPROB_PIECE), and with more than one piece a second gradient while autograd adds each piece's in.
+    Measured with the CPU allocator's live bytes (tests/test_memory_plan.py, one piece) and on many pieces
+    (tests/test_common.py).
     An estimate: eq. 1 is for a GPT layer (GeLU MLP of 4h, dropout masks, attention scores kept); fused
     attention (SDPA) keeps no s×s scores, and SwiGLU and grouped-query attention shift the constant."""
     h, layers = config.hidden_size, config.num_hidden_layers
@@ -80,8 +83,13 @@ def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, pre
     scale = 2 if precision == "fp32" else 1  # float32 activations, or bfloat16 under autocast / bf16-true
     per_layer = tokens * h * (34 + 5 * heads * s / h) * scale
     kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer
-    logits = (2 * logit_tokens * config.vocab_size * 2 * scale if fast_kernels
-              else 4 * logit_tokens * config.vocab_size * 4)
+    logits = 2 * logit_tokens * config.vocab_size * 2 * scale
+    if not fast_kernels and logit_tokens:
+        per_sequence = logit_tokens // sequences * config.vocab_size
+        rows = min(sequences, max(1, common.LOGPROB_PIECE // per_sequence))  # sequences a piece
+        logits += 3 * rows * per_sequence * 4
+        if rows < sequences:
+            logits += logit_tokens * config.vocab_size * 2 * scale
     return int(kept + logits)
 
 
@@ -122,13 +130,17 @@ def memory_plan(held: list[tuple], precision: str, lora: common.LoraOptions, che
     return {"memory_plan": rows, "total_gb": total}
 
 
+def offline_tokens(args) -> int:
+    """The completion length bound of offline data: a --dataset's completions are cut at --max-completion-tokens,
+    the model's own samples end within --max-new-tokens and an EOS."""
+    return args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens + 1)
+
+
 def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[list[tuple], int, int, int]:
     """(rows of (name, config, head, trained?), sequences, token positions, scored positions) of one micro-batch,
     as `algo` holds them. With LoRA the reference is the policy with its adapter off: no second copy."""
     config, S, lora = model_config(args.model, vocab_size), prompt_tokens, args.lora.lora_r
     policy, reference = ("policy", config, "lm", True), ("reference", config, "lm", False)
-    offline_T = lambda: args.max_completion_tokens if args.dataset else min(args.max_completion_tokens,  # noqa: E731
-                                                                            args.max_new_tokens + 1)
     if algo == "grpo":  # one micro-batch shares each prompt's forward among its G completions
         micro, T = args.batch_size or args.prompts_per_step * args.group_size, args.max_new_tokens
         rows = [policy] + [reference] * (args.beta != 0 and not lora)
@@ -136,7 +148,7 @@ def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[l
             rows.append(("reward model", model_config(args.reward_model, vocab_size), "score", False))
         return rows, micro, -(-micro // args.group_size) * S + micro * T, micro * T
     if algo == "dpo":  # chosen and rejected in one forward
-        B, T = 2 * args.batch_size, offline_T()
+        B, T = 2 * args.batch_size, offline_tokens(args)
         return [policy] + [reference] * (not args.precompute_ref_logprobs and not lora), B, B * (S + T), B * T
     if algo == "ppo":  # the policy and the critic train on the same minibatch
         m, T = args.minibatch_size, args.max_new_tokens
@@ -153,16 +165,20 @@ def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[l
         return [policy], B, B * (S + T), B * T
     if algo == "reward_model":  # chosen and rejected in one forward, a score head: no vocabulary logits
         B = 2 * args.batch_size
-        return [("reward model", config, "score", True)], B, B * (S + offline_T()), 0
-    offline = args.algo in ("ipo", "kto", "simpo", "orpo")  # variants: a pair's two completions, or G / 1 per prompt
-    per_prompt = 2 if offline else (args.group_size if args.algo == "rloo" else 1)
-    B, T = args.batch_size * per_prompt, offline_T() if offline else args.max_new_tokens
-    rows = [policy] + [reference] * (args.algo in ("ipo", "kto", "rloo", "remax") and not lora)
+        return [("reward model", config, "score", True)], B, B * (S + offline_tokens(args)), 0
+    if algo == "prm":  # every token of B solutions through the backbone, a score head: no vocabulary logits
+        B = args.batch_size
+        return [("PRM", config, "score", True)], B, B * (S + args.max_new_tokens), 0
+    # variants: offline a pair's two completions; online k samples a prompt (ReMax one, and a greedy one not scored)
+    offline = args.algo in ("ipo", "kto", "simpo", "orpo")
+    per_prompt = 2 if offline else (1 if args.algo == "remax" else args.group_size)
+    B, T = args.batch_size * per_prompt, offline_tokens(args) if offline else args.max_new_tokens
+    rows = [policy] + [reference] * (args.algo not in ("simpo", "orpo") and not lora)  # SimPO, ORPO: no reference
     return rows, B, args.batch_size * S * (per_prompt if offline else 1) + B * T, B * T
 
 
 def main(argv: list[str]) -> dict:
-    scripts = ("grpo", "dpo", "ppo", "sft", "reward_model", "variants")
+    scripts = ("grpo", "dpo", "ppo", "sft", "reward_model", "variants", "prm")
     runs.require(bool(argv) and argv[0] in scripts, f"usage: scripts/memory_plan.py {{{','.join(scripts)}}} [options]")
     algo, rest = argv[0], argv[1:]
     numbers = {"--prompt-tokens": None, "--ranks": 1}  # this script's own options, the rest the script's
@@ -179,9 +195,11 @@ def main(argv: list[str]) -> dict:
     precision = common.resolve_precision(args.run.precision, device, args.model)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     eval_size = getattr(args, "eval_size", None) or tasks.DEFAULT_EVAL_SIZE
-    S = prompt_tokens or tasks.longest_prompt(tokenizer, tasks.heldout_problems(eval_size))
+    family = tasks.make_multistep_problem if algo == "prm" else tasks.make_problem
+    S = prompt_tokens or tasks.longest_prompt(tokenizer, tasks.heldout_problems(eval_size, make=family))
     rows, sequences, tokens, logit_tokens = models_held(algo, args, len(tokenizer), S)
-    return memory_plan(rows, precision, args.lora, args.gradient_checkpointing, sequences, tokens, logit_tokens,
+    checkpointing = getattr(args, "gradient_checkpointing", False)  # prm.py has no such option
+    return memory_plan(rows, precision, args.lora, checkpointing, sequences, tokens, logit_tokens,
                        common.resolve_kernels(args.run.kernels, device), ranks)
 
 

@@ -10,6 +10,7 @@ import torch
 
 import models
 import runs
+import tasks
 from conftest import PAIRS, REPO, args_of, assert_one_line_error, run_script
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -66,9 +67,11 @@ def test_table_rows(tmp_path):
     assert "| starting model | | 0.200 ± 0.000 | 0.600 ± 0.141 | 0 | | |" in text  # one value per seed, not per run
     assert "| GRPO | 10 | 0.600 ± 0.141 | 0.750 ± 0.000 | 2.00 ± 1.41 | 2.0 ± 1.4 | 4.00 ± 0.00 |" in text
     assert "| DPO | 10 | 0.400 | 0.600 | 1.00 | 1.0 | 4.00 |" in text  # one seed: no spread
-    r1 = {**rows[2], "algo": "r1-rewards", "name": "R1", "accuracy_before": 0.4}  # another prompt, another start
+    # another prompt, another start: its accuracy and pass@8 before, measured on its own prompt, in its row
+    r1 = {**rows[2], "algo": "r1-rewards", "name": "R1", "accuracy_before": 0.4, "pass@8_before": 0.3}
     text = compare.table([*rows, r1], compare.parse_args(["--algos", "grpo", "dpo", "r1-rewards", "--seeds", "0", "1"]))
-    assert "| starting model | | 0.200 ± 0.000 |" in text and "| R1 (from 0.400) | 10 | 0.400 |" in text
+    assert "| starting model | | 0.200 ± 0.000 | 0.600 ± 0.141 |" in text
+    assert "| R1 (from 0.400) | 10 | 0.400 | 0.600 (from 0.300) | 1.00 |" in text
 
 
 def test_command_settings_are_named_as_args_json_names_them():
@@ -123,12 +126,29 @@ def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokeni
     assert 0.5 < four / one < 2
 
 
+def test_sampled_measures_ask_the_questions_as_the_run_did(tmp_path, tokenizer, monkeypatch):
+    asked = []
+    tokenize_prompts = tasks.tokenize_prompts
+
+    def recording(tokenizer, questions, device):
+        asked.extend(questions)
+        return tokenize_prompts(tokenizer, questions, device)
+
+    monkeypatch.setattr(tasks, "tokenize_prompts", recording)
+    compare.sampled_measures("tiny", "tiny", 4, seed=0, device="cpu", k=2, max_new_tokens=4, prompt_style="r1")
+    assert len(asked) == 4 and all(q.endswith(tasks.R1_INSTRUCTION) for q in asked)
+    asked.clear()
+    compare.sampled_measures("tiny", "tiny", 4, seed=0, device="cpu", k=2, max_new_tokens=4)
+    assert asked == [p.prompt for p in tasks.heldout_problems(4)]
+
+
 def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
-    argv = ["--model", "tiny", "--algos", "grpo", "--seeds", "0", "--budget", "32", "--eval-size", "4", "--pass-k", "2",
+    argv = ["--model", "tiny", "--algos", "grpo", "r1-rewards", "--seeds", "0", "--budget", "32", "--eval-size", "4",
+            "--pass-k", "2",
             "--out", str(tmp_path), "--extra", "--max-new-tokens 6"]
     proc = run_script("scripts/compare.py", *argv)
     assert proc.returncode == 0, proc.stderr
-    row = json.loads((tmp_path / "results.jsonl").read_text())
+    row, r1_row = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert row["algo"] == "grpo" and row["steps"] == 1 and row["completions"] == 32 and "pass@2" in row
     run_dir = tmp_path / "grpo" / "seed-0"
     # the model is measured, then deleted
@@ -136,6 +156,9 @@ def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
     # the script does not sample pass@k twice
     assert json.loads(next(run_dir.glob("*/args.json")).read_text())["pass_k"] == 0
     assert list((tmp_path / "starting-model").glob("seed-0-k2-4-problems-6-tokens.json"))  # measured once per seed
+    # the R1 run's columns, its start's pass@k too, on R1 prompts (read from its args.json)
+    assert list((tmp_path / "starting-model").glob("seed-0-k2-4-problems-6-tokens-r1-prompts.json"))
+    assert r1_row["algo"] == "r1-rewards" and "pass@2" in r1_row
     log = (run_dir / "log.txt").stat().st_mtime
     again = run_script("scripts/compare.py", *argv)
     assert again.returncode == 0 and (run_dir / "log.txt").stat().st_mtime == log  # not rerun

@@ -145,3 +145,22 @@ def test_a_model_loaded_without_kernels_takes_the_plain_path(tokenizer, prompts,
     ids, mask = prompts
     completions = common.sample_completions(model, ids, mask, 2, 4, tokenizer.eos_token_id, tokenizer.pad_token_id)
     common.completion_logprobs(model, ids, mask, completions, torch.tensor([2, 2]), with_entropy=True)
+
+
+def test_in_float32_the_kernels_change_no_number(tokenizer, prompts):
+    # fp32: the same sampled tokens, and log-probs and entropies equal to float32 rounding, kernels on or off.
+    # In bfloat16 they differ by bf16 rounding (eager attention against sdpa), which docs/performance.md states.
+    ids, mask = prompts
+    results = []
+    for use_kernels in (False, True):
+        model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, use_kernels=use_kernels)
+        generator = torch.Generator().manual_seed(0)
+        completions = common.sample_completions(model, ids, mask, 2, 6, tokenizer.eos_token_id,
+                                                tokenizer.pad_token_id, temperature=1.0, generator=generator)
+        logprobs, entropy = common.completion_logprobs(model, ids, mask, completions, torch.tensor([2, 2]),
+                                                       with_entropy=True, temperature=0.7)
+        results.append((completions, logprobs, entropy))
+    (plain_tokens, plain_logprobs, plain_entropy), (fast_tokens, fast_logprobs, fast_entropy) = results
+    assert torch.equal(plain_tokens, fast_tokens)
+    torch.testing.assert_close(fast_logprobs, plain_logprobs, rtol=0, atol=1e-6)
+    torch.testing.assert_close(fast_entropy, plain_entropy, rtol=0, atol=1e-6)

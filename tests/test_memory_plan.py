@@ -1,6 +1,7 @@
 """scripts/memory_plan.py: parameter counts of published configs, activations by hand, and the plan against the
 live bytes the CPU allocator reports and against loaded models."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -9,9 +10,12 @@ import torch
 import transformers
 
 import common
+import fsdp
 import models
+import prm
 import runs
-from conftest import run_script
+import variants
+from conftest import args_of, run_script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
@@ -53,15 +57,17 @@ def test_activation_bytes_by_hand():
     config = transformers.LlamaConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
                                       vocab_size=10)
     # 2 sequences of 4 tokens: per layer s·b·h·(34 + 5·a·s/h) = 8·8·(34 + 5·2·4/8) = 2496 bytes at 16 bits,
-    # 4992 in fp32; 2 layers 9984, plus 4 float32 logits tensors of 6 scored positions: 4·6·10·4 = 960 bytes
-    assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False) == 9984 + 960
-    assert memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False) == 4992 + 960
+    # 4992 in fp32; 2 layers 9984, plus the logits of 6 scored positions, 60 numbers, on the plain path: the logits
+    # and their gradient in the compute dtype, 2·60·4 = 480 bytes in fp32 (2·60·2 = 240 in bf16), and three float32
+    # tensors of the one piece (both sequences, far below common.LOGPROB_PIECE): 3·60·4 = 720
+    assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False) == 9984 + 480 + 720
+    assert memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False) == 4992 + 240 + 720
     # with the kernel, 2 tensors (the logits and their gradient): 2·6·10·4 = 480 bytes in fp32, 2·6·10·2 = 240 in bf16
     assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False, fast_kernels=True) == 9984 + 480
     assert (memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False, fast_kernels=True)
             == 4992 + 240)
     # checkpointing keeps each layer's input 2·(s·b·h) = 2·64 = 128 bytes (×2 in fp32) and one layer's full set
-    assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=True) == 2 * 256 + 4992 + 960
+    assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=True) == 2 * 256 + 4992 + 1200
 
 
 @pytest.mark.parametrize("share_prompt", [True, False])
@@ -105,11 +111,12 @@ def test_memory_plan_matches_the_loaded_models(tokenizer, precision):
 
 
 @pytest.mark.parametrize("algo, argv", [("grpo", []), ("dpo", []), ("ppo", ["--reward", "verifier"]), ("sft", []),
-                                        ("reward_model", []), ("variants", ["--algo", "kto"])])
+                                        ("reward_model", []), ("variants", ["--algo", "kto"]), ("prm", [])])
 def test_the_planner_prints_each_scripts_plan_and_starts_nothing(tmp_path, algo, argv):
     proc = run_script("scripts/memory_plan.py", algo, "--model", "tiny", "--output-dir", str(tmp_path), *argv)
     assert proc.returncode == 0, proc.stderr
-    assert "memory plan: precision fp32" in proc.stdout and "policy" in proc.stdout.replace("reward model", "policy")
+    assert "memory plan: precision fp32" in proc.stdout
+    assert re.search(r"^(policy|reward model|PRM) ", proc.stdout, re.MULTILINE)  # the first row: the trained model
     assert not list(tmp_path.iterdir())  # no run folder: nothing was started
 
 
@@ -118,9 +125,9 @@ def test_the_planner_prints_each_scripts_plan_and_starts_nothing(tmp_path, algo,
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
 def test_the_plans_logits_term_matches_the_allocators_live_bytes(precision, fast_kernels):
     """As above where the vocabulary dominates (32,768 tokens, hidden size 64), in float32 and under bf16 autocast:
-    the peak of live bytes through a forward and backward was 1.05 and 1.00 of the plan (activations + gradients)
-    on the plain path, 0.89 and 0.99 with kernels.token_logprobs. Three float32 tensors for both (the plan before)
-    gave 1.35 and 1.28 plain, 0.64 and 0.44 with the kernel."""
+    the peak of live bytes through a forward and backward was 0.87 and 1.01 of the plan (activations + gradients)
+    on the plain path (one piece), 0.89 and 1.00 with kernels.token_logprobs. Three float32 tensors for both (an
+    earlier plan) gave 0.64 and 0.44 with the kernel."""
 
     model = models.make_tiny_model(32768, "llama").train()
     model.bf16_mixed, model.fast_kernels = precision == "bf16-mixed", fast_kernels
@@ -160,3 +167,63 @@ def test_one_rank_of_fsdp_holds_a_quarter_of_the_weights_gradients_and_adamw_sta
         assert shard["activations_gb"] == one["activations_gb"]  # FSDP splits no activation
     with pytest.raises(runs.InputError, match="--ranks needs a whole number >= 1"):
         memory_plan.main(["grpo", "--model", "tiny", "--ranks", "0"])
+
+
+def held_through_the_loop(monkeypatch, script, forward: tuple, args) -> tuple[list[tuple], list[int]]:
+    """What `script.main(args)` really holds and trains: (head, trained?, parameters) of each model it gives
+    fsdp.shard (every model its loop holds), and the rows of each call of `forward` (module, name: a function whose
+    result's first element is (B, ...)) that carries a gradient: one micro-batch's sequences."""
+    held, sequences = [], []
+
+    def shard(on, *sharded):
+        for model in filter(None, sharded):
+            head = "score" if hasattr(common.unwrap(model), "score") else "lm"
+            trained = any(p.requires_grad for p in model.parameters())
+            held.append((head, trained, sum(p.numel() for p in model.parameters())))
+
+    module, name = forward
+    real = getattr(module, name)
+
+    def watched(*call_args, **call_kwargs):
+        out = real(*call_args, **call_kwargs)
+        if out[0].requires_grad:  # the trained forward, not the reference's or an evaluation's
+            sequences.append(out[0].shape[0])
+        return out
+
+    monkeypatch.setattr(fsdp, "shard", shard)
+    monkeypatch.setattr(module, name, watched)
+    script.main(args)
+    return held, sequences
+
+
+def planned(algo: str, args, vocab_size: int) -> tuple[list[tuple], int]:
+    """(head, trained?, parameters) of each model the plan holds, and its micro-batch's sequences."""
+    rows, sequences, _, _ = memory_plan.models_held(algo, args, vocab_size, 8)
+    models_planned = [(head, trained, memory_plan.parameter_counts(config, head, common.LoraOptions())[0])
+                      for _, config, head, trained in rows]
+    return models_planned, sequences
+
+
+@pytest.mark.parametrize("algo", ["reinforce_pp", "reinforce_pp_baseline", "rloo", "remax"])
+def test_variants_plan_holds_and_samples_what_variants_py_does(tmp_path, monkeypatch, tokenizer, algo):
+    """The online variants hold the policy and the reference, and train on k = 3 samples of each of 2 prompts
+    (ReMax on one, its greedy one only scored): 6 sequences, or 2."""
+    args = args_of(variants.Args, algo=algo, model="tiny", steps=1, batch_size=2, group_size=3, max_new_tokens=4,
+                   eval_size=2, output_dir=str(tmp_path / "runs"))
+    held, sequences = held_through_the_loop(monkeypatch, variants, (common, "completion_logprobs"), args)
+    models_planned, planned_sequences = planned("variants", args, len(tokenizer))
+    assert models_planned == held and len(held) == 2
+    assert sequences == [planned_sequences] == [2 if algo == "remax" else 6]
+
+
+def test_prm_plan_holds_and_trains_what_prm_py_does(tmp_path, monkeypatch, tokenizer, preference_cache):
+    """prm.py trains one model with a score head on --batch-size solutions (its labelling policy is gone by then),
+    and the planner plans it from the command line."""
+    args = args_of(prm.Args, model="tiny", steps=1, batch_size=3, num_problems=4, eval_size=2, num_solutions=2,
+                   num_rollouts=2, max_new_tokens=8, output_dir=str(tmp_path / "runs"))
+    held, sequences = held_through_the_loop(monkeypatch, prm, (prm, "score_steps"), args)
+    models_planned, planned_sequences = planned("prm", args, len(tokenizer))
+    assert models_planned == held == [("score", True, held[0][2])]
+    assert sequences == [planned_sequences] == [3]
+    plan = memory_plan.main(["prm", "--model", "tiny", "--batch-size", "3"])["memory_plan"]
+    assert [row["model"] for row in plan] == ["PRM"] and plan[0]["activations_gb"] > 0

@@ -36,6 +36,9 @@ def test_step_cutting_on_ragged_text(tokenizer):
     # one holding its last character, also when it holds the newline after it
     offsets = [(0, 1), (1, 4), (4, 5), (5, 8), (8, 9)]  # "a", "15\n", "b", "\n11", "c" of "a15\nb\n11c"
     assert step_end_tokens(offsets, [(0, 3), (4, 5), (6, 9)]) == [1, 2, 4]
+    # a byte-level BPE splits "€" into three tokens with the same offsets: the step "5€" ends at the last of them
+    offsets = [(0, 1), (1, 2), (1, 2), (1, 2), (2, 3), (3, 4)]  # "5", "€" as 3 bytes, "\n", "7" of "5€\n7"
+    assert step_end_tokens(offsets, [(0, 2), (3, 4)]) == [3, 5]
     # the tiny tokenizer (one token a character): each step's last token decodes to its last character
     ids, mask, ends, step_mask = tokenize_steps(tokenizer, [text, "7"], "cpu")
     assert ends.tolist() == [[10, 25, 41], [0, 0, 0]] and step_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
@@ -131,6 +134,9 @@ def test_min_and_product_aggregation_by_hand():
     # min: 0.5 and 0.6 (never row 2's padded 0.1); product: 0.9·0.5·0.8 = 0.36 and 0.6·0.7 = 0.42; no step scores 0
     assert aggregate_steps(probs, step_mask, "min").tolist() == pytest.approx([0.5, 0.6, 0.0])
     assert aggregate_steps(probs, step_mask, "product").tolist() == pytest.approx([0.36, 0.42, 0.0])
+    # a batch in which no solution has a step (an evaluation chunk of one-line answers): every score is 0
+    for how in ("min", "product"):
+        assert aggregate_steps(torch.zeros(2, 0), torch.zeros(2, 0), how).tolist() == [0.0, 0.0]
     # best-of-2 on two problems, solutions [row 1, row 2] and [row 2, row 1], row 1 right: min picks row 2 (0.6 > 0.5)
     # and is wrong both times; product too (0.42 > 0.36); the mean would pick row 1 (0.733 > 0.65) and be right
     scores = aggregate_steps(probs[[0, 1, 1, 0]], step_mask[[0, 1, 1, 0]], "min")

@@ -79,6 +79,27 @@ def test_strict_verifier_pays_only_a_stated_result(completion, last_number, stri
 
 
 @pytest.mark.parametrize(
+    "completion, last_number, strict",
+    [
+        ("<think>14 + 10 = 24</think><answer>24</answer>", 1.0, 1.0),  # well formed and right: stated by the tag
+        ("<think>14 + 10 = 24</think><answer>23</answer>", 0.0, 0.0),  # the tag says 23; the reasoning is not read
+        ("<think>14 + 10 = 23</think><answer>24</answer>", 1.0, 1.0),
+        ("<answer>**24**.</answer>", 1.0, 1.0),  # one number alone, in bold, before a full stop
+        ("<think>so</think><answer>The sum is 24</answer>", 1.0, 1.0),
+        ("<think>so</think><answer>14 + 10</answer>", 0.0, 0.0),  # a restated question, even inside the tag
+        ("<think>so</think><answer>0 + 24</answer>", 1.0, 0.0),  # its last number is 24, but nothing is stated
+        ("<answer>23</answer> or rather <answer>24</answer>", 1.0, 1.0),  # the last tag counts
+        ("<answer>24</answer> so it is 23", 1.0, 1.0),  # only the tag is read
+        ("<think>14 + 10 = 24</think>", 1.0, 1.0),  # no answer tag: as without tags
+        ("<think>14 + 10 = 24</think><answer>24", 1.0, 1.0),  # an unclosed tag is no tag
+    ],
+)
+def test_verifiers_read_the_answer_tag_when_there_is_one(completion, last_number, strict):
+    assert tasks.verify(completion, "24") == last_number
+    assert tasks.verify_strict(completion, "24") == strict
+
+
+@pytest.mark.parametrize(
     "completion, reward",
     [
         ("<think>3 + 5 = 8</think><answer>8</answer>", 1.0),
@@ -89,6 +110,9 @@ def test_strict_verifier_pays_only_a_stated_result(completion, last_number, stri
         ("The sum: <think>3 + 5</think><answer>8</answer>", 0.0),  # text before the tags
         ("<answer>8</answer><think>3 + 5 = 8</think>", 0.0),  # the wrong order
         ("<think>3 + 5 = 8</think><answer></answer>", 0.0),  # an empty answer
+        ("<think> </think><answer> </answer>", 0.0),  # only spaces inside the tags
+        ("<think>3 + 5 = 8</think><answer>\n</answer>", 0.0),  # an answer of whitespace
+        ("<think>\t</think><answer>8</answer>", 0.0),  # reasoning of whitespace
         ("<think>3 + 5</think><answer>8</answer><answer>9</answer>", 0.0),  # two answers
         ("<think>3 + 5 <think>= 8</think><answer>8</answer>", 0.0),  # a tag inside
         ("<think>3 + 5 = 9</think><answer>9</answer>", 1.0),  # the form only: a wrong answer in it is the verifier's
