@@ -139,20 +139,43 @@ def cli(main: Callable, args_class) -> dict:
 
 
 def run_main(main: Callable, args) -> dict:
-    """main(args); an InputError becomes one line on stderr and exit status 2, and Ctrl-C abandons the current
-    step and names the folder to --resume from (exit status 130)."""
+    """main(args); an InputError, or running out of memory, becomes one line on stderr and exit status 2, and
+    Ctrl-C abandons the current step and names the folder to --resume from (exit status 130). Either way the last
+    good checkpoint stays as it was: a save is never left half written."""
     try:
         return main(args)
     except InputError as e:
-        for bar in list(tqdm._instances):  # closed now, or it is redrawn below the error when collected
-            bar.close()
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        _one_line_error(str(e))
+    except (torch.OutOfMemoryError, MemoryError) as e:
+        _one_line_error(_out_of_memory(e))
+    except RuntimeError as e:
+        if "can't allocate memory" not in str(e):  # the CPU allocator's out of memory is a plain RuntimeError
+            raise
+        _one_line_error(_out_of_memory(e))
     except KeyboardInterrupt:
-        saved = _RUN_DIR is not None and (_RUN_DIR / "model" / "trainer_state.pt").exists()
-        where = f"continue with --resume {_RUN_DIR}" if saved else "no checkpoint was saved yet; nothing to resume"
-        print(f"interrupted: the current step was abandoned; {where}", file=sys.stderr)
+        print(f"interrupted: the current step was abandoned; {_resume_hint()}", file=sys.stderr)
         raise SystemExit(130)
+
+
+def _one_line_error(message: str) -> None:
+    for bar in list(tqdm._instances):  # closed now, or it is redrawn below the error when collected
+        bar.close()
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _out_of_memory(error: BaseException) -> str:
+    where = "CUDA" if isinstance(error, torch.OutOfMemoryError) and "CUDA" in str(error) else "the machine"
+    return (f"out of memory on {where}; {_resume_hint()}. Lower --batch-size, add --gradient-checkpointing, "
+            "or lower --max-new-tokens")
+
+
+def _resume_hint() -> str:
+    """Where to go on from: the run folder, when it holds a checkpoint."""
+    saved = _RUN_DIR is not None and (_RUN_DIR / "model" / "trainer_state.pt").exists()
+    if saved:
+        return f"continue with --resume {_RUN_DIR}"
+    return "no checkpoint was saved yet; nothing to resume"
 
 
 # ---------------------------------------------------------------------------------------------

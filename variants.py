@@ -22,6 +22,7 @@ Losses (y_w chosen, y_l rejected, log π(y|x) summed over completion tokens unle
   REINFORCE++ (Hu 2025, arXiv:2501.03262):  r_t = -β (log π - log π_ref)_t on every token, + r(x, y) on the last;
          G_t = Σ_{s>=t} r_s (γ = 1);  A_t = (G_t - mean G) / std G over every completion token of the batch;
          baseline form (REINFORCE++-baseline): r(x, y) - the mean score of its prompt's k samples, then as above
+         KL in the loss instead (--kl-placement loss): r_t without it, + β · token-mean ½ (log π - log π_ref)_t²
 
 Conventions a reader could get wrong (each pinned by a test):
 - IPO uses *summed* log-probs here, as the paper's h; TRL's IPO averages over tokens instead,
@@ -40,11 +41,16 @@ Conventions a reader could get wrong (each pinned by a test):
   the same full-softmax log-probs, so the update is on-policy. There is no --top-p on purpose:
   sampling with top-p < 1 but scoring with full-softmax log-probs would make every update
   off-policy by the truncated mass, with no importance ratio here to correct it.
-- REINFORCE++ follows OpenRLHF (advantage_estimator reinforce / reinforce_baseline): the k1 KL is a penalty in
-  each token's reward, the baseline form centres the *score* in its prompt's group before the KL joins it, and
-  the whitening is over all completion tokens of the batch with the population std. verl divides by the sample
-  std, and its baseline form copies the group-centred sum of a sequence's token rewards to every token (no reward
-  to go). The loss is the token mean of -A_t log π_t over the batch: one step per batch, so PPO's ratio is 1.
+- REINFORCE++ follows OpenRLHF (advantage_estimator reinforce / reinforce_baseline): the baseline form centres
+  the *score* in its prompt's group, and the whitening is over all completion tokens of the batch with the
+  population std. verl divides by the sample std, and its baseline form copies the group-centred sum of a
+  sequence's token rewards to every token (no reward to go). The loss is the token mean of -A_t log π_t over the
+  batch: one step per batch, so PPO's ratio is 1.
+- REINFORCE++'s KL goes where --kl-placement says. reward (reinforce_pp's default): -β·k1 in each token's reward,
+  as in OpenRLHF's REINFORCE++ and in ms-swift's and RLinf's write-ups of the baseline form. loss (the default of
+  reinforce_pp_baseline): what OpenRLHF's own scripts for the baseline form run (--use_kl_loss --kl_estimator k2 in
+  train_reinforce_baseline_*.sh and ProRL v2), advantages free of the KL and β · the token mean of k2 in the loss.
+  OpenRLHF clamps each token's k1 or k2 to [-10, 10]; this file does not.
 - A non-finite score from the reward function stops the run with a message that names the reward,
   before it becomes a NaN loss (whose message would blame the learning rate).
 
@@ -126,6 +132,10 @@ class Args:
     group_size: int = 4
     """RLOO, REINFORCE++: samples per prompt, k (>= 2 for rloo and reinforce_pp_baseline; ReMax takes one sample and
     one greedy completion)"""
+    kl_placement: Annotated[Optional[Literal["reward", "loss"]],
+                            runs.none_means("loss for reinforce_pp_baseline, else reward", "{reward,loss}")] = None
+    """REINFORCE++: where the KL goes. reward: -β (log π - log π_ref) in each token's reward (k1); loss: advantages
+    without it, + β × the token mean of ½ (log π - log π_ref)² (k2) in the loss, as OpenRLHF's baseline scripts"""
     # ---- data and generation: the preference data (offline) and sampling (online) --------------------------------
     num_prompts: int = 512
     """offline: distinct arithmetic prompts sampled for the preference data (the same cache as dpo.py)"""
@@ -241,6 +251,16 @@ def reinforce_pp_advantages(scores: torch.Tensor, logprobs: torch.Tensor, ref_lo
     return masked_whiten(returns, mask, over_ranks=True) * mask  # (B, T) one mean and std for all valid tokens
 
 
+def reinforce_pp_loss(advantages, logprobs, ref_logprobs, mask, beta: float, kl_placement: str) -> torch.Tensor:
+    """mean_t -A_t log π_t, + β mean_t ½ (log π_t - log π_ref,t)² (k2, OpenRLHF's --use_kl_loss --kl_estimator k2)
+    with kl_placement "loss": both token means over the batch's completion tokens, as OpenRLHF's token-level loss.
+    k2's gradient is (log π_t - log π_ref,t) ∇log π_t. All (B, T), logprobs with their gradient -> a scalar."""
+    loss = -masked_mean(advantages * logprobs, mask)
+    if kl_placement == "loss":
+        loss = loss + beta * masked_mean(0.5 * (logprobs - ref_logprobs) ** 2, mask)  # (B, T) k2, padding left out
+    return loss
+
+
 # ---------------------------------------------------------------------------------------------
 # Sequence log-probs
 # ---------------------------------------------------------------------------------------------
@@ -296,6 +316,8 @@ def check_args(args: Args) -> None:
     require(args.algo != "reinforce_pp_baseline" or args.group_size >= 2,
             "--group-size must be at least 2 for reinforce_pp_baseline (the group's mean score is the baseline)")
     require(args.group_size >= 1, f"--group-size must be at least 1, not {args.group_size}")
+    require(args.kl_placement is None or args.algo in REINFORCE_PP,
+            "--kl-placement is for reinforce_pp and reinforce_pp_baseline (RLOO and ReMax put the KL in the reward)")
     require(args.algo != "kto" or args.batch_size >= 2,
             "--batch-size must be at least 2 for KTO (z0 pairs each prompt with another pair's completions)")
     require(args.samples_per_prompt >= 2,
@@ -325,6 +347,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     check_args(args)
     beta = args.beta if args.beta is not None else DEFAULT_BETA[args.algo]
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.algo]
+    kl_placement = args.kl_placement or ("loss" if args.algo == "reinforce_pp_baseline" else "reward")
     common.set_seed(args.seed)
     device = common.resolve_device(args.run.device)
     precision = common.resolve_precision(args.run.precision, device, args.model)
@@ -408,13 +431,14 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
                 advantages = rloo_advantages(rewards, k)
             elif args.algo == "remax":
                 advantages = remax_advantages(rewards, greedy_scores)
-            else:  # REINFORCE++: the same KL, token by token in the reward to go; advantages (B, T)
-                advantages = reinforce_pp_advantages(scores, logprobs.detach(), ref_logprobs, mask, beta,
+            else:  # REINFORCE++: the same KL token by token in the reward to go, or none there; advantages (B, T)
+                reward_beta = beta if kl_placement == "reward" else 0.0
+                advantages = reinforce_pp_advantages(scores, logprobs.detach(), ref_logprobs, mask, reward_beta,
                                                      k if args.algo == "reinforce_pp_baseline" else None)
 
             # ---- online 3. REINFORCE with the baseline: -A · log π(y|x), one step per batch -------------
-            if args.algo in REINFORCE_PP:  # -A_t log π_t, the token mean over the batch
-                loss = -masked_mean(advantages * logprobs, mask)
+            if args.algo in REINFORCE_PP:  # -A_t log π_t, the token mean over the batch (+ β·k2 with the KL there)
+                loss = reinforce_pp_loss(advantages, logprobs, ref_logprobs, mask, beta, kl_placement)
             else:
                 loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()
             share = distributed.share_of(mask.sum() if args.algo in REINFORCE_PP else len(scores))  # of the batch's

@@ -122,6 +122,37 @@ def test_ctrl_c_abandons_the_step_and_names_the_folder_to_resume(tmp_path, capsy
             and resumed["steps"] == 4)
 
 
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.88 GiB"),
+                                   RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9")])
+def test_out_of_memory_in_a_step_is_one_line_naming_what_to_lower_and_keeps_the_checkpoint(tmp_path, capsys,
+                                                                                         monkeypatch, error):
+    calls = []
+    loss = grpo.grpo_loss
+
+    def out_of_memory_at_step_3(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:  # one loss a step (one micro-batch, μ = 1): steps 1 and 2 train
+            raise error
+        return loss(*args, **kwargs)
+
+    monkeypatch.setattr(grpo, "grpo_loss", out_of_memory_at_step_3)
+    args = args_of(grpo.Args, model="tiny", steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=4,
+                   save_every=2, output_dir=str(tmp_path / "runs"))
+    with pytest.raises(SystemExit) as exit:
+        runs.run_main(lambda a: grpo.main(a, reward_fn=digit_fraction), args)
+    run_dir = next((tmp_path / "runs").iterdir())
+    stderr = capsys.readouterr().err
+    where = "CUDA" if isinstance(error, torch.OutOfMemoryError) else "the machine"
+    assert exit.value.code == 2 and "Traceback" not in stderr
+    assert stderr.endswith(f"\nerror: out of memory on {where}; continue with --resume {run_dir}. Lower "
+                           "--batch-size, add --gradient-checkpointing, or lower --max-new-tokens\n")
+    assert torch.load(run_dir / "model" / "trainer_state.pt", weights_only=False)["step"] == 2  # the last good one
+    # any other RuntimeError is a bug to show whole, not a line to hide it behind
+    monkeypatch.setattr(grpo, "grpo_loss", lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):
+        runs.run_main(lambda a: grpo.main(a, reward_fn=digit_fraction), args)
+
+
 def test_a_nan_gradient_with_a_finite_loss_stops_before_the_update(tmp_path, monkeypatch):
     # The NaN guard used to check only the loss: a finite loss with a NaN gradient went into the weights.
     real = torch.nn.utils.clip_grad_norm_

@@ -14,7 +14,7 @@ import variants
 from conftest import (PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing, assert_one_line_error,
                       assert_resume_is_exact, digit_fraction, metrics_of, run_script)
 from variants import (Args, ipo_loss, kto_loss, main, offline_loss, orpo_loss, reinforce_pp_advantages,
-                      remax_advantages, rloo_advantages, sequence_logps, simpo_loss)
+                      reinforce_pp_loss, remax_advantages, rloo_advantages, sequence_logps, simpo_loss)
 
 
 def tiny_args(tmp_path, algo, **overrides) -> Args:
@@ -116,6 +116,36 @@ def test_reinforce_pp_baseline_subtracts_the_prompts_mean_score_before_the_kl():
                                          RAGGED_MASK, beta=0.5, group_size=2)
     assert advantages.tolist() == [pytest.approx(row, abs=1e-6) for row in
                                    [[-2.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]]]
+
+
+def reinforce_pp_loss_and_gradient(kl_placement: str) -> tuple[float, list]:
+    # A = 1 on every token, log π_ref = 0: log π - log π_ref is RAGGED_LOG_RATIOS (5 on padding), β = 0.5
+    logprobs = RAGGED_LOG_RATIOS.clone().requires_grad_()
+    loss = reinforce_pp_loss(torch.ones(4, 3), logprobs, torch.zeros(4, 3), RAGGED_MASK, 0.5, kl_placement)
+    loss.backward()
+    return loss.item(), logprobs.grad.tolist()
+
+
+def test_reinforce_pp_loss_with_the_kl_in_the_loss_adds_beta_times_k2_by_hand():
+    # -A_t log π_t over the 8 tokens: the valid log-ratios sum to 1 + (-1) = 0, so its token mean is 0.
+    # k2 = ½ d²: ½ on the first tokens of rows 0 and 3, 0 on the other six: token mean 1/8, loss 0.5 · 1/8 = 0.0625
+    # (k1 = d: 0.5 · 0/8 = 0; a mean of sequence means: 0.5 · (0.5/3 + 0.5/2)/4 = 0.052; padding's k2 = 12.5 counted:
+    # 0.5 · 51/8 = 3.19). Gradient (-A_t + β d_t)/8: row 0's first token (-1 + 0.5)/8 = -0.0625, row 3's
+    # (-1 - 0.5)/8 = -0.1875, the other valid tokens -1/8, padding 0 (k1's would be (-1 + 0.5)/8 on every token).
+    loss, grad = reinforce_pp_loss_and_gradient("loss")
+    assert loss == pytest.approx(0.0625, abs=1e-7)
+    assert grad == [pytest.approx(row, abs=1e-7) for row in
+                    [[-0.0625, -0.125, -0.125], [-0.125, -0.125, 0.0], [-0.125, 0.0, 0.0], [-0.1875, -0.125, 0.0]]]
+
+
+def test_reinforce_pp_loss_with_the_kl_in_the_reward_adds_nothing_by_hand():
+    # the advantages already hold the KL (test_reinforce_pp_whitens_...): the loss is the token mean of -A_t log π_t,
+    # (1 + (-1))/8 = 0, and its gradient -A_t/8 = -0.125 on the 8 valid tokens, 0 on padding. A k2 term here too
+    # would give loss 0.0625 and -0.0625, -0.1875 on the first tokens of rows 0 and 3.
+    loss, grad = reinforce_pp_loss_and_gradient("reward")
+    assert loss == pytest.approx(0.0, abs=1e-7)
+    assert grad == [pytest.approx(row, abs=1e-7) for row in
+                    [[-0.125, -0.125, -0.125], [-0.125, -0.125, 0.0], [-0.125, 0.0, 0.0], [-0.125, -0.125, 0.0]]]
 
 
 # ---- the conventions in the loop ------------------------------------------------------------------------------------
@@ -238,25 +268,34 @@ def test_online_kl_is_subtracted_from_the_reward_the_baseline_sees(tmp_path, alg
     assert seen[1] == pytest.approx(rows[1]["reward"] - rows[1]["kl"], abs=1e-5)
 
 
-@pytest.mark.parametrize("algo", ["reinforce_pp", "reinforce_pp_baseline"])
-def test_reinforce_pp_in_the_loop_gets_the_kl_per_token_and_takes_the_token_mean(tmp_path, algo, monkeypatch):
+@pytest.mark.parametrize("algo, kl_placement", [("reinforce_pp", None), ("reinforce_pp_baseline", None),
+                                                ("reinforce_pp_baseline", "reward"), ("reinforce_pp", "loss")])
+def test_reinforce_pp_in_the_loop_gets_the_kl_per_token_and_takes_the_token_mean(tmp_path, algo, kl_placement,
+                                                                                  monkeypatch):
     seen = []  # what the loop hands to reinforce_pp_advantages, and what it gets back, each step
 
     def spy(scores, logprobs, ref_logprobs, mask, beta, group_size):
         advantages = reinforce_pp_advantages(scores, logprobs, ref_logprobs, mask, beta, group_size)
         seen.append(dict(logprobs=logprobs, ref_logprobs=ref_logprobs, mask=mask, advantages=advantages,
-                         group_size=group_size))
+                         beta=beta, group_size=group_size))
         return advantages
 
     monkeypatch.setattr(variants, "reinforce_pp_advantages", spy)
-    rows = metrics_of(main(tiny_args(tmp_path, algo, beta=1.0, lr=1e-2, temperature=1.0),
+    rows = metrics_of(main(tiny_args(tmp_path, algo, beta=1.0, lr=1e-2, temperature=1.0, kl_placement=kl_placement),
                            reward_fn=lambda completion, answer: len(completion) / 100))
     step2 = seen[1]  # after one update the log-ratio is not 0: it must arrive as log π - log π_ref, not reversed
     lp, ref_lp, mask, advantages = step2["logprobs"], step2["ref_logprobs"], step2["mask"], step2["advantages"]
     kl = ((lp - ref_lp) * mask).sum(1).mean().item()
     assert abs(kl) > 1e-3 and kl == pytest.approx(rows[1]["kl"], abs=1e-5)
-    # the token mean over the batch, Σ A_t log π_t / (completion tokens); a mean of sequence sums would be larger
-    assert rows[1]["loss"] == pytest.approx(-((advantages * lp * mask).sum() / mask.sum()).item(), abs=1e-5)
+    # by default the baseline form's KL is in the loss (OpenRLHF's scripts), plain REINFORCE++'s in the reward
+    in_loss = kl_placement == "loss" or (kl_placement is None and algo == "reinforce_pp_baseline")
+    assert step2["beta"] == (0.0 if in_loss else 1.0)  # the KL in the reward to go only where it is placed
+    k2 = ((0.5 * (lp - ref_lp) ** 2 * mask).sum() / mask.sum()).item()
+    assert k2 > 1e-4  # large enough to show in the loss
+    # the token mean over the batch, Σ A_t log π_t / (completion tokens); a mean of sequence sums would be larger;
+    # with the KL in the loss, + β (= 1) × the token mean of k2
+    policy_loss = -((advantages * lp * mask).sum() / mask.sum()).item()
+    assert rows[1]["loss"] == pytest.approx(policy_loss + (k2 if in_loss else 0.0), abs=1e-5)
     assert step2["group_size"] == (4 if algo == "reinforce_pp_baseline" else None)  # the k samples of a prompt
 
 
@@ -309,6 +348,7 @@ def test_reinforce_pp_raises_a_dense_reward_on_the_tiny_model(tmp_path):
         ("rloo", dict(group_size=1), "--group-size must be at least 2 for RLOO"),
         ("reinforce_pp_baseline", dict(group_size=1), "--group-size must be at least 2 for reinforce_pp_baseline"),
         ("reinforce_pp", dict(group_size=0), "--group-size must be at least 1"),
+        ("rloo", dict(kl_placement="loss"), "--kl-placement is for reinforce_pp and reinforce_pp_baseline"),
         ("kto", dict(batch_size=1), "--batch-size must be at least 2 for KTO"),
         ("ipo", dict(beta=0.0), "--beta must be > 0"),
         ("simpo", dict(dataset="/nonexistent.jsonl"), "no such file"),
@@ -338,7 +378,8 @@ def test_cli_needs_an_algo_and_reports_bad_input_in_one_line(tmp_path):
     assert_one_line_error(run_script("variants.py", "--algo", "rloo", "--model", "tiny", "--group-size", "1"),
                           "--group-size must be at least 2 for RLOO")
     help_text = run_script("variants.py", "--help").stdout
-    for flag in ("--algo", "--beta", "--simpo-gamma", "--desirable-weight", "--undesirable-weight", "--group-size"):
+    for flag in ("--algo", "--beta", "--simpo-gamma", "--desirable-weight", "--undesirable-weight", "--group-size",
+                 "--kl-placement"):
         assert flag in help_text, flag
     assert "--top-p" not in help_text  # the online loop scores with full-softmax log-probs, so it must sample from them
 
