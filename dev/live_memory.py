@@ -14,6 +14,7 @@ prompts of S tokens, G completions of T tokens.
 Run:
     python dev/live_memory.py                 # the embedded model, full fine-tuning
     python dev/live_memory.py --lora-r 16
+    python dev/live_memory.py --logprobs      # common.token_logprobs alone: 4 × 1,024 positions × 16,384 tokens
 """
 
 from __future__ import annotations
@@ -46,6 +47,30 @@ def peak_live_bytes(fn) -> int:
     return peak
 
 
+def logprob_path(rows: int, positions: int, vocabulary: int) -> None:
+    """The peak of live bytes of common.token_logprobs, plain and with the kernel, on random float32 logits of
+    (rows, positions + 1, vocabulary): a scoring call (no gradient), and a forward and backward."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(rows, positions + 1, vocabulary, generator=generator)
+    labels = torch.randint(0, vocabulary, (rows, positions), generator=generator)
+    size = rows * positions * vocabulary * 4
+    for fast in (False, True):
+
+        def scoring():
+            with torch.no_grad():
+                common.token_logprobs(logits, labels, fast=fast)
+
+        def forward_backward():
+            leaf = logits.detach().requires_grad_()
+            logprobs, _ = common.token_logprobs(leaf, labels, fast=fast)
+            logprobs.sum().backward()
+
+        path = "kernel" if fast else "plain "
+        for name, fn in (("scoring", scoring), ("forward and backward", forward_backward)):
+            peak = peak_live_bytes(fn)
+            print(f"{path} {name}: {peak / 1e6:.0f} MB above the logits' {size / 1e6:.0f} MB ({peak / size:.2f}×)")
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")
@@ -55,7 +80,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompt-tokens", type=int, default=30,
                         help="S, prompt tokens (the plan's default is the longest held-out chat prompt, 40)")
     parser.add_argument("--completion-tokens", type=int, default=32, help="T (--max-new-tokens)")
+    parser.add_argument("--logprobs", action="store_true", help="measure common.token_logprobs alone instead")
     args = parser.parse_args(argv)
+    if args.logprobs:
+        logprob_path(4, 1024, 16384)
+        return {}
     P, G, S, T = args.prompts, args.group_size, args.prompt_tokens, args.completion_tokens
     tokenizer = models.load_tokenizer(args.model)
     lora = common.LoraOptions(lora_r=args.lora_r)

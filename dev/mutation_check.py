@@ -418,6 +418,8 @@ MUTATIONS = [
     Mutation("tasks.py", "    return float(bool(reasoning.strip()) and bool(stated.strip()))",
              "    return 1.0",
              "format reward paying tags that hold only spaces", f"{TASKS} -k format_reward"),
+    Mutation("grpo.py", '"INT")] = 32\n    """micro-batch in sequences', '"INT")] = None\n    """micro-batch in sequences',
+             "GRPO's default update holds the whole batch of 128 at once", f"{GRPO} -k micro_batches_of_32"),
     Mutation("grpo.py", "    reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]",
              "    reward_fn = reward_fn or tasks.verify",
              "--verifier ignored in training", f"{GRPO} -k verifier_option"),

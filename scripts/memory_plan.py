@@ -142,7 +142,9 @@ def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[l
     config, S, lora = model_config(args.model, vocab_size), prompt_tokens, args.lora.lora_r
     policy, reference = ("policy", config, "lm", True), ("reference", config, "lm", False)
     if algo == "grpo":  # one micro-batch shares each prompt's forward among its G completions
-        micro, T = args.batch_size or args.prompts_per_step * args.group_size, args.max_new_tokens
+        batch = args.prompts_per_step * args.group_size
+        micro = min(args.batch_size or batch, batch)
+        T = args.max_new_tokens
         rows = [policy] + [reference] * (args.beta != 0 and not lora)
         if args.reward_model:
             rows.append(("reward model", model_config(args.reward_model, vocab_size), "score", False))

@@ -421,6 +421,26 @@ def test_logged_metrics_do_not_depend_on_the_micro_batch(tmp_path):
         assert rows[1][name] == pytest.approx(rows[0][name], rel=1e-4, abs=1e-5), name  # float noise of step 1's update
 
 
+def test_the_default_update_runs_in_micro_batches_of_32(tmp_path, monkeypatch):
+    # 64 sequences a step: two micro-batches of 32 by default, so a step holds the activations of 32, not 64;
+    # a --batch-size at least as large as the batch is the whole batch at once
+    sizes = []
+    loss = grpo_loss
+
+    def recording(logprobs, *args, **kwargs):
+        sizes.append(logprobs.shape[0])
+        return loss(logprobs, *args, **kwargs)
+
+    monkeypatch.setattr("grpo.grpo_loss", recording)
+    args = args_of(Args, model="tiny", steps=1, prompts_per_step=8, group_size=8, max_new_tokens=4, eval_size=4,
+                   output_dir=str(tmp_path), save_model=False)
+    main(args, reward_fn=digit_fraction)
+    assert sizes == [32, 32]
+    sizes.clear()
+    main(args_of(Args, **{**args.__dict__, "batch_size": 128}), reward_fn=digit_fraction)
+    assert sizes == [64]
+
+
 def test_completion_truncated_counts_rows_without_eos(tmp_path, monkeypatch):
     # [5, 6, EOS] ended on the last allowed token: finished, not truncated. [5, 6, 7] was cut. Truth: 0.5.
     def fixed_completions(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos, pad, *args, **kwargs):
@@ -582,6 +602,7 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
     [
         (dict(group_size=1), "--group-size must be at least 2"),
         (dict(batch_size=3), "--batch-size 3 must divide prompts-per-step × group-size = 8"),
+        (dict(batch_size=0), "--batch-size must be at least 1, not 0"),
         (dict(dataset="/nonexistent.jsonl"), "no such file"),
         (dict(temperature=0.0), "--temperature must be > 0"),
         (dict(overlong_buffer=8), "--overlong-buffer must be smaller"),
