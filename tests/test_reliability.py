@@ -99,6 +99,17 @@ def test_bom_and_numeric_answers_are_accepted(tmp_path):
     assert result["steps"] == 1
 
 
+def stopped_run(tmp_path, capsys, reward_fn=digit_fraction):
+    """A tiny 4-step GRPO run under runs.run_main, a checkpoint every 2 steps, that must stop early:
+    (its args, exit status, run folder, stderr)."""
+    args = args_of(grpo.Args, model="tiny", steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=4,
+                   save_every=2, output_dir=str(tmp_path / "runs"))
+    with pytest.raises(SystemExit) as exit:
+        runs.run_main(lambda a: grpo.main(a, reward_fn=reward_fn), args)
+    run_dir = next((tmp_path / "runs").iterdir())
+    return args, exit.value.code, run_dir, capsys.readouterr().err
+
+
 def test_ctrl_c_abandons_the_step_and_names_the_folder_to_resume(tmp_path, capsys):
     calls = []
 
@@ -108,14 +119,8 @@ def test_ctrl_c_abandons_the_step_and_names_the_folder_to_resume(tmp_path, capsy
             raise KeyboardInterrupt
         return digit_fraction(completion, answer)
 
-    args = args_of(grpo.Args, model="tiny", steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=4,
-                   save_every=2, output_dir=str(tmp_path / "runs"))
-    with pytest.raises(SystemExit) as exit:
-        runs.run_main(lambda a: grpo.main(a, reward_fn=interrupt_at_step_3), args)
-    run_dir = next((tmp_path / "runs").iterdir())
-    stderr = capsys.readouterr().err
-    assert (exit.value.code == 130
-            and f"interrupted: the current step was abandoned; continue with --resume {run_dir}\n" in stderr)
+    args, code, run_dir, stderr = stopped_run(tmp_path, capsys, interrupt_at_step_3)
+    assert code == 130 and f"interrupted: the current step was abandoned; continue with --resume {run_dir}\n" in stderr
     assert [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")] == [1, 2]
     resumed = grpo.main(args_of(grpo.Args, **{**args.__dict__, "resume": str(run_dir)}), reward_fn=digit_fraction)
     assert ([json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")] == [1, 2, 3, 4]
@@ -136,19 +141,17 @@ def test_out_of_memory_in_a_step_is_one_line_naming_what_to_lower_and_keeps_the_
         return loss(*args, **kwargs)
 
     monkeypatch.setattr(grpo, "grpo_loss", out_of_memory_at_step_3)
-    args = args_of(grpo.Args, model="tiny", steps=4, prompts_per_step=2, group_size=4, max_new_tokens=4, eval_size=4,
-                   save_every=2, output_dir=str(tmp_path / "runs"))
-    with pytest.raises(SystemExit) as exit:
-        runs.run_main(lambda a: grpo.main(a, reward_fn=digit_fraction), args)
-    run_dir = next((tmp_path / "runs").iterdir())
-    stderr = capsys.readouterr().err
+    args, code, run_dir, stderr = stopped_run(tmp_path, capsys)
     where = "CUDA" if isinstance(error, torch.OutOfMemoryError) else "the machine"
-    assert exit.value.code == 2 and "Traceback" not in stderr
+    assert code == 2 and "Traceback" not in stderr
     assert stderr.endswith(f"\nerror: out of memory on {where}; continue with --resume {run_dir}. Lower "
                            "--batch-size, add --gradient-checkpointing, or lower --max-new-tokens\n")
     assert torch.load(run_dir / "model" / "trainer_state.pt", weights_only=False)["step"] == 2  # the last good one
     # any other RuntimeError is a bug to show whole, not a line to hide it behind
-    monkeypatch.setattr(grpo, "grpo_loss", lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("a bug")))
+    def a_bug(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(grpo, "grpo_loss", a_bug)
     with pytest.raises(RuntimeError, match="a bug"):
         runs.run_main(lambda a: grpo.main(a, reward_fn=digit_fraction), args)
 
