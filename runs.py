@@ -49,9 +49,12 @@ def require(condition: bool, message: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # The options every script shares; each script's Args holds them as `run` and `lora`, flags unprefixed
 # ---------------------------------------------------------------------------------------------
-def none_means(meaning: str, metavar: str):
-    """--help for an Optional option: `--batch-size INT ... (default: None = the whole batch)`, not `{None}|INT`."""
-    return tyro.conf.arg(metavar=metavar, help_behavior_hint=f"(default: None = {meaning})")
+def none_means(meaning: str, metavar: str, default: Optional[str] = None):
+    """--help for an Optional option: `--batch-size INT ... (default: None = the whole batch)`, not `{None}|INT`;
+    with a default other than None, `(default: 32; None = the whole batch)`."""
+    if default is None:
+        return tyro.conf.arg(metavar=metavar, help_behavior_hint=f"(default: None = {meaning})")
+    return tyro.conf.arg(metavar=metavar, help_behavior_hint=f"(default: {default}; None = {meaning})")
 
 
 @dataclass
