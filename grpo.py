@@ -322,8 +322,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    reward_model = models.load_reward_model(args.reward_model, tokenizer, device, precision, use_kernels=fast) \
-        if args.reward_model else None
+    reward_model = None
+    if args.reward_model:
+        reward_model = models.load_reward_model(args.reward_model, tokenizer, device, precision, use_kernels=fast)
     # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
     ref_model = common.frozen_copy(policy) if args.beta != 0.0 and not args.lora.lora_r else None
     if resumed:
@@ -417,8 +418,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             with torch.no_grad():
                 # With μ = 1 the sampling policy *is* the current one, so old = current.detach() below and
                 # ratio is exactly 1 (no extra forward); with μ > 1 they must be frozen before the first update.
-                old_logprobs = torch.cat([logprobs_of(policy, s)[0] for s in slices]) if args.num_iterations > 1 \
-                    else None
+                old_logprobs = None
+                if args.num_iterations > 1:
+                    old_logprobs = torch.cat([logprobs_of(policy, s)[0] for s in slices])
                 ref_logprobs = None
                 if args.beta != 0.0:
                     with common.reference(policy, ref_model) as ref:

@@ -404,8 +404,9 @@ class Run:
         """Stop before a NaN or infinite loss (or gradient norm: a finite loss can still have one) reaches the
         weights, naming the last good checkpoint. Call it before optimizer.step()."""
         if not torch.isfinite(value):
-            where = f"the last good checkpoint (step {self.last_good}) is in {self.dir / 'model'}" if self.last_good \
-                else "no checkpoint was saved"
+            where = "no checkpoint was saved"
+            if self.last_good:
+                where = f"the last good checkpoint (step {self.last_good}) is in {self.dir / 'model'}"
             raise InputError(f"{what} became {value.item()} at step {step}; stopped without saving it; {where}. "
                              "Try a lower --lr")
 
