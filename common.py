@@ -67,7 +67,7 @@ def resolve_device(device: str) -> torch.device:
             f"--device {device}: CUDA is not available on this machine; use --device cpu (or auto)")
     require(not device.startswith("cuda:") or int(device[5:]) < torch.cuda.device_count(),
             f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return join_ranks(torch.device(device)) if distributed.world_size() > 1 else torch.device(device)
+    return join_ranks(torch.device(device)) if distributed.under_torchrun() else torch.device(device)
 
 
 def join_ranks(device: torch.device) -> torch.device:

@@ -29,6 +29,11 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def under_torchrun() -> bool:
+    """Started by torchrun, which sets LOCAL_RANK: with one rank too (`--nproc_per_node 1`), which joins a group of one."""
+    return "LOCAL_RANK" in os.environ
+
+
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 

@@ -111,7 +111,7 @@ def check_options(args, at_least_one: tuple[str, ...] = (), split: Optional[str]
             f"--{str(split).replace('_', '-')} {shared} does not divide over {ranks} torchrun ranks")
     for name in alone:
         require(ranks == 1 or not getattr(args, name), f"--{name.replace('_', '-')} does not run under torchrun yet")
-    fsdp.check_options(args, ranks, require)
+    fsdp.check_options(args, ranks, distributed.under_torchrun(), require)
     require(args.lr is None or args.lr > 0, f"--lr must be > 0, not {args.lr}")  # `not >` refuses NaN too
     require(args.max_grad_norm > 0, f"--max-grad-norm must be > 0 (a negative one flips the gradient), "
                                     f"not {args.max_grad_norm}")

@@ -193,12 +193,14 @@ def test_a_set_up_the_ranks_cannot_share_is_one_line(monkeypatch, tmp_path, scri
 
 
 @pytest.mark.parametrize("world, options, message", [
-    ("1", {}, "--fsdp shards the model over torchrun's ranks"),
+    (None, {}, "--fsdp shards the model over torchrun's ranks"),
     ("2", {"eval_size": 5}, "--fsdp: --eval-size 5 must divide over 2 torchrun ranks"),
     ("2", {"lora_r": 8, "merge_lora": True}, "--merge-lora does not run with --fsdp"),
 ])
 def test_an_fsdp_set_up_that_cannot_run_is_one_line(monkeypatch, tmp_path, world, options, message):
-    monkeypatch.setenv("WORLD_SIZE", world)
+    if world:  # as torchrun sets them; a plain run (None) has neither
+        monkeypatch.setenv("WORLD_SIZE", world)
+        monkeypatch.setenv("LOCAL_RANK", "0")
     args = tasks.evaluation_for_model(args_of(grpo.Args, model="tiny", output_dir=str(tmp_path), fsdp=True, **options))
     with pytest.raises(runs.InputError, match=message):
         grpo.check_args(args)
@@ -206,6 +208,7 @@ def test_an_fsdp_set_up_that_cannot_run_is_one_line(monkeypatch, tmp_path, world
 
 def test_a_backend_this_torch_lacks_is_one_line(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setattr(torch.distributed, "is_gloo_available", lambda: False)
     with pytest.raises(runs.InputError, match="needs torch.distributed's gloo backend"):
         common.resolve_device("cpu")

@@ -1,0 +1,296 @@
+"""The GPU check's measurements; dev/gpu_check.sh brings what the machine lacks, then runs this.
+
+    python dev/gpu_check.py --out DIR                 # on a CUDA machine
+    python dev/gpu_check.py --dry-run --out DIR       # the same steps on the CPU at tiny sizes
+
+Steps, each timed and recorded in DIR/summary.json (ok, seconds, and what it measured):
+  machine   the GPU, its driver, and the versions of Python, torch and transformers
+  copy      the device-to-device copy bandwidth (bytes read and written per second)
+  tier      `pytest -m cuda`: the cuda tier, every script's smoke run among it
+  convert   the embedded model from its GGUF file to safetensors (once)
+  grpo, dpo, ppo-verifier, sft
+            the scripts on the embedded model, GRPO at its defaults: held-out accuracy before -> after, wall time,
+            seconds per step (generation and training apart where the script logs them), generated tokens per
+            second, peak memory (torch.cuda.max_memory_allocated) beside what scripts/memory_plan.py predicts
+  decode    one sampling call at GRPO's default batch: seconds per token step against the floor of reading every
+            weight once per step at the copy bandwidth measured above
+DIR also gets check.log (this whole console), tier.log and runs.tar.gz (each run's logs, metrics and eval.json):
+at most 8 files. --part tests runs machine, copy and tier; --part model the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# The runs on the embedded model (GPU) and their tiny stand-ins (--dry-run): script and options.
+GPU_RUNS = {
+    "grpo": ["grpo.py"],
+    "ppo-verifier": ["ppo.py", "--reward", "verifier"],
+    "dpo": ["dpo.py"],
+    "sft": ["sft.py"],
+}
+TINY = ["--model", "tiny", "--steps", "2", "--eval-size", "8"]
+DRY_RUNS = {
+    "grpo": ["grpo.py", *TINY, "--prompts-per-step", "2", "--group-size", "4"],
+    "ppo-verifier": ["ppo.py", "--reward", "verifier", *TINY],
+    "dpo": ["dpo.py", *TINY, "--dataset", "tests/data/pairs.jsonl"],
+    "sft": ["sft.py", *TINY, "--num-demonstrations", "20"],
+}
+RUN_LIMIT_S = {"grpo": 300, "dpo": 150, "ppo-verifier": 150, "sft": 120}  # a stuck run costs the rest of the check
+
+
+class Check:
+    """The summary and the logs of one check, written to `out` as they come."""
+
+    def __init__(self, out: Path, dry_run: bool, budget_s: float):
+        self.out = out
+        self.deadline = time.time() + budget_s
+        self.work = out / "work"  # run folders and logs, packed into runs.tar.gz at the end
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.dry_run = dry_run
+        self.device = "cpu" if dry_run else "cuda"
+        self.summary = {"dry_run": dry_run, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                        "steps": {}}
+        self.env = {**os.environ, "RLHF_CACHE": str(self.work / "cache"), "PYTHONUNBUFFERED": "1"}
+        if dry_run:
+            self.env["CUDA_TIER_DEVICE"] = "cpu"
+
+    def step(self, name: str, measure) -> dict:
+        """Run `measure()` (a dict of what it measured), record it with its time and whether it raised."""
+        print(f"== {name}", flush=True)
+        start = time.time()
+        try:
+            record = {"ok": True, **measure()}
+        except Exception as e:  # a failed step is recorded and the check goes on to the next
+            record = {"ok": False, "error": f"{type(e).__name__}: {e}"[-2000:]}
+        record["seconds"] = round(time.time() - start, 1)
+        self.summary["steps"][name] = record
+        print(json.dumps(record, indent=1), flush=True)
+        self.write()
+        return record
+
+    def run(self, name: str, command: list[str], limit_s: int) -> subprocess.CompletedProcess:
+        """`command` from the repository root, its output in work/<name>.log; a non-zero exit raises, and so does
+        running past `limit_s` or past the check's own deadline."""
+        limit_s = min(limit_s, self.deadline - time.time())
+        if limit_s < 30:
+            raise TimeoutError("skipped: too little of --budget-s left")
+        log = self.work / f"{name}.log"
+        with open(log, "w") as f:
+            proc = subprocess.run(command, cwd=REPO, env=self.env, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                  timeout=limit_s)
+        if proc.returncode != 0:
+            raise RuntimeError(f"exit {proc.returncode}: ...{log.read_text()[-1500:]}")
+        return proc
+
+    def write(self) -> None:
+        (self.out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+
+    def pack(self) -> None:
+        """work/ (logs, metrics.jsonl, eval.json, args.json; no weights) into runs.tar.gz."""
+        keep = (".log", ".jsonl", ".json", ".txt", ".xml")
+        with tarfile.open(self.out / "runs.tar.gz", "w:gz") as tar:
+            for path in sorted(self.work.rglob("*")):
+                if path.is_file() and path.suffix in keep and "cache" not in path.parts and "model" not in path.parts:
+                    tar.add(path, arcname=str(path.relative_to(self.work)))
+
+
+# ---- the steps ------------------------------------------------------------------------------------------------------
+def machine(check: Check) -> dict:
+    import torch
+    import transformers
+
+    record = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+              "cpu_cores": os.cpu_count()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        record.update({"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                       "multiprocessors": props.multi_processor_count, "cuda": torch.version.cuda})
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True)
+        record["driver"] = smi.stdout.strip()
+    else:
+        record["processor"] = platform.processor() or platform.machine()
+    return record
+
+
+def copy_bandwidth(check: Check) -> dict:
+    """Bytes read and written per second by a device-to-device copy of a large buffer (the median of 10)."""
+    import torch
+
+    size = 2**30 if check.device == "cuda" else 2**26
+    source = torch.empty(size, dtype=torch.uint8, device=check.device)
+    target = torch.empty_like(source)
+    times = []
+    for _ in range(13):
+        synchronize(check.device)
+        start = time.perf_counter()
+        target.copy_(source)
+        synchronize(check.device)
+        times.append(time.perf_counter() - start)
+    seconds = sorted(times[3:])[len(times[3:]) // 2]
+    check.bandwidth = 2 * size / seconds
+    return {"bytes": size, "gb_per_s": round(check.bandwidth / 1e9, 1)}
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def tier(check: Check) -> dict:
+    """pytest -m cuda; passed and failed counted from its junit file."""
+    junit = check.work / "tier.xml"
+    log = check.work / "tier.log"
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-q", "-rfE", "-p",
+               "no:cacheprovider", f"--junitxml={junit}"]
+    if check.dry_run:  # the test suite runs each script's tiny run on the CPU already: one here checks the test
+        command += ["-k", "not every_scripts or grpo"]
+    with open(log, "w") as f:
+        subprocess.run(command, cwd=REPO, env=check.env, stdout=f, stderr=subprocess.STDOUT, text=True,
+                       timeout=max(30, check.deadline - time.time()))
+    text = junit.read_text()
+    counts = {k: int(re.search(rf'{k}="(\d+)"', text).group(1)) for k in ("tests", "failures", "errors", "skipped")}
+    failed = re.findall(r'<testcase classname="[^"]*" name="([^"]+)"[^>]*>\s*<(?:failure|error)', text)
+    (check.out / "tier.log").write_text(log.read_text())
+    if counts["failures"] or counts["errors"] or counts["skipped"] or counts["tests"] == 0:
+        raise RuntimeError(f"{counts}; failed: {failed}")
+    return counts
+
+
+def convert(check: Check) -> dict:
+    """The embedded model from its GGUF file, converted once (timed apart from the runs)."""
+    if check.dry_run:
+        return {"model": "tiny"}
+    check.run("convert", [sys.executable, "-c", "import models; print(models.smollm2_checkpoint())"], 300)
+    return {"model": "smollm2"}
+
+
+def training_run(check: Check, name: str) -> dict:
+    """One script's run: its summary numbers, its per-step times, and the memory plan's prediction for it."""
+    argv = (DRY_RUNS if check.dry_run else GPU_RUNS)[name]
+    output_dir = check.work / name
+    command = [sys.executable, *argv, "--device", check.device, "--output-dir", str(output_dir)]
+    check.run(name, command, RUN_LIMIT_S[name])
+    (run_dir,) = list(output_dir.iterdir())
+    result = json.loads((run_dir / "eval.json").read_text())
+    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    record = {"command": "python " + " ".join(argv), "wall_time_s": result["wall_time_s"], "steps": result["steps"],
+              "peak_memory_gib": round(result["memory/peak_gb"], 3)}
+    for key in ("accuracy", "pass@8"):
+        if f"{key}_before" in result:
+            record[key] = f"{result[f'{key}_before']:.3f} -> {result[f'{key}_after']:.3f}"
+    for key in ("time/step", "time/generate", "time/score", "time/train", "time/update", "tokens_per_second/generate"):
+        values = sorted(row[key] for row in rows if key in row)
+        if values:
+            record[f"median {key}"] = round(values[len(values) // 2], 4)
+    plan = subprocess.run([sys.executable, "scripts/memory_plan.py", name.split("-")[0], *argv[1:], "--device",
+                           check.device], cwd=REPO, env=check.env, capture_output=True, text=True, timeout=120)
+    total = re.search(r"^total\s+([\d.]+)", plan.stdout, re.M)
+    record["memory_plan_gib"] = float(total.group(1)) if total else plan.stderr.strip()[-300:]
+    return record
+
+
+def decode(check: Check) -> dict:
+    """Seconds per token step of one sampling call at GRPO's default batch (16 prompts x 8 samples, 32 new tokens,
+    bf16-mixed on CUDA), against the floor: every weight read once per step, in bf16, at the measured bandwidth."""
+    import torch
+
+    import common
+    import models
+    import tasks
+
+    name = "tiny" if check.dry_run else "smollm2"
+    import runs
+
+    runs.CACHE_DIR = Path(check.env["RLHF_CACHE"])
+    tokenizer = models.load_tokenizer(name)
+    device = torch.device(check.device)
+    precision = "fp32" if check.dry_run else "bf16-mixed"
+    model = models.load_model(name, len(tokenizer), device, precision, seed=0)
+    problems = tasks.heldout_problems(16)
+    ids, mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
+    times, steps = [], []
+    for seed in range(4):
+        generator = torch.Generator(device=device).manual_seed(seed)
+        synchronize(check.device)
+        start = time.perf_counter()
+        completions = common.sample_completions(model, ids, mask, 8, 32, tokenizer.eos_token_id,
+                                                tokenizer.pad_token_id, temperature=1.0, generator=generator)
+        synchronize(check.device)
+        times.append(time.perf_counter() - start)
+        steps.append(completions.shape[1])
+    seconds_per_step = sum(times[1:]) / sum(steps[1:])  # the first call warms up
+    weight_bytes = 2 * sum(p.numel() for p in model.parameters())
+    floor = weight_bytes / check.bandwidth
+    return {"rows": ids.shape[0] * 8, "token_steps": steps[1:], "ms_per_token_step": round(1e3 * seconds_per_step, 3),
+            "bf16_weight_mb": round(weight_bytes / 1e6, 1), "floor_ms_per_step": round(1e3 * floor, 4),
+            "fraction_of_bound": round(floor / seconds_per_step, 4),
+            "tokens_per_second": round(ids.shape[0] * 8 / seconds_per_step)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or f"runs/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny sizes")
+    parser.add_argument("--part", choices=("all", "tests", "model"), default="all")
+    parser.add_argument("--budget-s", type=float, default=900, help="stop starting runs when this is spent")
+    options = parser.parse_args()
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    console = open(out / "check.log", "w")
+    sys.stdout = Tee(sys.stdout, console)
+    check = Check(out, options.dry_run, options.budget_s)
+    import torch
+
+    if not options.dry_run and not torch.cuda.is_available():
+        print("error: no CUDA device here; --dry-run runs the steps on the CPU", file=sys.stderr)
+        return 2
+    check.bandwidth = math.nan
+    check.step("machine", lambda: machine(check))
+    check.step("copy", lambda: copy_bandwidth(check))
+    if options.part in ("all", "tests"):
+        check.step("tier", lambda: tier(check))
+    if options.part in ("all", "model"):
+        if check.step("convert", lambda: convert(check))["ok"]:
+            check.step("decode", lambda: decode(check))
+            for name in GPU_RUNS:
+                check.step(name, lambda: training_run(check, name))
+    check.pack()
+    failed = [name for name, record in check.summary["steps"].items() if not record["ok"]]
+    print(f"gpu check: {len(check.summary['steps']) - len(failed)} steps ok, failed: {failed or 'none'}; {out}")
+    return 1 if failed else 0
+
+
+class Tee:
+    """A stream that writes to several."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> None:
+        for stream in self.streams:
+            stream.write(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
