@@ -15,7 +15,7 @@ Steps, each timed and recorded in DIR/summary.json (ok, seconds, and what it mea
   decode    one sampling call at GRPO's default batch: seconds per token step against the floor of reading every
             weight once per step at the copy bandwidth measured above
 DIR also gets check.log (this whole console), tier.log and runs.tar.gz (each run's logs, metrics and eval.json):
-at most 8 files. --part tests runs machine, copy and tier; --part model the rest.
+4 files, whatever a machine lets come back. The runs themselves go to a temporary folder. --part tests runs machine, copy and tier; --part model the rest.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,8 +59,7 @@ class Check:
     def __init__(self, out: Path, dry_run: bool, budget_s: float):
         self.out = out
         self.deadline = time.time() + budget_s
-        self.work = out / "work"  # run folders and logs, packed into runs.tar.gz at the end
-        self.work.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))  # run folders and logs; runs.tar.gz packs them
         self.dry_run = dry_run
         self.device = "cpu" if dry_run else "cuda"
         self.summary = {"dry_run": dry_run, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -80,6 +80,7 @@ class Check:
         self.summary["steps"][name] = record
         print(json.dumps(record, indent=1), flush=True)
         self.write()
+        self.pack()  # after every step: a check stopped at a time limit still leaves what it has
         return record
 
     def run(self, name: str, command: list[str], limit_s: int) -> subprocess.CompletedProcess:
@@ -271,7 +272,6 @@ def main() -> int:
             check.step("decode", lambda: decode(check))
             for name in GPU_RUNS:
                 check.step(name, lambda: training_run(check, name))
-    check.pack()
     failed = [name for name, record in check.summary["steps"].items() if not record["ok"]]
     print(f"gpu check: {len(check.summary['steps']) - len(failed)} steps ok, failed: {failed or 'none'}; {out}")
     return 1 if failed else 0

@@ -9,7 +9,8 @@
 #   bash dev/gpu_check.sh --part tests|model ...  # half of it (the tier / the model runs), e.g. one per copy
 #
 # A machine without network gets what it lacks from .gpu/ (ignored by git), which --prepare fills: the wheels of
-# the requirements a CUDA image usually lacks (tyro, gguf and theirs), installed into a private folder, and the
+# the requirements a CUDA image usually lacks (tyro, gguf and theirs, and the transformers release installed here,
+# since an image's may be older than the 5.23 the code needs), installed into a private folder, and the
 # embedded model's GGUF file in two halves (.gpu/model-a, .gpu/model-b), since one copy of a working tree may be
 # limited to less than the whole 94 MB.
 set -euo pipefail
@@ -20,7 +21,7 @@ PYTHON=${PYTHON:-python3}
 if [ "${1:-}" = "--prepare" ]; then
     rm -rf .gpu
     mkdir -p .gpu/wheels .gpu/model-a .gpu/model-b
-    for name in tyro docstring-parser typeguard gguf; do
+    for name in tyro docstring-parser typeguard gguf transformers; do
         version=$($PYTHON -c "import importlib.metadata as m; print(m.version('$name'))")
         $PYTHON -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform any \
             -d .gpu/wheels "$name==$version"

@@ -1,0 +1,30 @@
+"""dev/gpu_check.sh: the GPU check's every step, run on the CPU at tiny sizes (--dry-run), as it runs on a GPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+STEPS = ["machine", "copy", "tier", "convert", "decode", "grpo", "ppo-verifier", "dpo", "sft"]
+
+
+def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", "dev/gpu_check.sh", "--dry-run", "--out", str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["check.log", "runs.tar.gz", "summary.json", "tier.log"]
+    steps = json.loads((out / "summary.json").read_text())["steps"]
+    assert list(steps) == STEPS and all(step["ok"] for step in steps.values())
+    assert steps["tier"]["tests"] >= 8 and steps["tier"]["failures"] == 0
+    assert steps["grpo"]["accuracy"] == "0.000 -> 0.000" and steps["grpo"]["median time/generate"] > 0
+    assert all(isinstance(steps[name]["memory_plan_gib"], float) for name in STEPS[5:])
+    assert 0 < steps["decode"]["fraction_of_bound"] < 1 and steps["decode"]["token_steps"] == [32, 32, 32]
+
+
+def test_without_cuda_the_real_check_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "dev/gpu_check.py", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == "error: no CUDA device here; --dry-run runs the steps on the CPU\n"
