@@ -97,9 +97,17 @@ def import_peft(needed_by: str = "--lora-r"):
     return peft
 
 
+def check_transformers(version: str) -> None:
+    """The scripts call activation_checkpointing_enable and is_activation_checkpointing, which came in 5.23."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    require((major, minor) >= (5, 23),
+            f"transformers {version} is older than the 5.23 these scripts need: pip install -U 'transformers>=5.23,<6'")
+
+
 def check_options(args, at_least_one: tuple[str, ...] = (), split: Optional[str] = None, alone: tuple = ()) -> None:
     """The checks every script shares, made before anything loads: optimisation numbers, the counts that must be at
     least 1, LoRA, the tracker, the output folder; under torchrun, `split` over the ranks and no `alone` option on."""
+    check_transformers(transformers.__version__)
     require(args.seed >= 0, f"--seed must be >= 0, not {args.seed}")
     pass_k = getattr(args, "pass_k", None) or 0  # None: chosen for the model (tasks.evaluation_for_model)
     require(pass_k >= 0, f"--pass-k must be 0 (off) or a number of samples per problem, not {pass_k}")

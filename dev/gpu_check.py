@@ -21,6 +21,7 @@ DIR also gets check.log (this whole console), tier.log and runs.tar.gz (each run
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -39,7 +40,7 @@ sys.path.insert(0, str(REPO))
 # The runs on the embedded model (GPU) and their tiny stand-ins (--dry-run): script and options.
 GPU_RUNS = {
     "grpo": ["grpo.py"],
-    "ppo-verifier": ["ppo.py", "--reward", "verifier"],
+    "ppo-verifier": ["ppo.py", "--reward", "verifier", "--steps", "20"],
     "dpo": ["dpo.py"],
     "sft": ["sft.py"],
 }
@@ -50,7 +51,7 @@ DRY_RUNS = {
     "dpo": ["dpo.py", *TINY, "--dataset", "tests/data/pairs.jsonl"],
     "sft": ["sft.py", *TINY, "--num-demonstrations", "20"],
 }
-RUN_LIMIT_S = {"grpo": 300, "dpo": 150, "ppo-verifier": 150, "sft": 120}  # a stuck run costs the rest of the check
+RUN_LIMIT_S = {"grpo": 300, "ppo-verifier": 200, "dpo": 150, "sft": 120}  # a stuck run costs the rest of the check
 
 
 class Check:
@@ -162,6 +163,8 @@ def tier(check: Check) -> dict:
                "no:cacheprovider", f"--junitxml={junit}"]
     if check.dry_run:  # the test suite runs each script's tiny run on the CPU already: one here checks the test
         command += ["-k", "not every_scripts or grpo"]
+    elif importlib.util.find_spec("xdist"):  # 4 processes share the GPU: the smoke runs are mostly start-up
+        command += ["-n", "4"]
     with open(log, "w") as f:
         subprocess.run(command, cwd=REPO, env=check.env, stdout=f, stderr=subprocess.STDOUT, text=True,
                        timeout=max(30, check.deadline - time.time()))
@@ -187,7 +190,14 @@ def training_run(check: Check, name: str) -> dict:
     argv = (DRY_RUNS if check.dry_run else GPU_RUNS)[name]
     output_dir = check.work / name
     command = [sys.executable, *argv, "--device", check.device, "--output-dir", str(output_dir)]
-    check.run(name, command, RUN_LIMIT_S[name])
+    plan_command = [sys.executable, "scripts/memory_plan.py", name.split("-")[0], *argv[1:], "--device", check.device]
+    plan = subprocess.Popen(plan_command, cwd=REPO, env=check.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # on the CPU, beside the run: it builds the models on the meta device
+    try:
+        check.run(name, command, RUN_LIMIT_S[name])
+    except BaseException:
+        plan.kill()
+        raise
     (run_dir,) = list(output_dir.iterdir())
     result = json.loads((run_dir / "eval.json").read_text())
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
@@ -200,10 +210,9 @@ def training_run(check: Check, name: str) -> dict:
         values = sorted(row[key] for row in rows if key in row)
         if values:
             record[f"median {key}"] = round(values[len(values) // 2], 4)
-    plan = subprocess.run([sys.executable, "scripts/memory_plan.py", name.split("-")[0], *argv[1:], "--device",
-                           check.device], cwd=REPO, env=check.env, capture_output=True, text=True, timeout=120)
-    total = re.search(r"^total\s+([\d.]+)", plan.stdout, re.M)
-    record["memory_plan_gib"] = float(total.group(1)) if total else plan.stderr.strip()[-300:]
+    plan_out, plan_err = plan.communicate(timeout=120)
+    total = re.search(r"^total\s+([\d.]+)", plan_out, re.M)
+    record["memory_plan_gib"] = float(total.group(1)) if total else plan_err.strip()[-300:]
     return record
 
 

@@ -108,7 +108,7 @@ def test_sampling_is_reproducible_for_a_seed(tokenizer):
 
 
 def test_resume_is_exact_with_deterministic_algorithms(tmp_path):
-    torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic kernel warns; the test still asks for bit-equality
+    torch.use_deterministic_algorithms(True)  # warn_only would leave cuDNN attention's backward non-deterministic
     try:
         assert_resume_is_exact(tmp_path, grpo.main, lambda out, **kw: grpo_args(out, beta=0.1, eval_every=2, **kw),
                                reward_fn=digit_fraction)

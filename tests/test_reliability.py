@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import transformers
 import tyro
 
 import common
@@ -236,6 +237,19 @@ def test_a_missing_tracker_package_is_one_line_before_anything_loads(tmp_path, m
                         lambda name, *a: None if name == "wandb" else real_find_spec(name, *a))
     with pytest.raises(runs.InputError, match=r"^--report-to wandb needs the wandb package: pip install wandb$"):
         runs.check_options(args_of(grpo.Args, report_to="wandb", output_dir=str(tmp_path)))
+
+
+@pytest.mark.parametrize("version, refused", [("5.17.0", True), ("5.22.2", True), ("5.23.0", False),
+                                              ("5.24.0.dev0", False), ("6.0.0", False)])
+def test_a_transformers_older_than_5_23_is_one_line_before_anything_loads(tmp_path, monkeypatch, version, refused):
+    # a CUDA image's transformers 5.17 failed at the first step: no activation_checkpointing_enable before 5.23
+    monkeypatch.setattr(transformers, "__version__", version)
+    args = args_of(grpo.Args, output_dir=str(tmp_path))
+    if refused:
+        with pytest.raises(runs.InputError, match=rf"^transformers {version} is older than the 5.23 these scripts"):
+            runs.check_options(args)
+    else:
+        runs.check_options(args)
 
 
 SCRIPTS = {"grpo": grpo, "dpo": dpo, "ppo": ppo, "reward_model": reward_model, "variants": variants, "sft": sft}
