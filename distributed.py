@@ -30,7 +30,7 @@ def world_size() -> int:
 
 
 def under_torchrun() -> bool:
-    """Started by torchrun, which sets LOCAL_RANK: with one rank too (`--nproc_per_node 1`), which joins a group of one."""
+    """Started by torchrun, which sets LOCAL_RANK; with `--nproc_per_node 1` too, a group of one rank."""
     return "LOCAL_RANK" in os.environ
 
 

@@ -51,7 +51,8 @@ def shard(on: bool, *models) -> None:
 def check_options(args, ranks: int, under_torchrun: bool, require) -> None:
     """--fsdp's checks: torchrun, no --merge-lora, a held-out set that divides over the ranks (a collective forward)."""
     if args.run.fsdp:
-        require(under_torchrun, "--fsdp shards the model over torchrun's ranks: torchrun --nproc_per_node N script.py ...")
+        require(under_torchrun,
+                "--fsdp shards the model over torchrun's ranks: torchrun --nproc_per_node N script.py ...")
         require(not args.lora.merge_lora, "--merge-lora does not run with --fsdp: merge the saved adapter afterwards "
                 "in one process (peft: PeftModel.from_pretrained(base, adapter).merge_and_unload())")
         eval_size = getattr(args, "eval_size", None) or 0

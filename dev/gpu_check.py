@@ -15,7 +15,8 @@ Steps, each timed and recorded in DIR/summary.json (ok, seconds, and what it mea
   decode    one sampling call at GRPO's default batch: seconds per token step against the floor of reading every
             weight once per step at the copy bandwidth measured above
 DIR also gets check.log (this whole console), tier.log and runs.tar.gz (each run's logs, metrics and eval.json):
-4 files, whatever a machine lets come back. The runs themselves go to a temporary folder. --part tests runs machine, copy and tier; --part model the rest.
+4 files, whatever a machine lets come back. The runs themselves go to a temporary folder.
+--part tests runs machine, copy and tier; --part model the rest.
 """
 
 from __future__ import annotations
@@ -63,8 +64,7 @@ class Check:
         self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))  # run folders and logs; runs.tar.gz packs them
         self.dry_run = dry_run
         self.device = "cpu" if dry_run else "cuda"
-        self.summary = {"dry_run": dry_run, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                        "steps": {}}
+        self.summary = {"dry_run": dry_run, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "steps": {}}
         self.env = {**os.environ, "RLHF_CACHE": str(self.work / "cache"), "PYTHONUNBUFFERED": "1"}
         if dry_run:
             self.env["CUDA_TIER_DEVICE"] = "cpu"
@@ -92,8 +92,9 @@ class Check:
             raise TimeoutError("skipped: too little of --budget-s left")
         log = self.work / f"{name}.log"
         with open(log, "w") as f:
-            proc = subprocess.run(command, cwd=REPO, env=self.env, stdout=f, stderr=subprocess.STDOUT, text=True,
-                                  timeout=limit_s)
+            proc = subprocess.run(
+                command, cwd=REPO, env=self.env, stdout=f, stderr=subprocess.STDOUT, text=True, timeout=limit_s
+            )
         if proc.returncode != 0:
             raise RuntimeError(f"exit {proc.returncode}: ...{log.read_text()[-1500:]}")
         return proc
@@ -115,14 +116,25 @@ def machine(check: Check) -> dict:
     import torch
     import transformers
 
-    record = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-              "cpu_cores": os.cpu_count()}
+    record = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu_cores": os.cpu_count(),
+    }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        record.update({"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
-                       "multiprocessors": props.multi_processor_count, "cuda": torch.version.cuda})
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True)
+        record.update(
+            {
+                "gpu": props.name,
+                "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                "multiprocessors": props.multi_processor_count,
+                "cuda": torch.version.cuda,
+            }
+        )
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+        )
         record["driver"] = smi.stdout.strip()
     else:
         record["processor"] = platform.processor() or platform.machine()
@@ -159,15 +171,33 @@ def tier(check: Check) -> dict:
     """pytest -m cuda; passed and failed counted from its junit file."""
     junit = check.work / "tier.xml"
     log = check.work / "tier.log"
-    command = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-q", "-rfE", "-p",
-               "no:cacheprovider", f"--junitxml={junit}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "cuda",
+        "tests/test_cuda.py",
+        "-q",
+        "-rfE",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+    ]
     if check.dry_run:  # the test suite runs each script's tiny run on the CPU already: one here checks the test
         command += ["-k", "not every_scripts or grpo"]
     elif importlib.util.find_spec("xdist"):  # 4 processes share the GPU: the smoke runs are mostly start-up
         command += ["-n", "4"]
     with open(log, "w") as f:
-        subprocess.run(command, cwd=REPO, env=check.env, stdout=f, stderr=subprocess.STDOUT, text=True,
-                       timeout=max(30, check.deadline - time.time()))
+        subprocess.run(
+            command,
+            cwd=REPO,
+            env=check.env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=max(30, check.deadline - time.time()),
+        )
     text = junit.read_text()
     counts = {k: int(re.search(rf'{k}="(\d+)"', text).group(1)) for k in ("tests", "failures", "errors", "skipped")}
     failed = re.findall(r'<testcase classname="[^"]*" name="([^"]+)"[^>]*>\s*<(?:failure|error)', text)
@@ -191,8 +221,9 @@ def training_run(check: Check, name: str) -> dict:
     output_dir = check.work / name
     command = [sys.executable, *argv, "--device", check.device, "--output-dir", str(output_dir)]
     plan_command = [sys.executable, "scripts/memory_plan.py", name.split("-")[0], *argv[1:], "--device", check.device]
-    plan = subprocess.Popen(plan_command, cwd=REPO, env=check.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # on the CPU, beside the run: it builds the models on the meta device
+    plan = subprocess.Popen(
+        plan_command, cwd=REPO, env=check.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )  # on the CPU, beside the run: it builds the models on the meta device
     try:
         check.run(name, command, RUN_LIMIT_S[name])
     except BaseException:
@@ -201,8 +232,12 @@ def training_run(check: Check, name: str) -> dict:
     (run_dir,) = list(output_dir.iterdir())
     result = json.loads((run_dir / "eval.json").read_text())
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    record = {"command": "python " + " ".join(argv), "wall_time_s": result["wall_time_s"], "steps": result["steps"],
-              "peak_memory_gib": round(result["memory/peak_gb"], 3)}
+    record = {
+        "command": "python " + " ".join(argv),
+        "wall_time_s": result["wall_time_s"],
+        "steps": result["steps"],
+        "peak_memory_gib": round(result["memory/peak_gb"], 3),
+    }
     for key in ("accuracy", "pass@8"):
         if f"{key}_before" in result:
             record[key] = f"{result[f'{key}_before']:.3f} -> {result[f'{key}_after']:.3f}"
@@ -240,18 +275,32 @@ def decode(check: Check) -> dict:
         generator = torch.Generator(device=device).manual_seed(seed)
         synchronize(check.device)
         start = time.perf_counter()
-        completions = common.sample_completions(model, ids, mask, 8, 32, tokenizer.eos_token_id,
-                                                tokenizer.pad_token_id, temperature=1.0, generator=generator)
+        completions = common.sample_completions(
+            model,
+            ids,
+            mask,
+            8,
+            32,
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+            temperature=1.0,
+            generator=generator,
+        )
         synchronize(check.device)
         times.append(time.perf_counter() - start)
         steps.append(completions.shape[1])
     seconds_per_step = sum(times[1:]) / sum(steps[1:])  # the first call warms up
     weight_bytes = 2 * sum(p.numel() for p in model.parameters())
     floor = weight_bytes / check.bandwidth
-    return {"rows": ids.shape[0] * 8, "token_steps": steps[1:], "ms_per_token_step": round(1e3 * seconds_per_step, 3),
-            "bf16_weight_mb": round(weight_bytes / 1e6, 1), "floor_ms_per_step": round(1e3 * floor, 4),
-            "fraction_of_bound": round(floor / seconds_per_step, 4),
-            "tokens_per_second": round(ids.shape[0] * 8 / seconds_per_step)}
+    return {
+        "rows": ids.shape[0] * 8,
+        "token_steps": steps[1:],
+        "ms_per_token_step": round(1e3 * seconds_per_step, 3),
+        "bf16_weight_mb": round(weight_bytes / 1e6, 1),
+        "floor_ms_per_step": round(1e3 * floor, 4),
+        "fraction_of_bound": round(floor / seconds_per_step, 4),
+        "tokens_per_second": round(ids.shape[0] * 8 / seconds_per_step),
+    }
 
 
 def main() -> int:

