@@ -4,7 +4,7 @@ Each mutation below is one plausible bug a reader could make in the loss, advant
 (a flipped sign, a dropped clip branch, the sample std for the population std, the temperature
 left out when log-probs are recomputed, ...). The conventions the algorithm files list as "pinned
 by a test" are exactly these bugs. For each mutation the script copies the repository (its .py
-files, tests/ and pytest.ini; no runs/ or caches) into a temporary folder, makes the one textual
+and .sh files, tests/ and pytest.ini; no runs/ or caches) into a temporary folder, makes the one textual
 replacement there, and runs the narrowest pytest target that should catch it:
 
     KILLED    the target failed: the tests caught the bug
@@ -698,6 +698,14 @@ MUTATIONS = [
     Mutation("fsdp.py", "require(eval_size % ranks == 0,", "require(True,",
              "--fsdp: a held-out set that does not divide over the ranks let through (their forwards would hang)",
              f"{DIST} -k fsdp_set_up"),
+    Mutation("fsdp.py", "require(under_torchrun,", "require(True,",
+             "--fsdp in a plain run let through (no process group to shard over)", f"{DIST} -k fsdp_set_up"),
+    Mutation("distributed.py", 'return "LOCAL_RANK" in os.environ', "return world_size() > 1",
+             "torchrun --nproc_per_node 1: the one rank never joins a group, so --fsdp cannot shard",
+             "tests/test_gpu_check.py -k dry_run"),
+    Mutation("runs.py", ">= (5, 23),", ">= (5, 0),",
+             "a transformers without activation_checkpointing_enable let through (the first step fails)",
+             f"{REL} -k transformers_older"),
     Mutation("distributed.py", "if world_size() == 1 or fsdp.is_sharded(model):", "if world_size() == 1:",
              "--fsdp: the reduce-scattered gradients all-reduced once more", f"{DIST} -k grpo_sharded"),
     Mutation("fsdp.py", "is_sharded(model := owner(obj, models)) and obj.state:  # not before", "False:",
@@ -746,7 +754,8 @@ MUTATIONS = [
 # Copying the repository, applying a mutation, running pytest
 # ---------------------------------------------------------------------------------------------
 def repo_files() -> list[Path]:
-    """Tracked and untracked (not ignored) .py files, everything under tests/, and pytest.ini; never runs/ or caches."""
+    """Tracked and untracked (not ignored) .py and .sh files, everything under tests/, and pytest.ini; never runs/ or
+    caches."""
     try:
         out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                              cwd=REPO, capture_output=True, text=True, check=True).stdout
@@ -758,7 +767,8 @@ def repo_files() -> list[Path]:
         parts = Path(name).parts
         if parts[0] in ("runs", ".git") or "__pycache__" in parts or any(p.startswith(".") for p in parts):
             continue
-        if (name.endswith(".py") or name == "pytest.ini" or parts[0] == "tests") and (REPO / name).is_file():
+        wanted = name.endswith((".py", ".sh")) or name == "pytest.ini" or parts[0] == "tests"  # .sh: dev/gpu_check.sh
+        if wanted and (REPO / name).is_file():
             keep.append(Path(name))
     return keep
 
