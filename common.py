@@ -16,29 +16,18 @@ Two conventions used everywhere:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import copy
-import datetime
-import os
-import random
-import sys
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
-import numpy as np
 import torch
-import torch.distributed as dist
+import torch.distributed
 import torch.utils.checkpoint
 import transformers
 from packaging.version import Version
 
-import distributed
-import fsdp
-import kernels
-import runs
-from runs import InputError, require
 
 # transformers 5.24 renamed the key/value cache, forward's `past_key_values=` and the output's field, to `cache`, and
 # removes the old name in 5.40: passed there, it would fall into **kwargs and the prompt's cache be silently ignored.
@@ -47,85 +36,30 @@ CACHE = "cache" if Version(transformers.__version__) >= Version("5.24") else "pa
 TINY_MODELS = ("tiny", "tiny-gpt2")  # small random models built in memory (models.py), for tests and smoke runs
 
 
+class InputError(Exception):
+    """Bad input from the user: reported as one line, before any work is lost (infra/runs.py's run_main)."""
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InputError(message)
+
+
+def import_peft(needed_by: str = "--lora-r"):
+    """The optional peft package (LoRA), or one line that says how to install it."""
+    try:
+        import peft
+    except ImportError:
+        raise InputError(f"{needed_by} needs the peft package: pip install peft") from None
+    return peft
+
+
 # ---------------------------------------------------------------------------------------------
-# Set-up: seed, device, precision
+# Precision and the kernels' seam: what a loaded model was marked with (infra/models.py)
 # ---------------------------------------------------------------------------------------------
-def set_seed(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def resolve_device(device: str) -> torch.device:
-    """auto (cuda if available), cpu, cuda or cuda:N; anything else, or CUDA without a GPU, is one clear error.
-    Under torchrun (distributed.py) the rank also joins the others, on its own GPU (join_ranks)."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    require(device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()),
-            f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
-    require(device == "cpu" or torch.cuda.is_available(),
-            f"--device {device}: CUDA is not available on this machine; use --device cpu (or auto)")
-    require(not device.startswith("cuda:") or int(device[5:]) < torch.cuda.device_count(),
-            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return join_ranks(torch.device(device)) if distributed.under_torchrun() else torch.device(device)
-
-
-def join_ranks(device: torch.device) -> torch.device:
-    """Under torchrun: this rank's device (on CUDA its own GPU, cuda:LOCAL_RANK) in one process group with the
-    other ranks, gloo on a CPU and nccl on CUDA. A backend this torch lacks, or too few GPUs, is one line. Ranks
-    other than 0 print nothing (their stdout goes to /dev/null); errors still reach stderr."""
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    require(dist.is_available() and (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()),
-            f"torchrun on {device.type} needs torch.distributed's {backend} backend, which this torch build lacks")
-    if device.type == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        require(local_rank < torch.cuda.device_count(), f"torchrun's rank {local_rank} on a machine with "
-                f"{torch.cuda.device_count()} GPU(s): start at most one rank per GPU (--nproc_per_node)")
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():  # a long wait: the others wait while rank 0 alone samples and labels data
-        dist.init_process_group(backend, timeout=datetime.timedelta(hours=2))
-        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # on an error; else Run.finish
-    if not distributed.is_main():
-        sys.stdout = open(os.devnull, "w")
-    return device
-
-
-def resolve_kernels(kernels: str, device: torch.device) -> bool:
-    """auto -> on for a CPU (where they save most of a step), off for CUDA (where the plain code is what runs)."""
-    if kernels not in ("auto", "on", "off"):
-        raise InputError(f"--kernels must be auto, on or off, not {kernels!r}")
-    return kernels == "on" or (kernels == "auto" and device.type == "cpu")
-
-
-def resolve_precision(precision: str, device: torch.device, model: str = "") -> str:
-    """auto -> bf16-mixed on CUDA and, for a real model, a CPU with native bf16 (cpu_has_bf16_matmul); else fp32 (bf16
-    emulated is slower; the tiny models' matmuls too small to pay). bf16-mixed: fp32 master weights, bf16 autocast
-    (TRL's bf16=True); bf16-true: bf16 weights, losing updates under half a bf16 step. Log-probs, losses: float32."""
-    if precision == "auto":
-        fast_bf16 = device.type == "cuda" or (cpu_has_bf16_matmul() and model not in TINY_MODELS)
-        return "bf16-mixed" if fast_bf16 else "fp32"
-    if precision not in ("fp32", "bf16-mixed", "bf16-true"):
-        raise InputError(f"--precision must be auto, fp32, bf16-mixed or bf16-true, not {precision!r}")
-    return precision
-
-
-def cpu_has_bf16_matmul() -> bool:
-    """AVX512-BF16 or AMX: native bf16 matmuls, a GRPO step 1.4-1.7x faster than fp32's; AVX2 emulates them, slower."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
 def fast_kernels(model) -> bool:
     """Whether `model` takes kernels.py's faster versions (enable_kernels, from --kernels)."""
     return getattr(model, "fast_kernels", False)
-
-
-def enable_kernels(model, on: bool, device: torch.device, precision: str) -> None:
-    """Switch kernels.py's faster paths on or off for `model` (read by the seams below, `fast_kernels`), and choose
-    its CPU attention. Off, every number comes from the plain code in this file."""
-    model.fast_kernels = on  # not `use_kernels`: that name is a transformers property
-    if on:
-        kernels.choose_attention(model, device, precision)
 
 
 def autocast(model: torch.nn.Module):
@@ -181,7 +115,7 @@ def add_lora(model, base: str, lora: LoraOptions):
     the first forward is the base model's. A score head (reward model, critic) stays fully trainable.
     With the adapter switched off the model *is* its base, which is the reference (`reference`): one
     set of base weights, no copy. `base` (the --model it came from) is recorded to load the adapter again."""
-    peft = runs.import_peft()
+    peft = import_peft()
     targets = lora.lora_targets
     targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
     config = peft.LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
@@ -223,6 +157,8 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
     if labels.shape[1] > logits.shape[1]:
         raise ValueError(f"{labels.shape[1]} labels per row but logits for {logits.shape[1]} positions")
     if fast:  # the same numbers, slab by slab, by a hand-written backward (a CPU's page faults cost more)
+        from infra import kernels  # the seam: imported only when a model takes the kernels
+
         return kernels.token_logprobs(logits, labels, temperature, with_entropy)
     # A few sequences at a time, each piece computed again in the backward (checkpoint): whole, the float32 copy
     # of the logits / τ and the log-softmax autograd keeps for the backward would be two (B, T, V) temporaries.
@@ -292,26 +228,29 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -
     return (x * mask).sum() if dim is None else (x * mask).sum(dim)
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None, over_ranks: bool = False):
-    """The mean of the masked entries (along `dim`); over_ranks: of every rank's entries, all of them (no `dim`)."""
-    if over_ranks:  # Σ over the ranks of each one's sum and count; the plain mean in one process
-        return distributed.all_sum(masked_sum(x, mask)) / distributed.all_sum(mask.sum()).clamp(min=1)
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None, all_sum: Optional[Callable] = None):
+    """The mean of the masked entries (along `dim`). With `all_sum`, a sum over the processes (under torchrun,
+    infra.distributed.all_sum): the mean of every rank's entries, all of them (no `dim`)."""
+    if all_sum:  # Σ over the ranks of each one's sum and count; the plain mean in one process
+        return all_sum(masked_sum(x, mask)) / all_sum(mask.sum()).clamp(min=1)
     return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
-                  over_ranks: bool = False) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) over masked entries, population variance (divide by N, not N-1); over_ranks:
+                  all_sum: Optional[Callable] = None) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over masked entries, population variance (divide by N, not N-1); with all_sum:
     one mean and variance for the whole batch under torchrun, from every rank's entries (masked_mean)."""
-    mean = masked_mean(x, mask, over_ranks=over_ranks)
-    var = masked_mean((x - mean) ** 2, mask, over_ranks=over_ranks)
+    mean = masked_mean(x, mask, all_sum=all_sum)
+    var = masked_mean((x - mean) ** 2, mask, all_sum=all_sum)
     whitened = (x - mean) * torch.rsqrt(var + eps)
     return whitened if shift_mean else whitened + mean
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(R - V) / Var(R) over the masked tokens (every rank's): 1 is a perfect critic, 0 no better than a mean."""
-    mean = lambda x: masked_mean(x, mask, over_ranks=True)
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       all_sum: Optional[Callable] = None) -> float:
+    """1 - Var(R - V) / Var(R) over the masked tokens (every rank's, with all_sum as in masked_mean): 1 is a perfect
+    critic, 0 no better than a mean."""
+    mean = lambda x: masked_mean(x, mask, all_sum=all_sum)
     var_returns, residual = mean((returns - mean(returns)) ** 2), returns - values
     var_residual = mean((residual - mean(residual)) ** 2)
     return (1.0 - var_residual / var_returns).item() if var_returns > 0 else float("nan")
@@ -379,7 +318,9 @@ def completion_logprobs(
     full_mask = torch.cat([prompt_mask.repeat_interleave(repeats, 0), torch.ones_like(completion_ids)], 1)  # (B, S+T)
     positions = position_ids(full_mask)  # (B, S+T)
     with autocast(model):
-        if share_prompt and not (model.is_activation_checkpointing and model.training) and not fsdp.is_sharded(model):
+        checkpointing = model.is_activation_checkpointing and model.training
+        sharded = getattr(model, "sharded", False)  # --fsdp: the cache is not shared across the ranks' gathers
+        if share_prompt and not checkpointing and not sharded:
             cache = None  # a one-token prompt has nothing to share
             if S > 1:  # (its logits are not used: logits_to_keep=1 keeps that cheap)
                 out = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], use_cache=True,
@@ -436,6 +377,8 @@ def sample_completions(
     check_fits(model, prompt_ids.shape[1], max_new_tokens)
     rows = prompt_ids.shape[0] * num_samples
     if fast_kernels(model):  # kernels.cpu_bf16_decoding: the same tokens, faster on a CPU in bfloat16
+        from infra import kernels
+
         decoding = kernels.cpu_bf16_decoding(model, rows)
     else:  # plain: the model as it is
         decoding = contextlib.nullcontext()
@@ -460,7 +403,7 @@ def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_tok
         token = torch.where(finished, pad_token_id, token)
         tokens.append(token)
         finished |= token == eos_token_id
-        if fsdp.all_finished(model, finished):  # --fsdp: every rank's rows, since each forward needs all the ranks
+        if all_finished(model, finished):
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
         position = attention_mask.sum(1, keepdim=True) - 1  # (B, 1)
@@ -468,6 +411,15 @@ def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_tok
                     use_cache=True, **{CACHE: cache})
         next_logits = out.logits[:, -1]
     return torch.stack(tokens, dim=1)
+
+
+def all_finished(model, finished: torch.Tensor) -> bool:
+    """Whether every row has finished: this process's rows, or with a sharded model (--fsdp marks it `sharded`) every
+    rank's, since each forward gathers the weights from all the ranks: they decode until the last row of any ends."""
+    done = finished.all().to(torch.int32)
+    if getattr(model, "sharded", False):
+        torch.distributed.all_reduce(done, op=torch.distributed.ReduceOp.MIN)
+    return bool(done)
 
 
 def _sample_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:

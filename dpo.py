@@ -56,13 +56,13 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import common
-import distributed
-import fsdp
-import models
+from infra import distributed
+from infra import fsdp
+from infra import models
 import preferences
-import runs
+from infra import runs
 import tasks
-from runs import require
+from infra.runs import require
 
 
 @dataclass
@@ -231,10 +231,10 @@ def main(args: Args) -> dict:
     """Train with DPO; returns the final metrics (also written to the run folder's eval.json)."""
     args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
-    common.set_seed(args.seed)
-    device = common.resolve_device(args.run.device)
-    precision = common.resolve_precision(args.run.precision, device, args.model)
-    fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    models.set_seed(args.seed)
+    device = models.resolve_device(args.run.device)
+    precision = models.resolve_precision(args.run.precision, device, args.model)
+    fast = models.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     train_pairs, heldout_pairs, _ = ([], [], []) if args.online else preferences.load_preference_pairs(

@@ -57,13 +57,13 @@ from typing import Annotated, Callable, Literal, Optional
 import torch
 
 import common
-import distributed
-import fsdp
-import models
-import runs
+from infra import distributed
+from infra import fsdp
+from infra import models
+from infra import runs
 import tasks
 from common import masked_mean, masked_sum
-from runs import InputError, require
+from infra.runs import InputError, require
 
 
 @dataclass
@@ -312,10 +312,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
     reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]
-    common.set_seed(args.seed)
-    device = common.resolve_device(args.run.device)
-    precision = common.resolve_precision(args.run.precision, device, args.model)
-    fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    models.set_seed(args.seed)
+    device = models.resolve_device(args.run.device)
+    precision = models.resolve_precision(args.run.precision, device, args.model)
+    fast = models.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
     train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)  # held-out too

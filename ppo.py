@@ -61,13 +61,13 @@ import torch
 from tqdm.auto import tqdm
 
 import common
-import distributed
-import fsdp
-import models
-import runs
+from infra import distributed
+from infra import fsdp
+from infra import models
+from infra import runs
 import tasks
 from common import explained_variance, masked_mean, masked_whiten
-from runs import InputError, require
+from infra.runs import InputError, require
 
 
 @dataclass
@@ -316,10 +316,10 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     answer) scores the samples; held-out accuracy always uses the verifier."""
     args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
-    common.set_seed(args.seed)
-    device = common.resolve_device(args.run.device)
-    precision = common.resolve_precision(args.run.precision, device, args.model)
-    fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    models.set_seed(args.seed)
+    device = models.resolve_device(args.run.device)
+    precision = models.resolve_precision(args.run.precision, device, args.model)
+    fast = models.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
@@ -430,9 +430,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             # ---- 3. per-token rewards, GAE, whitened advantages ---------------------------------------
             rewards, kl = kl_penalized_rewards(penalised, old_logprobs, ref_logprobs, mask, kl_coef, args.kl_estimator)
             if args.whiten_rewards:  # over the whole batch's tokens: every rank's
-                rewards = masked_whiten(rewards, mask, shift_mean=False, over_ranks=True) * mask
+                rewards = masked_whiten(rewards, mask, shift_mean=False, all_sum=distributed.all_sum) * mask
             advantages, returns = compute_gae(rewards, old_values, mask, args.gamma, args.lam)
-            advantages = masked_whiten(advantages, mask, over_ranks=True) * mask
+            advantages = masked_whiten(advantages, mask, all_sum=distributed.all_sum) * mask
         kl_per_completion = distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})["kl"]  # the whole batch's
         if args.kl_budget is not None and kl_per_completion > args.kl_budget:
             stopped_at = step - 1
@@ -493,7 +493,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "kl": kl_per_completion, "kl_coef": kl_used,
             "non_score_reward": non_score.mean().item(), "rlhf_reward": (penalised + non_score).mean().item(),
             **averaged,
-            "explained_variance": explained_variance(old_values, returns, mask),
+            "explained_variance": explained_variance(old_values, returns, mask, all_sum=distributed.all_sum),
             "completion_length": mask.sum(1).float().mean().item(),
             "completion_finished": finished.float().mean().item(),
             "completions/distinct": common.distinct_fraction(completion_ids, mask, B),  # the batch (a rank's share)

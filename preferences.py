@@ -17,11 +17,11 @@ from typing import Callable, Optional
 import torch
 
 import common
-import distributed
-import models
-import runs
+from infra import distributed
+from infra import models
+from infra import runs
 import tasks
-from runs import InputError
+from infra.runs import InputError
 
 
 def label_samples(model, tokenizer, problems: list[tasks.Problem], samples_per_prompt: int, max_new_tokens: int,
@@ -103,7 +103,7 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
                 problems.append(p)
             if len(problems) == num_prompts:
                 break
-        kernels = common.resolve_kernels("auto", device)  # the same samples either way; faster on a CPU
+        kernels = models.resolve_kernels("auto", device)  # the same samples either way; faster on a CPU
         model = models.load_model(model_name, len(tokenizer), device, precision, seed, use_kernels=kernels).eval()
         samples = label_samples(model, tokenizer, problems, samples_per_prompt, max_new_tokens, temperature, seed)
         n_heldout = samples_per_prompt * max(1, num_prompts // 8)

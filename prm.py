@@ -44,10 +44,10 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm.auto import tqdm
 
 import common
-import distributed
-import fsdp
-import models
-import runs
+from infra import distributed
+from infra import fsdp
+from infra import models
+from infra import runs
 import tasks
 
 
@@ -252,7 +252,7 @@ def step_label_data(args: Args, tokenizer, device, precision: str) -> tuple[dict
     if not folder.exists() and distributed.is_main():  # under torchrun rank 0 labels them, the others wait
         train, heldout = tasks.multistep_problems(args.seed, args.num_problems, args.eval_size)
         policy = models.load_model(name, len(tokenizer), device, precision, args.seed,
-                                   use_kernels=common.resolve_kernels("auto", device)).eval()
+                                   use_kernels=models.resolve_kernels("auto", device)).eval()
         label = lambda problems: label_solutions(policy, tokenizer, problems, args.num_solutions, args.num_rollouts,
                                                  args.max_new_tokens, args.temperature, args.seed)
         labelled = {"train": label(train), "heldout": label(heldout)}
@@ -287,10 +287,10 @@ def main(args: Args) -> dict:
     runs.check_options(args, at_least_one=("steps", "batch_size", "eval_size", "num_problems", "num_solutions",
                                            "num_rollouts", "max_new_tokens"), split="batch_size")
     runs.require(args.temperature > 0, "--temperature must be > 0 (it samples the solutions and the rollouts)")
-    common.set_seed(args.seed)
-    device = common.resolve_device(args.run.device)
-    precision = common.resolve_precision(args.run.precision, device, args.model)
-    fast = common.resolve_kernels(args.run.kernels, device)
+    models.set_seed(args.seed)
+    device = models.resolve_device(args.run.device)
+    precision = models.resolve_precision(args.run.precision, device, args.model)
+    fast = models.resolve_kernels(args.run.kernels, device)
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     data, folder = step_label_data(args, tokenizer, device, precision)
@@ -336,7 +336,7 @@ def main(args: Args) -> dict:
 
         # ---- 3. log -------------------------------------------------------------------------------------------------
         hits = ((logits.detach() > 0) == (labels > 0.5)).float()
-        mean = lambda x: common.masked_mean(x, step_mask, over_ranks=True).item()  # over every rank's steps
+        mean = lambda x: common.masked_mean(x, step_mask, all_sum=distributed.all_sum).item()  # over every rank's steps
         stats = {"loss": distributed.all_sum(loss.item() * share), "step_accuracy": mean(hits),
                  "label_mean": mean(labels), "steps": distributed.all_sum(int(step_mask.sum())),
                  "grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0], "time/step": time.time() - t0}

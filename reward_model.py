@@ -47,13 +47,13 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import common
-import distributed
-import fsdp
-import models
+from infra import distributed
+from infra import fsdp
+from infra import models
 import preferences
-import runs
+from infra import runs
 import tasks
-from runs import require
+from infra.runs import require
 
 
 @dataclass
@@ -213,10 +213,10 @@ def check_args(args: Args) -> None:
 def main(args: Args) -> dict:
     """Train a Bradley-Terry reward model; returns the final metrics (also written to eval.json)."""
     check_args(args)
-    common.set_seed(args.seed)
-    device = common.resolve_device(args.run.device)
-    precision = common.resolve_precision(args.run.precision, device, args.model)
-    fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    models.set_seed(args.seed)
+    device = models.resolve_device(args.run.device)
+    precision = models.resolve_precision(args.run.precision, device, args.model)
+    fast = models.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     train_pairs, heldout_pairs, heldout_samples = preferences.load_preference_pairs(

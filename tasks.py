@@ -40,9 +40,9 @@ import torch
 from tqdm.auto import tqdm
 
 import common
-import distributed
-import runs
-from runs import InputError
+from infra import distributed
+from infra import runs
+from infra.runs import InputError
 
 # ---------------------------------------------------------------------------------------------
 # The shared task: arithmetic with a verifier

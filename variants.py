@@ -77,15 +77,15 @@ import torch
 import torch.nn.functional as F
 
 import common
-import distributed
-import fsdp
-import models
+from infra import distributed
+from infra import fsdp
+from infra import models
 import preferences
-import runs
+from infra import runs
 import tasks
 from common import masked_mean, masked_sum, masked_whiten
 from preferences import sequence_logps
-from runs import InputError, require
+from infra.runs import InputError, require
 
 OFFLINE = ("ipo", "kto", "simpo", "orpo")
 REINFORCE_PP = ("reinforce_pp", "reinforce_pp_baseline")  # per-token advantages; the others' are per sequence
@@ -248,7 +248,8 @@ def reinforce_pp_advantages(scores: torch.Tensor, logprobs: torch.Tensor, ref_lo
     last = (mask.sum(1) - 1).clamp(min=0)  # (B,) index of the last completion token
     rewards[torch.arange(len(scores), device=scores.device), last] += scores
     returns = rewards.flip(1).cumsum(1).flip(1)  # (B, T) G_t; padding after the last token adds nothing
-    return masked_whiten(returns, mask, over_ranks=True) * mask  # (B, T) one mean and std for all valid tokens
+    # (B, T) one mean and std for all valid tokens, every rank's
+    return masked_whiten(returns, mask, all_sum=distributed.all_sum) * mask
 
 
 def reinforce_pp_loss(advantages, logprobs, ref_logprobs, mask, beta: float, kl_placement: str) -> torch.Tensor:
@@ -348,10 +349,10 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     beta = args.beta if args.beta is not None else DEFAULT_BETA[args.algo]
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.algo]
     kl_placement = args.kl_placement or ("loss" if args.algo == "reinforce_pp_baseline" else "reward")
-    common.set_seed(args.seed)
-    device = common.resolve_device(args.run.device)
-    precision = common.resolve_precision(args.run.precision, device, args.model)
-    fast = common.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    models.set_seed(args.seed)
+    device = models.resolve_device(args.run.device)
+    precision = models.resolve_precision(args.run.precision, device, args.model)
+    fast = models.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     offline = args.algo in OFFLINE
@@ -442,9 +443,12 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             else:
                 loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()
             share = distributed.share_of(mask.sum() if args.algo in REINFORCE_PP else len(scores))  # of the batch's
+            if args.algo in REINFORCE_PP:  # token-level advantages: the mean over every rank's tokens
+                advantage_abs = masked_mean(advantages.abs(), mask, all_sum=distributed.all_sum)
+            else:
+                advantage_abs = advantages.abs().mean()
             stats = {"reward": scores.mean().item(), "kl": kl.mean().item(), "rlhf_reward": rewards.mean().item(),
-                     "advantage_abs": (masked_mean(advantages.abs(), mask, over_ranks=True) if args.algo in REINFORCE_PP
-                                       else advantages.abs().mean()).item(),
+                     "advantage_abs": advantage_abs.item(),
                      "completion_length": mask.sum(1).float().mean().item(),  # distinct: per group; ReMax: per batch
                      "completions/distinct": common.distinct_fraction(completion_ids, mask, k if k > 1 else len(mask))}
 

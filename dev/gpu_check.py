@@ -211,7 +211,7 @@ def convert(check: Check) -> dict:
     """The embedded model from its GGUF file, converted once (timed apart from the runs)."""
     if check.dry_run:
         return {"model": "tiny"}
-    check.run("convert", [sys.executable, "-c", "import models; print(models.smollm2_checkpoint())"], 300)
+    check.run("convert", [sys.executable, "-c", "from infra import models; print(models.smollm2_checkpoint())"], 300)
     return {"model": "smollm2"}
 
 
@@ -257,11 +257,11 @@ def decode(check: Check) -> dict:
     import torch
 
     import common
-    import models
+    from infra import models
     import tasks
 
     name = "tiny" if check.dry_run else "smollm2"
-    import runs
+    from infra import runs
 
     runs.CACHE_DIR = Path(check.env["RLHF_CACHE"])
     tokenizer = models.load_tokenizer(name)

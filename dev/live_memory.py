@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import common  # noqa: E402
 import memory_plan  # noqa: E402
-import models  # noqa: E402
+from infra import models  # noqa: E402
 
 
 def peak_live_bytes(fn) -> int:
@@ -88,7 +88,7 @@ def main(argv=None) -> dict:
     P, G, S, T = args.prompts, args.group_size, args.prompt_tokens, args.completion_tokens
     tokenizer = models.load_tokenizer(args.model)
     lora = common.LoraOptions(lora_r=args.lora_r)
-    kernels = common.resolve_kernels("auto", torch.device("cpu"))
+    kernels = models.resolve_kernels("auto", torch.device("cpu"))
     policy = models.load_model(args.model, len(tokenizer), torch.device("cpu"), use_kernels=kernels)
     reference = None if args.lora_r else common.frozen_copy(policy)
     if args.lora_r:

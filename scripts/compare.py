@@ -200,12 +200,12 @@ def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: s
     import torch
 
     import common
-    import models
+    from infra import models
     import tasks
 
-    dev = common.resolve_device(device)
+    dev = models.resolve_device(device)
     tokenizer = models.load_tokenizer(str(model))
-    kernels = common.resolve_kernels("auto", dev)
+    kernels = models.resolve_kernels("auto", dev)
     policy = models.load_model(str(model), len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
     reference = (models.load_model(base, len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
                  if model != base else None)

@@ -28,8 +28,8 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import common  # noqa: E402
-import models  # noqa: E402
-import runs  # noqa: E402
+from infra import models  # noqa: E402
+from infra import runs  # noqa: E402
 import tasks  # noqa: E402
 
 def model_config(name: str, vocab_size: int) -> transformers.PretrainedConfig:
@@ -193,8 +193,8 @@ def main(argv: list[str]) -> dict:
     prompt_tokens, ranks = numbers["--prompt-tokens"], numbers["--ranks"]
     module = __import__(algo)
     args = tyro.cli(module.Args, args=rest, prog=f"scripts/memory_plan.py {algo}")
-    device = common.resolve_device(args.run.device)
-    precision = common.resolve_precision(args.run.precision, device, args.model)
+    device = models.resolve_device(args.run.device)
+    precision = models.resolve_precision(args.run.precision, device, args.model)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     eval_size = getattr(args, "eval_size", None) or tasks.DEFAULT_EVAL_SIZE
     family = tasks.make_multistep_problem if algo == "prm" else tasks.make_problem
@@ -202,7 +202,7 @@ def main(argv: list[str]) -> dict:
     rows, sequences, tokens, logit_tokens = models_held(algo, args, len(tokenizer), S)
     checkpointing = getattr(args, "gradient_checkpointing", False)  # prm.py has no such option
     return memory_plan(rows, precision, args.lora, checkpointing, sequences, tokens, logit_tokens,
-                       common.resolve_kernels(args.run.kernels, device), ranks)
+                       models.resolve_kernels(args.run.kernels, device), ranks)
 
 
 def loaded_table(held: dict[str, torch.nn.Module], trainable: set[str]) -> list[dict]:

@@ -20,11 +20,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import common  # noqa: E402
-import models  # noqa: E402
+from infra import models  # noqa: E402
 import preferences  # noqa: E402
 import rm_agreement  # noqa: E402  its sampling options
-import runs  # noqa: E402
+from infra import runs  # noqa: E402
 import tasks  # noqa: E402
 
 
@@ -48,8 +47,8 @@ def main(args: argparse.Namespace) -> list[dict]:
     for path in args.add:
         runs.require(Path(path).is_file(), f"--add {path}: no such file")
     earlier = [pair for path in args.add for pair in tasks.read_jsonl(path, ("prompt", "chosen", "rejected"))]
-    device = common.resolve_device(args.device)
-    precision = common.resolve_precision(args.precision, device, args.policy)
+    device = models.resolve_device(args.device)
+    precision = models.resolve_precision(args.precision, device, args.policy)
     tokenizer = models.load_tokenizer(args.policy)
     data, folder = preferences.preference_data(args.policy, tokenizer, args.seed, args.num_prompts,
                                                args.samples_per_prompt, args.max_new_tokens, args.temperature,

@@ -33,8 +33,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-import common  # noqa: E402
-import models  # noqa: E402
+from infra import models  # noqa: E402
 import prm  # noqa: E402
 import reward_model  # noqa: E402
 import tasks  # noqa: E402
@@ -111,8 +110,8 @@ def main(argv=None) -> dict:
                         num_problems=args.num_problems, num_solutions=args.num_solutions,
                         num_rollouts=args.num_rollouts)
     prm_args.run.device = args.device
-    device = common.resolve_device(args.device)
-    precision = common.resolve_precision(prm_args.run.precision, device, prm_args.model)
+    device = models.resolve_device(args.device)
+    precision = models.resolve_precision(prm_args.run.precision, device, prm_args.model)
     tokenizer = models.load_tokenizer(args.model)
     t0 = time.time()
     data, _ = prm.step_label_data(prm_args, tokenizer, device, precision)  # read back when cached: then ~0 s

@@ -21,11 +21,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import common  # noqa: E402
-import models  # noqa: E402
+from infra import models  # noqa: E402
 import preferences  # noqa: E402
 import reward_model  # noqa: E402
-import runs  # noqa: E402
+from infra import runs  # noqa: E402
 import tasks  # noqa: E402
 
 
@@ -58,8 +57,8 @@ def main(args: argparse.Namespace) -> list[dict]:
     runs.require(args.eval_size >= 1 and args.samples_per_prompt >= 2 and args.max_new_tokens >= 1,
                  "--eval-size and --max-new-tokens must be at least 1, --samples-per-prompt at least 2")
     runs.require(args.temperature > 0, f"--temperature must be > 0, not {args.temperature}")
-    device = common.resolve_device(args.device)
-    precision = common.resolve_precision(args.precision, device, args.policies[0])
+    device = models.resolve_device(args.device)
+    precision = models.resolve_precision(args.precision, device, args.policies[0])
     tokenizer = models.load_tokenizer(args.policies[0])
     scorer = models.load_reward_model(args.reward_model, tokenizer, device, precision)
     problems, rows = tasks.heldout_problems(args.eval_size), []

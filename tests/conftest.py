@@ -12,9 +12,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: E402
-import models  # noqa: E402
+from infra import models  # noqa: E402
 import preferences  # noqa: E402
-import runs  # noqa: E402
+from infra import runs  # noqa: E402
 import tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ import torch
 import transformers
 
 import common
-import models
-import runs
+from infra import models
+from infra import runs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 from live_memory import peak_live_bytes  # noqa: E402
@@ -297,16 +297,16 @@ def test_entropy_by_hand(fast):
 
 # ---- precision ------------------------------------------------------------------------------------------------
 def test_auto_precision_is_bf16_mixed_on_cuda_and_on_a_cpu_with_bf16_matmuls_for_a_real_model(monkeypatch):
-    assert common.resolve_precision("auto", torch.device("cuda"), "smollm2") == "bf16-mixed"
-    assert common.resolve_precision("auto", torch.device("cuda"), "tiny") == "bf16-mixed"
+    assert models.resolve_precision("auto", torch.device("cuda"), "smollm2") == "bf16-mixed"
+    assert models.resolve_precision("auto", torch.device("cuda"), "tiny") == "bf16-mixed"
     for has_bf16, real, tiny in ((True, "bf16-mixed", "fp32"), (False, "fp32", "fp32")):
-        monkeypatch.setattr(common, "cpu_has_bf16_matmul", lambda: has_bf16)
-        assert common.resolve_precision("auto", torch.device("cpu"), "smollm2") == real
-        assert common.resolve_precision("auto", torch.device("cpu"), "tiny") == tiny
-        assert common.resolve_precision("auto", torch.device("cpu"), "tiny-gpt2") == tiny
-        assert common.resolve_precision("fp32", torch.device("cpu"), "smollm2") == "fp32"  # asked for: kept
+        monkeypatch.setattr(models, "cpu_has_bf16_matmul", lambda: has_bf16)
+        assert models.resolve_precision("auto", torch.device("cpu"), "smollm2") == real
+        assert models.resolve_precision("auto", torch.device("cpu"), "tiny") == tiny
+        assert models.resolve_precision("auto", torch.device("cpu"), "tiny-gpt2") == tiny
+        assert models.resolve_precision("fp32", torch.device("cpu"), "smollm2") == "fp32"  # asked for: kept
     with pytest.raises(runs.InputError, match="--precision must be auto, fp32, bf16-mixed or bf16-true"):
-        common.resolve_precision("float16", torch.device("cpu"))
+        models.resolve_precision("float16", torch.device("cpu"))
 
 
 # ---- the learning-rate schedule ---------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-import models
-import runs
+from infra import models
+from infra import runs
 import tasks
 from conftest import PAIRS, REPO, args_of, assert_one_line_error, run_script
 

@@ -20,8 +20,8 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's determin
 import common  # noqa: E402
 import dpo  # noqa: E402
 import grpo  # noqa: E402
-import kernels  # noqa: E402
-import models  # noqa: E402
+from infra import kernels  # noqa: E402
+from infra import models  # noqa: E402
 import tasks  # noqa: E402
 from conftest import PAIRS, REPO, args_of, assert_resume_is_exact, digit_fraction, metrics_of, run_script  # noqa: E402
 

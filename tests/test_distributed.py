@@ -17,10 +17,10 @@ import transformers
 from conftest import REPO, TIMING, args_of
 from safetensors.torch import load_file
 
-import common
-import distributed
+from infra import models
+from infra import distributed
 import grpo
-import runs
+from infra import runs
 import tasks
 
 ENTRY = str(REPO / "tests" / "fixed_completions.py")
@@ -211,7 +211,7 @@ def test_a_backend_this_torch_lacks_is_one_line(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setattr(torch.distributed, "is_gloo_available", lambda: False)
     with pytest.raises(runs.InputError, match="needs torch.distributed's gloo backend"):
-        common.resolve_device("cpu")
+        models.resolve_device("cpu")
 
 
 def test_alone_every_helper_returns_its_input():

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import common
-import models
-import runs
+from infra import models
+from infra import runs
 import tasks
 from conftest import (HAS_EMBEDDED_MODEL, HAS_PEFT, PAIRS, RUN_FILES, args_of, assert_one_line_error,
                       assert_resume_is_exact, digit_fraction, metrics_of, run_script, write)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import common
-import kernels
-import models
-import runs
+from infra import kernels
+from infra import models
+from infra import runs
 
 
 def plain_and_fast(logits, labels, g, h, **kwargs):
@@ -127,11 +127,11 @@ def test_cpu_bf16_decoding_leaves_layers_with_a_forward_of_their_own_alone(token
 
 
 def test_kernels_auto_is_on_for_a_cpu_and_off_for_cuda():
-    assert (common.resolve_kernels("auto", torch.device("cpu"))
-            and not common.resolve_kernels("auto", torch.device("cuda")))
-    assert common.resolve_kernels("on", torch.device("cuda")) and not common.resolve_kernels("off", torch.device("cpu"))
+    assert (models.resolve_kernels("auto", torch.device("cpu"))
+            and not models.resolve_kernels("auto", torch.device("cuda")))
+    assert models.resolve_kernels("on", torch.device("cuda")) and not models.resolve_kernels("off", torch.device("cpu"))
     with pytest.raises(runs.InputError, match="--kernels must be auto, on or off"):
-        common.resolve_kernels("fast", torch.device("cpu"))
+        models.resolve_kernels("fast", torch.device("cpu"))
 
 
 def test_a_model_loaded_without_kernels_takes_the_plain_path(tokenizer, prompts, monkeypatch):

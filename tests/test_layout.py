@@ -1,8 +1,12 @@
 """The layout a reader relies on: each file within its budget of code tokens, imports running one way, lines of at
-most 120 characters. Pure text, tokenize and ast, no imports of the project: well under a second."""
+most 120 characters. Pure text, tokenize and ast, no imports of the project; one subprocess imports common.py alone."""
 
 import ast
 import io
+import os
+import shutil
+import subprocess
+import sys
 import tokenize
 from pathlib import Path
 
@@ -13,30 +17,36 @@ ALGORITHMS = ("grpo", "dpo", "ppo", "reward_model", "sft", "variants", "prm")
 # A budget is a reader's time: a file a newcomer reads top to bottom in one go. It counts code tokens (names,
 # operators, numbers and strings outside docstrings and comments), so joining or widening lines gains nothing:
 # let the code breathe. When new code would break one, find its right room rather than raising the number.
-BUDGETS = {"grpo": 3560, "dpo": 2470, "ppo": 4120, "reward_model": 2110, "sft": 1680, "variants": 3400,
-           "prm": 3050, "preferences": 1340, "tasks": 3370, "models": 1550, "common": 3330, "runs": 3970,
-           "kernels": 1160, "distributed": 930, "fsdp": 570}
-# Imports run one way: scripts and dev -> algorithm files -> preferences -> tasks -> models -> common -> runs
-# -> distributed; kernels from common only.
-BELOW = {"preferences": {"tasks", "models", "common", "runs", "distributed"},
-         "tasks": {"common", "runs", "distributed"}, "models": {"common", "runs"},
-         "common": {"runs", "kernels", "distributed", "fsdp"}, "runs": {"distributed", "fsdp"}, "kernels": set(),
-         "distributed": {"fsdp"}, "fsdp": set()}
-MAY_IMPORT = {**{name: {"preferences", "tasks", "models", "common", "runs", "distributed", "fsdp"}
-                 for name in ALGORITHMS},
-              **BELOW}
-PROJECT = set(MAY_IMPORT)
+BUDGETS = {"grpo": 3570, "dpo": 2480, "ppo": 4140, "reward_model": 2120, "sft": 1690, "variants": 3420,
+           "prm": 3060, "preferences": 1340, "tasks": 3380, "infra/models": 2090, "common": 2920, "infra/runs": 3990,
+           "infra/kernels": 1160, "infra/distributed": 950, "infra/fsdp": 520}
+# Imports run one way, down these layers: a module imports only from layers below its own. common.py is the leaf
+# (the mechanics: it imports nothing of the project, but for infra/kernels inside the kernels' two seams); the
+# plumbing in infra/ sits on it, the task and its preference data on that, the algorithm files on top.
+LAYERS = [["common"], ["infra/fsdp", "infra/kernels", "infra/distributed"], ["infra/runs"], ["infra/models"],
+          ["tasks"], ["preferences"], list(ALGORITHMS)]
+LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
-def project_imports(name: str) -> set[str]:
+def project_imports(name: str, top_level_only: bool = True) -> set[str]:
+    """The project modules `name` imports, as "common", "infra/runs", ...: at the top level, or anywhere."""
     tree = ast.parse((REPO / f"{name}.py").read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
     found = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
+            found |= {alias.name.replace(".", "/") for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == "infra":
+            found |= {f"infra/{alias.name}" for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module.split(".")[0])
-    return found & PROJECT
+            found.add(node.module.replace(".", "/"))
+    return found & set(LAYER)
+
+
+def longest_chain(name: str) -> list[str]:
+    """The longest path of top-level imports from `name` down, `name` included."""
+    below = [longest_chain(other) for other in project_imports(name)]
+    return [name, *max(below, key=len, default=[])]
 
 
 def code_tokens(text: str) -> int:
@@ -73,13 +83,34 @@ def test_each_file_keeps_its_budget_of_code_tokens(name):
     assert tokens <= BUDGETS[name], f"{name}.py has {tokens} code tokens, its budget is {BUDGETS[name]}"
 
 
-@pytest.mark.parametrize("name", sorted(MAY_IMPORT))
+@pytest.mark.parametrize("name", sorted(LAYER))
 def test_imports_run_one_way(name):
-    assert project_imports(name) <= MAY_IMPORT[name], f"{name}.py imports {project_imports(name) - MAY_IMPORT[name]}"
+    upward = {other for other in project_imports(name) if LAYER[other] >= LAYER[name]}
+    assert not upward, f"{name}.py imports {upward}, which are not below it"
+
+
+def test_common_is_a_leaf_that_imports_alone(tmp_path):
+    assert project_imports("common") == set()
+    assert project_imports("common", top_level_only=False) == {"infra/kernels"}  # inside the seams only
+    shutil.copy(REPO / "common.py", tmp_path / "common.py")
+    proc = subprocess.run([sys.executable, "-c", "import common"], cwd=tmp_path, capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_longest_import_chain_is_at_most_five_files():
+    chains = [longest_chain(name) for name in ALGORITHMS]
+    longest = max(chains, key=len)
+    assert len(longest) <= 5, " -> ".join(longest)
+
+
+def test_the_top_level_holds_the_algorithms_common_and_the_task():
+    modules = {p.stem for p in REPO.glob("*.py")}
+    assert modules - set(ALGORITHMS) == {"common", "tasks", "preferences"}
 
 
 def test_lines_are_at_most_120_characters():
-    files = [p for folder in ("", "tests", "scripts", "dev") for p in sorted((REPO / folder).glob("*.py"))]
+    files = [p for folder in ("", "infra", "tests", "scripts", "dev") for p in sorted((REPO / folder).glob("*.py"))]
     wide = [f"{p.relative_to(REPO)}:{i}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1)
             if len(line) > 120]
     assert not wide, f"{len(wide)} lines over 120 characters, e.g. {wide[:5]}"

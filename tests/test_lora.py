@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import common
-import models
+from infra import models
 import preferences
-import runs
+from infra import runs
 import tasks
 from conftest import PAIRS, args_of, assert_resume_is_exact, digit_fraction, metrics_of
 

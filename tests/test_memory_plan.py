@@ -10,10 +10,10 @@ import torch
 import transformers
 
 import common
-import fsdp
-import models
+from infra import fsdp
+from infra import models
 import prm
-import runs
+from infra import runs
 import variants
 from conftest import args_of, run_script
 

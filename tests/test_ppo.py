@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import common
-import models
+from infra import models
 import ppo
 import reward_model
-import runs
+from infra import runs
 import tasks
 from conftest import (HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, TIMING, args_of, assert_checkpointing_changes_nothing,
                       assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script)

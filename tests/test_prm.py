@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import common
-import models
+from infra import models
 import prm
 import tasks
 from conftest import RUN_FILES, args_of, assert_resume_is_exact, metrics_of, run_script

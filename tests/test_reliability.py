@@ -15,10 +15,10 @@ import tyro
 import common
 import dpo
 import grpo
-import models
+from infra import models
 import ppo
 import reward_model
-import runs
+from infra import runs
 import sft
 import tasks
 import variants

@@ -10,9 +10,9 @@ import torch
 import transformers
 
 import common
-import models
+from infra import models
 import reward_model
-import runs
+from infra import runs
 import tasks
 from conftest import (HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing,
                       assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write)

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-import models
-import runs
+from infra import models
+from infra import runs
 import tasks
 from conftest import (PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing, assert_one_line_error,
                       assert_resume_is_exact, metrics_of, run_script, write)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import common
-import models
+from infra import models
 import preferences
-import runs
+from infra import runs
 import tasks
 
 

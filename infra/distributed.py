@@ -1,12 +1,12 @@
 """The processes of one run: torchrun's ranks, each rank's share of a batch, sums over the ranks, random states.
 
-`torchrun --nproc_per_node N grpo.py ...` starts N copies of a script, rank 0 to N-1; common.resolve_device joins them
+`torchrun --nproc_per_node N grpo.py ...` starts N copies of a script, rank 0 to N-1; models.resolve_device joins them
 into one process group (gloo on a CPU, nccl on CUDA with one GPU a rank). Each rank takes its contiguous share of every
 batch (`share`), divides its part of the loss by the whole batch's count (`share_of`, `all_sum`), and the ranks sum
 their gradients (`all_reduce_grads`) before the one optimizer step they all take: every rank holds the same weights,
 those one process would hold. Rank 0 alone writes (runs.Run asks `is_main`); logged numbers are averaged over the ranks
 (`mean_over_ranks`). A plain `python grpo.py` is rank 0 of 1: every function here then returns its input unchanged,
-without a collective call, so no number of a one-process run changes. Imports fsdp.py only (--fsdp: no all-reduce).
+without a collective call, so no number of a one-process run changes. Imports no module of the project.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from typing import Optional
 import numpy as np
 import torch
 import torch.distributed as dist
-
-import fsdp
 
 
 def world_size() -> int:
@@ -86,7 +84,8 @@ def all_reduce_grads(model: torch.nn.Module) -> None:
     """Σ over the ranks of every gradient. Each rank's loss is already its share of the whole batch's (divided by
     the batch's count, not its own), so the sum is the one-process gradient: no division by N here. A plain
     all-reduce after the backward, where DistributedDataParallel would average and overlap it with the backward."""
-    if world_size() == 1 or fsdp.is_sharded(model):  # --fsdp: the backward's reduce-scatter summed them already
+    # --fsdp (fsdp.shard marks the model `sharded`): the backward's reduce-scatter summed them already
+    if world_size() == 1 or getattr(model, "sharded", False):
         return
     for p in filter(lambda p: p.requires_grad, model.parameters()):
         if p.grad is None:  # a parameter this rank's batch did not reach; another rank's may have

@@ -9,21 +9,104 @@ as a language model or as a reward model (a scalar score head). Every failure is
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import datetime
 import importlib.util
 import json
 import os
+import random
 import shutil
 import sys
 import urllib.parse
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.distributed as dist
 import transformers
 
 import common
-import runs
-from runs import InputError, require
+from common import InputError, require
+from infra import distributed
+from infra import kernels
+from infra import runs
+
+# ---------------------------------------------------------------------------------------------
+# Set-up: seed, device (and torchrun's process group), precision, the CPU kernels
+# ---------------------------------------------------------------------------------------------
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(device: str) -> torch.device:
+    """auto (cuda if available), cpu, cuda or cuda:N; anything else, or CUDA without a GPU, is one clear error.
+    Under torchrun (distributed.py) the rank also joins the others, on its own GPU (join_ranks)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    require(device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()),
+            f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
+    require(device == "cpu" or torch.cuda.is_available(),
+            f"--device {device}: CUDA is not available on this machine; use --device cpu (or auto)")
+    require(not device.startswith("cuda:") or int(device[5:]) < torch.cuda.device_count(),
+            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return join_ranks(torch.device(device)) if distributed.under_torchrun() else torch.device(device)
+
+
+def join_ranks(device: torch.device) -> torch.device:
+    """Under torchrun: this rank's device (on CUDA its own GPU, cuda:LOCAL_RANK) in one process group with the
+    other ranks, gloo on a CPU and nccl on CUDA. A backend this torch lacks, or too few GPUs, is one line. Ranks
+    other than 0 print nothing (their stdout goes to /dev/null); errors still reach stderr."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    require(dist.is_available() and (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()),
+            f"torchrun on {device.type} needs torch.distributed's {backend} backend, which this torch build lacks")
+    if device.type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        require(local_rank < torch.cuda.device_count(), f"torchrun's rank {local_rank} on a machine with "
+                f"{torch.cuda.device_count()} GPU(s): start at most one rank per GPU (--nproc_per_node)")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():  # a long wait: the others wait while rank 0 alone samples and labels data
+        dist.init_process_group(backend, timeout=datetime.timedelta(hours=2))
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # on an error; else Run.finish
+    if not distributed.is_main():
+        sys.stdout = open(os.devnull, "w")
+    return device
+
+
+def resolve_kernels(kernels: str, device: torch.device) -> bool:
+    """auto -> on for a CPU (where they save most of a step), off for CUDA (where the plain code is what runs)."""
+    if kernels not in ("auto", "on", "off"):
+        raise InputError(f"--kernels must be auto, on or off, not {kernels!r}")
+    return kernels == "on" or (kernels == "auto" and device.type == "cpu")
+
+
+def resolve_precision(precision: str, device: torch.device, model: str = "") -> str:
+    """auto -> bf16-mixed on CUDA and, for a real model, a CPU with native bf16 (cpu_has_bf16_matmul); else fp32 (bf16
+    emulated is slower; the tiny models' matmuls too small to pay). bf16-mixed: fp32 master weights, bf16 autocast
+    (TRL's bf16=True); bf16-true: bf16 weights, losing updates under half a bf16 step. Log-probs, losses: float32."""
+    if precision == "auto":
+        fast_bf16 = device.type == "cuda" or (cpu_has_bf16_matmul() and model not in common.TINY_MODELS)
+        return "bf16-mixed" if fast_bf16 else "fp32"
+    if precision not in ("fp32", "bf16-mixed", "bf16-true"):
+        raise InputError(f"--precision must be auto, fp32, bf16-mixed or bf16-true, not {precision!r}")
+    return precision
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """AVX512-BF16 or AMX: native bf16 matmuls, a GRPO step 1.4-1.7x faster than fp32's; AVX2 emulates them, slower."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+def enable_kernels(model, on: bool, device: torch.device, precision: str) -> None:
+    """Switch kernels.py's faster paths on or off for `model` (read by the seams below, `fast_kernels`), and choose
+    its CPU attention. Off, every number comes from the plain code in this file."""
+    model.fast_kernels = on  # not `use_kernels`: that name is a transformers property
+    if on:
+        kernels.choose_attention(model, device, precision)
+
 
 # ---------------------------------------------------------------------------------------------
 # Model names: "smollm2" (embedded), a local folder, the Hugging Face cache, or the Hub
@@ -205,7 +288,7 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
                                  "train one with `python reward_model.py`")
     switch_off_dropout(model)
     model.bf16_mixed = precision == "bf16-mixed"
-    common.enable_kernels(model, use_kernels, device, precision)
+    enable_kernels(model, use_kernels, device, precision)
     return model.to(device=device, dtype=dtype)
 
 

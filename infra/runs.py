@@ -30,20 +30,13 @@ import transformers
 import tyro
 from tqdm.auto import tqdm
 
-import distributed
-import fsdp
+import common
+from common import InputError, require
+from infra import distributed
+from infra import fsdp
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards": only this project's bars
-
-
-class InputError(Exception):
-    """Bad input from the user: reported as one line, before any work is lost."""
-
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise InputError(message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,15 +81,6 @@ Shared = tyro.conf.OmitArgPrefixes  # a script's `run` and `lora`: flat flags (-
 shared = lambda group: dataclasses.field(default_factory=group)  # Args' `run` and `lora` fields
 
 
-def import_peft(needed_by: str = "--lora-r"):
-    """The optional peft package (LoRA), or one line that says how to install it."""
-    try:
-        import peft
-    except ImportError:
-        raise InputError(f"{needed_by} needs the peft package: pip install peft") from None
-    return peft
-
-
 def check_transformers(version: str) -> None:
     """The scripts call activation_checkpointing_enable and is_activation_checkpointing, which came in 5.23."""
     major, minor = (int(part) for part in version.split(".")[:2])
@@ -125,7 +109,7 @@ def check_options(args, at_least_one: tuple[str, ...] = (), split: Optional[str]
                                     f"not {args.max_grad_norm}")
     lora = args.lora
     if lora.lora_r:
-        import_peft()
+        common.import_peft()
         require(lora.lora_r > 0 and lora.lora_alpha > 0 and 0 <= lora.lora_dropout < 1,
                 f"LoRA needs --lora-r >= 1, --lora-alpha > 0 and --lora-dropout in [0, 1), not {lora.lora_r}, "
                 f"{lora.lora_alpha}, {lora.lora_dropout}")

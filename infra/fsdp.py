@@ -10,7 +10,7 @@ What changes for the rest of the code, and nothing else does:
 - gradients are summed over the ranks by the reduce-scatter (`set_gradient_divide_factor(1)`: each rank's loss is
   already its part of the whole batch's, as in distributed.py), so distributed.all_reduce_grads has nothing to do;
 - every forward is a collective: the ranks must call the model equally often. Sampling runs until every rank's rows
-  have finished (`all_finished`), and the held-out set must divide over the ranks (runs.check_options);
+  have finished (common.all_finished), and the held-out set must divide over the ranks (runs.check_options);
 - a checkpoint holds whole tensors, gathered from the shards (`state_of`): it loads with `from_pretrained` and
   resumes with the same number of ranks;
 - kernels.py is off for a sharded model: its CPU paths read whole weights.
@@ -20,7 +20,6 @@ Imports no module of the project.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -46,6 +45,7 @@ def shard(on: bool, *models) -> None:
             module.set_gradient_divide_factor(1.0)  # (each rank's loss is already its part of the batch's)
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no pre-multiplied sum
         model.fast_kernels = False  # common.fast_kernels: the plain code, which reads no whole weight itself
+        model.sharded = True  # read by common: no shared-prompt forward, and decoding until every rank's rows end
 
 
 def check_options(args, ranks: int, under_torchrun: bool, require) -> None:
@@ -61,15 +61,6 @@ def check_options(args, ranks: int, under_torchrun: bool, require) -> None:
 
 def is_sharded(model) -> bool:
     return isinstance(model, FSDPModule)
-
-
-def all_finished(model, finished: torch.Tensor) -> bool:
-    """Whether every row has finished: this rank's rows, or with a sharded model every rank's (their forwards
-    gather weights together, so all ranks decode until the last row of any rank ends)."""
-    done = finished.all().to(torch.int32)
-    if is_sharded(model):
-        dist.all_reduce(done, op=dist.ReduceOp.MIN)
-    return bool(done)
 
 
 def whole_weights(model):
