@@ -1,8 +1,8 @@
 """Model mechanics every algorithm file shares: set-up, LoRA and the reference, log-probs, masks, sampling.
 
-Nothing here is specific to one algorithm or to the task (tasks.py), loads a model by name (models.py), or is
-run bookkeeping (runs.py). Read an algorithm file first (grpo.py); come here when it calls something you want to
-check. kernels.py holds faster versions of two functions here, each reached through one visible seam beside the
+Nothing here is specific to one algorithm or to the task (tasks.py), loads a model by name (infra/models.py), or is
+run bookkeeping (infra/runs.py). Read an algorithm file first (grpo.py); come here when it calls something you want to
+check. infra/kernels.py holds faster versions of two functions here, each reached through one visible seam beside the
 plain code it must equal. Shapes: B sequences, P prompts, G samples per prompt, S prompt tokens, T completion
 tokens, V vocabulary.
 
@@ -33,7 +33,7 @@ from packaging.version import Version
 # removes the old name in 5.40: passed there, it would fall into **kwargs and the prompt's cache be silently ignored.
 CACHE = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
 
-TINY_MODELS = ("tiny", "tiny-gpt2")  # small random models built in memory (models.py), for tests and smoke runs
+TINY_MODELS = ("tiny", "tiny-gpt2")  # small random models built in memory (infra/models.py), for tests and smoke runs
 
 
 class InputError(Exception):
@@ -58,7 +58,7 @@ def import_peft(needed_by: str = "--lora-r"):
 # Precision and the kernels' seam: what a loaded model was marked with (infra/models.py)
 # ---------------------------------------------------------------------------------------------
 def fast_kernels(model) -> bool:
-    """Whether `model` takes kernels.py's faster versions (enable_kernels, from --kernels)."""
+    """Whether `model` takes infra/kernels.py's faster versions (enable_kernels, from --kernels)."""
     return getattr(model, "fast_kernels", False)
 
 

@@ -234,7 +234,7 @@ def main(args: Args) -> dict:
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    fast = models.resolve_kernels(args.run.kernels, device)  # the kernels' faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     train_pairs, heldout_pairs, _ = ([], [], []) if args.online else preferences.load_preference_pairs(

@@ -315,7 +315,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    fast = models.resolve_kernels(args.run.kernels, device)  # the kernels' faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
     train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)  # held-out too

@@ -319,7 +319,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(args.run.kernels, device)  # kernels.py's faster versions: on for a CPU, off for CUDA
+    fast = models.resolve_kernels(args.run.kernels, device)  # the kernels' faster versions: on for a CPU, off for CUDA
     resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)

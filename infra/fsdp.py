@@ -1,6 +1,6 @@
 """--fsdp: each rank holds 1/N of every weight, gradient and AdamW moment (PyTorch's FSDP2, `fully_shard`).
 
-Under torchrun without --fsdp every rank holds the whole model (distributed.py). With it, `shard` splits each
+Under torchrun without --fsdp every rank holds the whole model (infra/distributed.py). With it, `shard` splits each
 transformer block's parameters, and then the rest, into N shards, one a rank (DTensors). A block's forward first
 gathers its whole weights from the ranks and frees them after (`reshard_after_forward`); its backward gathers them
 again and reduce-scatters the gradients, so each rank keeps only the gradient of its own shard, and AdamW updates
@@ -8,12 +8,12 @@ only that shard. Activations are not sharded: each rank computes its own share o
 
 What changes for the rest of the code, and nothing else does:
 - gradients are summed over the ranks by the reduce-scatter (`set_gradient_divide_factor(1)`: each rank's loss is
-  already its part of the whole batch's, as in distributed.py), so distributed.all_reduce_grads has nothing to do;
+  already its part of the whole batch's, as in infra/distributed.py), so distributed.all_reduce_grads has nothing to do;
 - every forward is a collective: the ranks must call the model equally often. Sampling runs until every rank's rows
   have finished (common.all_finished), and the held-out set must divide over the ranks (runs.check_options);
 - a checkpoint holds whole tensors, gathered from the shards (`state_of`): it loads with `from_pretrained` and
   resumes with the same number of ranks;
-- kernels.py is off for a sharded model: its CPU paths read whole weights.
+- infra/kernels.py is off for a sharded model: its CPU paths read whole weights.
 Imports no module of the project.
 """
 

@@ -43,7 +43,7 @@ def set_seed(seed: int) -> None:
 
 def resolve_device(device: str) -> torch.device:
     """auto (cuda if available), cpu, cuda or cuda:N; anything else, or CUDA without a GPU, is one clear error.
-    Under torchrun (distributed.py) the rank also joins the others, on its own GPU (join_ranks)."""
+    Under torchrun (infra/distributed.py) the rank also joins the others, on its own GPU (join_ranks)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     require(device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()),
@@ -101,7 +101,7 @@ def cpu_has_bf16_matmul() -> bool:
 
 
 def enable_kernels(model, on: bool, device: torch.device, precision: str) -> None:
-    """Switch kernels.py's faster paths on or off for `model` (read by the seams below, `fast_kernels`), and choose
+    """Switch kernels.py's faster paths on or off for `model` (read by common.py's seams, `fast_kernels`), and choose
     its CPU attention. Off, every number comes from the plain code in this file."""
     model.fast_kernels = on  # not `use_kernels`: that name is a transformers property
     if on:

@@ -3,7 +3,7 @@
 The option groups every script shares, the command-line entry, bad input as one line, the run folder,
 metrics.jsonl and trackers, curves.png, checkpoints and exact --resume, the non-finite guard, and `Run`, which
 does it all one call per concern. Nothing here changes a number a loss depends on: without tracking, resume or
-curves every training curve is the same. Under torchrun rank 0 alone writes. It imports distributed.py only.
+curves every training curve is the same. Under torchrun rank 0 alone writes. It imports infra/distributed.py only.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class RunOptions:
     precision: Literal["auto", "fp32", "bf16-mixed", "bf16-true"] = "auto"
     """auto: bf16-mixed (fp32 weights, bf16 matmuls) on cuda or AVX512-BF16 CPUs, else fp32; bf16-true loses updates"""
     kernels: Literal["auto", "on", "off"] = "auto"
-    """kernels.py's faster log-probs and sampling (same numbers in fp32, bf16-rounding apart in bf16): auto = on
+    """infra/kernels.py's faster log-probs and sampling (same numbers in fp32, bf16-rounding apart in bf16): auto = on
     for a CPU, off for CUDA"""
     prompt_format: Literal["auto", "chat", "plain"] = "auto"
     """chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as for gpt2), auto (chat if it has one)"""

@@ -1,4 +1,4 @@
-"""kernels.py against the plain code in common.py it must equal: values, gradients and sampled tokens, on the
+"""infra/kernels.py against the plain code in common.py it must equal: values, gradients and sampled tokens, on the
 shapes and precisions each kernel serves."""
 
 import math
