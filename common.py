@@ -33,7 +33,10 @@ from packaging.version import Version
 # removes the old name in 5.40: passed there, it would fall into **kwargs and the prompt's cache be silently ignored.
 CACHE = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
 
-TINY_MODELS = ("tiny", "tiny-gpt2")  # small random models built in memory (infra/models.py), for tests and smoke runs
+TINY_MODELS = (
+    "tiny",
+    "tiny-gpt2",
+)  # small random models built in memory (infra/models.py), for tests and smoke runs
 
 
 class InputError(Exception):
@@ -81,13 +84,18 @@ def lr_factor(step: int, warmup_steps: int, decay_steps: int = 0) -> float:
     return max(0.0, (decay_steps - step) / max(1, decay_steps - warmup_steps))
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.0, warmup_steps: int = 0,
-                   decay_steps: int = 0):
+def make_optimizer(
+    model: torch.nn.Module, lr: float, weight_decay: float = 0.0, warmup_steps: int = 0, decay_steps: int = 0
+):
     """AdamW over the trainable parameters (fused: 0.07 s, not 0.3-0.6 s, a step on 2 CPU cores); lr_factor's rate."""
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type in ("cpu", "cuda"))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup_steps, decay_steps))
+    optimizer = torch.optim.AdamW(
+        params, lr=lr, weight_decay=weight_decay, fused=device.type in ("cpu", "cuda")
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, warmup_steps, decay_steps)
+    )
     return optimizer, scheduler
 
 
@@ -118,9 +126,13 @@ def add_lora(model, base: str, lora: LoraOptions):
     peft = import_peft()
     targets = lora.lora_targets
     targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",")]
-    config = peft.LoraConfig(r=lora.lora_r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
-                             target_modules=targets,
-                             modules_to_save=["score"] if hasattr(model, "score") else None)
+    config = peft.LoraConfig(
+        r=lora.lora_r,
+        lora_alpha=lora.lora_alpha,
+        lora_dropout=lora.lora_dropout,
+        target_modules=targets,
+        modules_to_save=["score"] if hasattr(model, "score") else None,
+    )
     with warnings.catch_warnings():  # gpt2's Conv1D: peft transposes the adapter itself and says so
         warnings.simplefilter("ignore")
         model = peft.get_peft_model(model, config)
@@ -147,8 +159,13 @@ def reference(policy, ref_model=None):
 # ---------------------------------------------------------------------------------------------
 # Log-probs and masks
 # ---------------------------------------------------------------------------------------------
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
-                   fast: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def token_logprobs(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    fast: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """log softmax(logits / temperature)[labels] and, with_entropy, the entropy H = -Σ_k p_k log p_k of that softmax.
 
     logits (B, T', V) in any float dtype, labels (B, T) with T <= T': position t predicts labels[:, t],
@@ -162,8 +179,12 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
         return kernels.token_logprobs(logits, labels, temperature, with_entropy)
     # A few sequences at a time, each piece computed again in the backward (checkpoint): whole, the float32 copy
     # of the logits / τ and the log-softmax autograd keeps for the backward would be two (B, T, V) temporaries.
-    B, T, V = labels.shape[0], labels.shape[1], logits.shape[-1]
-    rows = max(1, LOGPROB_PIECE // max(1, T * V))  # sequences a piece: about LOGPROB_PIECE logits, at least one
+    B = labels.shape[0]
+    T = labels.shape[1]
+    V = logits.shape[-1]
+    rows = max(
+        1, LOGPROB_PIECE // max(1, T * V)
+    )  # sequences a piece: about LOGPROB_PIECE logits, at least one
     logprobs = []
     entropy = []
     for start in range(0, B, rows):
@@ -183,7 +204,9 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: floa
     return torch.cat(logprobs), torch.cat(entropy)
 
 
-LOGPROB_PIECE = 2**22  # logits in one piece of the plain log-prob path: 16 MiB in float32, never (B, T, V) whole
+LOGPROB_PIECE = (
+    2**22
+)  # logits in one piece of the plain log-prob path: 16 MiB in float32, never (B, T, V) whole
 
 
 def _piece_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):
@@ -228,7 +251,9 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -
     return (x * mask).sum() if dim is None else (x * mask).sum(dim)
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None, all_sum: Optional[Callable] = None):
+def masked_mean(
+    x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None, all_sum: Optional[Callable] = None
+):
     """The mean of the masked entries (along `dim`). With `all_sum`, a sum over the processes (under torchrun,
     infra.distributed.all_sum): the mean of every rank's entries, all of them (no `dim`)."""
     if all_sum:  # Σ over the ranks of each one's sum and count; the plain mean in one process
@@ -236,8 +261,13 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None, 
     return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8,
-                  all_sum: Optional[Callable] = None) -> torch.Tensor:
+def masked_whiten(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    all_sum: Optional[Callable] = None,
+) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) over masked entries, population variance (divide by N, not N-1); with all_sum:
     one mean and variance for the whole batch under torchrun, from every rank's entries (masked_mean)."""
     mean = masked_mean(x, mask, all_sum=all_sum)
@@ -246,12 +276,17 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
     return whitened if shift_mean else whitened + mean
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-                       all_sum: Optional[Callable] = None) -> float:
+def explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, all_sum: Optional[Callable] = None
+) -> float:
     """1 - Var(R - V) / Var(R) over the masked tokens (every rank's, with all_sum as in masked_mean): 1 is a perfect
     critic, 0 no better than a mean."""
-    mean = lambda x: masked_mean(x, mask, all_sum=all_sum)
-    var_returns, residual = mean((returns - mean(returns)) ** 2), returns - values
+
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        return masked_mean(x, mask, all_sum=all_sum)
+
+    var_returns = mean((returns - mean(returns)) ** 2)
+    residual = returns - values
     var_residual = mean((residual - mean(residual)) ** 2)
     return (1.0 - var_residual / var_returns).item() if var_returns > 0 else float("nan")
 
@@ -266,8 +301,9 @@ def reward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) 
     """
     inner = unwrap(model)
     with autocast(model):
-        hidden = inner.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                  position_ids=position_ids(attention_mask)).last_hidden_state  # (B, L, H)
+        hidden = inner.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
+        ).last_hidden_state  # (B, L, H)
         last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # (B,) index of the last 1
         return inner.score(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
 
@@ -315,25 +351,44 @@ def completion_logprobs(
     """
     _check_left_padded(prompt_mask)
     S, T = prompt_ids.shape[1], completion_ids.shape[1]
-    full_mask = torch.cat([prompt_mask.repeat_interleave(repeats, 0), torch.ones_like(completion_ids)], 1)  # (B, S+T)
+    full_mask = torch.cat(
+        [prompt_mask.repeat_interleave(repeats, 0), torch.ones_like(completion_ids)], 1
+    )  # (B, S+T)
     positions = position_ids(full_mask)  # (B, S+T)
     with autocast(model):
         checkpointing = model.is_activation_checkpointing and model.training
-        sharded = getattr(model, "sharded", False)  # --fsdp: the cache is not shared across the ranks' gathers
+        sharded = getattr(
+            model, "sharded", False
+        )  # --fsdp: the cache is not shared across the ranks' gathers
         if share_prompt and not checkpointing and not sharded:
             cache = None  # a one-token prompt has nothing to share
             if S > 1:  # (its logits are not used: logits_to_keep=1 keeps that cheap)
-                out = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], use_cache=True,
-                            position_ids=position_ids(prompt_mask)[:, :-1], logits_to_keep=1)
+                out = model(
+                    input_ids=prompt_ids[:, :-1],
+                    attention_mask=prompt_mask[:, :-1],
+                    use_cache=True,
+                    position_ids=position_ids(prompt_mask)[:, :-1],
+                    logits_to_keep=1,
+                )
                 cache = out[CACHE]
                 _repeat_cache(cache, repeats)
-            input_ids = torch.cat([prompt_ids[:, -1:].repeat_interleave(repeats, dim=0), completion_ids], 1)  # (B, 1+T)
-            logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions[:, S - 1:],
-                           use_cache=True, **{CACHE: cache}).logits
+            input_ids = torch.cat(
+                [prompt_ids[:, -1:].repeat_interleave(repeats, dim=0), completion_ids], 1
+            )  # (B, 1+T)
+            logits = model(
+                input_ids=input_ids,
+                attention_mask=full_mask,
+                position_ids=positions[:, S - 1 :],
+                use_cache=True,
+                **{CACHE: cache},
+            ).logits
         else:
-            input_ids = torch.cat([prompt_ids.repeat_interleave(repeats, dim=0), completion_ids], dim=1)  # (B, S+T)
-            logits = model(input_ids=input_ids, attention_mask=full_mask, position_ids=positions,
-                           logits_to_keep=T + 1).logits
+            input_ids = torch.cat(
+                [prompt_ids.repeat_interleave(repeats, dim=0), completion_ids], dim=1
+            )  # (B, S+T)
+            logits = model(
+                input_ids=input_ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=T + 1
+            ).logits
     # logits (B, T+1, V) predict y_1..y_T, then nothing; divided by the temperature the tokens were sampled at
     logprobs, entropy = token_logprobs(logits, completion_ids, temperature, with_entropy, fast_kernels(model))
     if entropy is not None and not entropy_grad:
@@ -346,11 +401,15 @@ def completion_logprobs(
 # ---------------------------------------------------------------------------------------------
 def check_fits(model, prompt_tokens: int, max_new_tokens: int) -> None:
     """Refuse a prompt + completion longer than the model's positions (Llama would run past them, GPT-2 crash)."""
-    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(
+        model.config, "n_positions", None
+    )
     if limit is not None and prompt_tokens + max_new_tokens > limit:
-        raise InputError(f"a prompt of {prompt_tokens} tokens plus --max-new-tokens {max_new_tokens} exceeds the "
-                         "model's "
-                         f"{limit} positions; lower --max-new-tokens to at most {limit - prompt_tokens}")
+        raise InputError(
+            f"a prompt of {prompt_tokens} tokens plus --max-new-tokens {max_new_tokens} exceeds the "
+            "model's "
+            f"{limit} positions; lower --max-new-tokens to at most {limit - prompt_tokens}"
+        )
 
 
 @torch.no_grad()
@@ -383,15 +442,40 @@ def sample_completions(
     else:  # plain: the model as it is
         decoding = contextlib.nullcontext()
     with autocast(model), decoding:
-        return _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_token_id, pad_token_id,
-                       temperature, top_p, generator)
+        return _sample(
+            model,
+            prompt_ids,
+            prompt_mask,
+            num_samples,
+            max_new_tokens,
+            eos_token_id,
+            pad_token_id,
+            temperature,
+            top_p,
+            generator,
+        )
 
 
-def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p,
-            generator):
+def _sample(
+    model,
+    prompt_ids,
+    prompt_mask,
+    num_samples,
+    max_new_tokens,
+    eos_token_id,
+    pad_token_id,
+    temperature,
+    top_p,
+    generator,
+):
     repeats = torch.full((prompt_ids.shape[0],), num_samples, device=prompt_ids.device)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask),
-                use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=position_ids(prompt_mask),
+        use_cache=True,
+        logits_to_keep=1,
+    )
     cache = out[CACHE]
     _repeat_cache(cache, repeats)
     attention_mask = prompt_mask.repeat_interleave(repeats, dim=0)  # (B, S)
@@ -407,8 +491,13 @@ def _sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos_tok
             break
         attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
         position = attention_mask.sum(1, keepdim=True) - 1  # (B, 1)
-        out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position,
-                    use_cache=True, **{CACHE: cache})
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=attention_mask,
+            position_ids=position,
+            use_cache=True,
+            **{CACHE: cache},
+        )
         next_logits = out.logits[:, -1]
     return torch.stack(tokens, dim=1)
 

@@ -72,8 +72,9 @@ class Args:
     # ---- experiment: what to train and how it is evaluated -------------------------------------------------------
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    dataset: Annotated[Optional[str],
-                       runs.none_means("pairs sampled from the model and labelled by the verifier", "FILE")] = None
+    dataset: Annotated[
+        Optional[str], runs.none_means("pairs sampled from the model and labelled by the verifier", "FILE")
+    ] = None
     """JSONL file with fields prompt, chosen, rejected"""
     seed: int = 0
     """seed for data, pair order and initialisation"""
@@ -118,8 +119,8 @@ class Args:
     """gradient clipping by global norm"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
-    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
+    run: Annotated[runs.RunOptions, runs.FlatFlags] = runs.option_group(runs.RunOptions)
+    lora: Annotated[common.LoraOptions, runs.FlatFlags] = runs.option_group(common.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,15 +144,18 @@ def dpo_loss(
     chosen_logratios = policy_chosen_logps - ref_chosen_logps  # (P,)
     rejected_logratios = policy_rejected_logps - ref_rejected_logps  # (P,)
     logits = chosen_logratios - rejected_logratios  # (P,) h
-    losses = -(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)
+    losses = -(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(
+        -beta * logits
+    )
     return losses, beta * chosen_logratios.detach(), beta * rejected_logratios.detach()
 
 
 # ---------------------------------------------------------------------------------------------
 # Data and the concatenated forward
 # ---------------------------------------------------------------------------------------------
-def concatenated_logps(model, tokenizer, pairs: list[dict],
-                       max_completion_tokens: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def concatenated_logps(
+    model, tokenizer, pairs: list[dict], max_completion_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed log-probs of chosen and rejected completions, both in one batch: (P,), (P,), tokens processed.
 
     Rows are [chosen_0, rejected_0, chosen_1, ...]; each prompt is encoded once and shared by its two
@@ -159,35 +163,57 @@ def concatenated_logps(model, tokenizer, pairs: list[dict],
     """
     prompts = [p["prompt"] for p in pairs]
     texts, finished = preferences.pair_completions(pairs)  # chosen_0, rejected_0, chosen_1, ...
-    logps, lengths = preferences.sequence_logps(model, tokenizer, prompts, texts, max_completion_tokens, finished)
-    prompt_tokens = sum(len(tokenizer(tasks.format_prompt(tokenizer, p), add_special_tokens=False).input_ids)
-                        for p in prompts)
+    logps, lengths = preferences.sequence_logps(
+        model, tokenizer, prompts, texts, max_completion_tokens, finished
+    )
+    prompt_tokens = sum(
+        len(tokenizer(tasks.format_prompt(tokenizer, p), add_special_tokens=False).input_ids) for p in prompts
+    )
     tokens = int(2 * prompt_tokens + lengths.sum())
     logps = logps.view(len(pairs), 2)  # (P, 2) sums, never means
     return logps[:, 0], logps[:, 1], tokens
 
 
 @torch.no_grad()
-def score_pairs(model, tokenizer, pairs: list[dict], batch_size: int, max_completion_tokens: int,
-                desc: str) -> torch.Tensor:
+def score_pairs(
+    model, tokenizer, pairs: list[dict], batch_size: int, max_completion_tokens: int, desc: str
+) -> torch.Tensor:
     """Summed log-probs of every pair under `model`, (N, 2) [chosen, rejected], batch by batch with a progress bar."""
     model.eval()
     out = []
     for start in tqdm(range(0, len(pairs), batch_size), desc=desc, dynamic_ncols=True, leave=False):
-        chosen, rejected, _ = concatenated_logps(model, tokenizer, pairs[start : start + batch_size],
-                                                 max_completion_tokens)
+        chosen, rejected, _ = concatenated_logps(
+            model, tokenizer, pairs[start : start + batch_size], max_completion_tokens
+        )
         out.append(torch.stack([chosen, rejected], dim=1))
     return torch.cat(out) if out else torch.zeros(0, 2)  # online DPO has no held-out pairs
 
 
-def sample_pairs(policy, tokenizer, problems: list[tasks.Problem], max_new_tokens: int, temperature: float,
-                 generator: torch.Generator) -> tuple[list[dict], int]:
+def sample_pairs(
+    policy,
+    tokenizer,
+    problems: list[tasks.Problem],
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator,
+) -> tuple[list[dict], int]:
     """Two samples per problem from the policy, the one the verifier passes chosen; a pair of equal labels dropped."""
-    device, eos = next(policy.parameters()).device, tokenizer.eos_token_id
+    device = next(policy.parameters()).device
+    eos = tokenizer.eos_token_id
     policy.eval()
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
-    completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 2, max_new_tokens, eos,
-                                               tokenizer.pad_token_id, temperature, 1.0, generator)  # (2P, T)
+    completion_ids = common.sample_completions(
+        policy,
+        prompt_ids,
+        prompt_mask,
+        2,
+        max_new_tokens,
+        eos,
+        tokenizer.pad_token_id,
+        temperature,
+        1.0,
+        generator,
+    )  # (2P, T)
     texts = tasks.decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, eos))
     finished = (completion_ids == eos).any(1).tolist()  # a sample cut off at max_new_tokens gets no EOS later
     pairs = []
@@ -195,12 +221,21 @@ def sample_pairs(policy, tokenizer, problems: list[tasks.Problem], max_new_token
         labels = tasks.verify(texts[2 * i], problem.answer), tasks.verify(texts[2 * i + 1], problem.answer)
         if labels[0] != labels[1]:
             chosen, rejected = (2 * i, 2 * i + 1) if labels[0] > labels[1] else (2 * i + 1, 2 * i)
-            pairs.append({"prompt": problem.prompt, "chosen": texts[chosen], "rejected": texts[rejected],
-                          "chosen_finished": finished[chosen], "rejected_finished": finished[rejected]})
+            pairs.append(
+                {
+                    "prompt": problem.prompt,
+                    "chosen": texts[chosen],
+                    "rejected": texts[rejected],
+                    "chosen_finished": finished[chosen],
+                    "rejected_finished": finished[rejected],
+                }
+            )
     return pairs, len(problems) - len(pairs)
 
 
-def pair_metrics(losses, chosen_rewards, rejected_rewards, chosen_logps, rejected_logps, prefix: str = "") -> dict:
+def pair_metrics(
+    losses, chosen_rewards, rejected_rewards, chosen_logps, rejected_logps, prefix: str = ""
+) -> dict:
     """TRL's DPO metric names, as floats averaged over the pairs."""
     return {
         f"{prefix}loss": losses.mean().item(),
@@ -214,13 +249,28 @@ def pair_metrics(losses, chosen_rewards, rejected_rewards, chosen_logps, rejecte
 
 
 def check_args(args: Args) -> None:
-    runs.check_options(args, at_least_one=("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size",
-                                           "max_completion_tokens"), split="batch_size", alone=("online",))
-    require(args.samples_per_prompt >= 2,
-            "--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
+    runs.check_options(
+        args,
+        at_least_one=(
+            "steps",
+            "batch_size",
+            "num_prompts",
+            "max_new_tokens",
+            "eval_size",
+            "max_completion_tokens",
+        ),
+        split="batch_size",
+        alone=("online",),
+    )
+    require(
+        args.samples_per_prompt >= 2,
+        "--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)",
+    )
     require(args.beta > 0, "--beta must be > 0")
-    require(0 <= args.label_smoothing < 0.5,
-            "--label-smoothing must be in [0, 0.5): it is the probability that a label is wrong")
+    require(
+        0 <= args.label_smoothing < 0.5,
+        "--label-smoothing must be in [0, 0.5): it is the probability that a label is wrong",
+    )
     require(args.temperature > 0, "--temperature must be > 0 (it samples the preference data)")
 
 
@@ -234,66 +284,136 @@ def main(args: Args) -> dict:
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(args.run.kernels, device)  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
+    fast = models.resolve_kernels(
+        args.run.kernels, device
+    )  # the kernels' faster versions: on for a CPU, off for CUDA
+    resumed = runs.load_trainer_state(
+        args.run.resume, args.steps
+    )  # checked before any model loads; None if new
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
-    train_pairs, heldout_pairs, _ = ([], [], []) if args.online else preferences.load_preference_pairs(
-        args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens,
-        args.temperature, device, precision, args.eval_size)
+    train_pairs, heldout_pairs, _ = (
+        ([], [], [])
+        if args.online
+        else preferences.load_preference_pairs(
+            args.dataset,
+            args.model,
+            tokenizer,
+            args.seed,
+            args.num_prompts,
+            args.samples_per_prompt,
+            args.max_new_tokens,
+            args.temperature,
+            device,
+            precision,
+            args.eval_size,
+        )
+    )
     heldout_problems = tasks.heldout_problems(args.eval_size)
     if args.online:  # problems, not pairs: the pairs are sampled from the policy at each step
-        train_stream, heldout_problems = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
+        train_stream, heldout_problems = tasks.load_problems(
+            args.dataset, args.seed, args.eval_size, args.batch_size
+        )
     policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
-    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # online: all empty
+    batches = tasks.epoch_batches(
+        len(train_pairs), args.batch_size, args.steps, args.seed
+    )  # online: all empty
 
     # ---- 1. the reference: log π_ref once for every pair, or a frozen copy -----------------------
     # Before any update the policy *is* the reference, so precomputing needs no second model. A resumed
     # run reads them from its checkpoint: its policy is no longer the reference.
-    ref_model, train_ref = None, None
+    ref_model = None
+    train_ref = None
     if resumed:
-        heldout_ref, train_ref = resumed["heldout_ref"].to(device), resumed["train_ref"]
+        heldout_ref = resumed["heldout_ref"].to(device)
+        train_ref = resumed["train_ref"]
         train_ref = train_ref.to(device) if train_ref is not None else None
     else:
-        heldout_ref = score_pairs(policy, tokenizer, heldout_pairs, args.batch_size, args.max_completion_tokens,
-                                  "reference log-probs (held-out)")
+        heldout_ref = score_pairs(
+            policy,
+            tokenizer,
+            heldout_pairs,
+            args.batch_size,
+            args.max_completion_tokens,
+            "reference log-probs (held-out)",
+        )
         if args.precompute_ref_logprobs and not args.online:
-            train_ref = score_pairs(policy, tokenizer, train_pairs, args.batch_size, args.max_completion_tokens,
-                                    "reference log-probs (train)")
+            train_ref = score_pairs(
+                policy,
+                tokenizer,
+                train_pairs,
+                args.batch_size,
+                args.max_completion_tokens,
+                "reference log-probs (train)",
+            )
     if (args.online or not args.precompute_ref_logprobs) and not args.lora.lora_r:
-        ref_model = common.frozen_copy(policy)  # the starting model, also when resuming; with LoRA: adapter off
+        ref_model = common.frozen_copy(
+            policy
+        )  # the starting model, also when resuming; with LoRA: adapter off
     if resumed:
-        policy = models.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
-                                   keep_adapter=True, use_kernels=fast)
+        policy = models.load_model(
+            f"{args.run.resume}/model",
+            len(tokenizer),
+            device,
+            precision,
+            args.seed,
+            keep_adapter=True,
+            use_kernels=fast,
+        )
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     fsdp.shard(args.run.fsdp, policy, ref_model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
-    run = runs.Run(args, "dpo", tokenizer, device, resumed,
-                   eval_row=lambda r: {"accuracy": r["accuracy"], **r.get("pairs", {})})
-    generator = torch.Generator(device=device).manual_seed(args.seed) if args.online else None  # online sampling
+    run = runs.Run(
+        args,
+        "dpo",
+        tokenizer,
+        device,
+        resumed,
+        eval_row=lambda r: {"accuracy": r["accuracy"], **r.get("pairs", {})},
+    )
+    generator = (
+        torch.Generator(device=device).manual_seed(args.seed) if args.online else None
+    )  # online sampling
     # the data position is the step: batches[step:] come next, or online the problems after (step - 1)·P
-    run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler,
-             extra=lambda: {"heldout_ref": heldout_ref, "train_ref": train_ref})
+    run.keep(
+        policy,
+        generator,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        extra=lambda: {"heldout_ref": heldout_ref, "train_ref": train_ref},
+    )
     for _ in range((run.first_step - 1) * args.batch_size if args.online else 0):
         next(train_stream)
 
     def evaluate(step: int, pass_k: int = 0) -> dict:
         """Held-out greedy task accuracy (the number every algorithm reports) and held-out pair metrics."""
-        result = tasks.evaluate_policy(policy, tokenizer, heldout_problems, args.max_new_tokens, args.seed,
-                                       step, pass_k)
+        result = tasks.evaluate_policy(
+            policy, tokenizer, heldout_problems, args.max_new_tokens, args.seed, step, pass_k
+        )
         if not heldout_pairs:  # online
             return result
         with torch.no_grad():
-            chosen, rejected = score_pairs(policy, tokenizer, heldout_pairs, args.batch_size,
-                                           args.max_completion_tokens, "held-out pairs").unbind(1)
-        losses, chosen_rewards, rejected_rewards = dpo_loss(chosen, rejected, heldout_ref[:, 0], heldout_ref[:, 1],
-                                                            args.beta, args.label_smoothing)
-        result["pairs"] = pair_metrics(losses, chosen_rewards, rejected_rewards, chosen, rejected, prefix="eval/")
-        tqdm.write(f"step {step}: held-out pairs: loss {result['pairs']['eval/loss']:.4f}, "
-                   f"reward accuracy {result['pairs']['eval/rewards/accuracies']:.3f}")
+            chosen, rejected = score_pairs(
+                policy,
+                tokenizer,
+                heldout_pairs,
+                args.batch_size,
+                args.max_completion_tokens,
+                "held-out pairs",
+            ).unbind(1)
+        losses, chosen_rewards, rejected_rewards = dpo_loss(
+            chosen, rejected, heldout_ref[:, 0], heldout_ref[:, 1], args.beta, args.label_smoothing
+        )
+        result["pairs"] = pair_metrics(
+            losses, chosen_rewards, rejected_rewards, chosen, rejected, prefix="eval/"
+        )
+        tqdm.write(
+            f"step {step}: held-out pairs: loss {result['pairs']['eval/loss']:.4f}, "
+            f"reward accuracy {result['pairs']['eval/rewards/accuracies']:.3f}"
+        )
         return result
 
     run.begin(evaluate)
@@ -301,10 +421,20 @@ def main(args: Args) -> dict:
         t0 = time.time()
         batch = distributed.share(batch)  # under torchrun, P/N pairs on a rank
         pairs = [train_pairs[i] for i in batch]
-        if args.online:  # ---- online: two samples per prompt from the policy, labelled by the verifier -------
-            pairs, dropped = sample_pairs(policy, tokenizer, [next(train_stream) for _ in range(args.batch_size)],
-                                          args.max_new_tokens, args.temperature, generator)
-            if not pairs:  # all labels equal: no update and no scheduler step; logged, evaluated, saved as usual
+        if (
+            args.online
+        ):  # ---- online: two samples per prompt from the policy, labelled by the verifier -------
+            pairs, dropped = sample_pairs(
+                policy,
+                tokenizer,
+                [next(train_stream) for _ in range(args.batch_size)],
+                args.max_new_tokens,
+                args.temperature,
+                generator,
+            )
+            if (
+                not pairs
+            ):  # all labels equal: no update and no scheduler step; logged, evaluated, saved as usual
                 run.log(step, {"pairs/kept": 0, "pairs/dropped": dropped, "time/step": time.time() - t0})
                 run.evaluate(step, evaluate)
                 run.save_if_due(step)
@@ -315,15 +445,21 @@ def main(args: Args) -> dict:
             ref_chosen, ref_rejected = train_ref[batch].unbind(1)  # (P,), (P,)
         else:
             with torch.no_grad(), common.reference(policy, ref_model) as ref:
-                ref_chosen, ref_rejected, _ = concatenated_logps(ref, tokenizer, pairs, args.max_completion_tokens)
+                ref_chosen, ref_rejected, _ = concatenated_logps(
+                    ref, tokenizer, pairs, args.max_completion_tokens
+                )
 
         # ---- 3. log π_θ of chosen and rejected in one batch, then the DPO loss ------------------
         policy.train()
-        policy_chosen, policy_rejected, tokens = concatenated_logps(policy, tokenizer, pairs,
-                                                                    args.max_completion_tokens)
-        losses, chosen_rewards, rejected_rewards = dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
-                                                            args.beta, args.label_smoothing)
-        loss = losses.mean() * distributed.share_of(len(pairs))  # this rank's part of the batch's mean; × 1.0 alone
+        policy_chosen, policy_rejected, tokens = concatenated_logps(
+            policy, tokenizer, pairs, args.max_completion_tokens
+        )
+        losses, chosen_rewards, rejected_rewards = dpo_loss(
+            policy_chosen, policy_rejected, ref_chosen, ref_rejected, args.beta, args.label_smoothing
+        )
+        loss = losses.mean() * distributed.share_of(
+            len(pairs)
+        )  # this rank's part of the batch's mean; × 1.0 alone
         run.check_finite(loss, step)
 
         # ---- 4. update -------------------------------------------------------------------------
@@ -339,21 +475,44 @@ def main(args: Args) -> dict:
         # ---- 5. log ----------------------------------------------------------------------------------
         step_time = time.time() - t0
         stats = pair_metrics(losses, chosen_rewards, rejected_rewards, policy_chosen, policy_rejected)
-        stats.update({"grad_norm": grad_norm.item(), "lr": lr, "time/step": step_time,
-                      "tokens_per_second": tokens / step_time,  # prompt + completion tokens of the 2P sequences
-                      **({"pairs/kept": len(pairs), "pairs/dropped": dropped} if args.online else {})})
-        stats = distributed.mean_over_ranks(stats)  # each rank's mean over an equal share: their mean is the batch's
-        run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "margin": f"{stats['rewards/margins']:.3f}",
-                              "acc": f"{stats['rewards/accuracies']:.2f}"})
+        stats.update(
+            {
+                "grad_norm": grad_norm.item(),
+                "lr": lr,
+                "time/step": step_time,
+                "tokens_per_second": tokens / step_time,  # prompt + completion tokens of the 2P sequences
+                **({"pairs/kept": len(pairs), "pairs/dropped": dropped} if args.online else {}),
+            }
+        )
+        stats = distributed.mean_over_ranks(
+            stats
+        )  # each rank's mean over an equal share: their mean is the batch's
+        run.log(
+            step,
+            stats,
+            {
+                "loss": f"{stats['loss']:.4f}",
+                "margin": f"{stats['rewards/margins']:.3f}",
+                "acc": f"{stats['rewards/accuracies']:.2f}",
+            },
+        )
 
         # ---- 6. evaluate and checkpoint ----------------------------------------------------------
         run.evaluate(step, evaluate)
         run.save_if_due(step)
 
-    return run.finish(evaluate, lambda before, after: {
-        **tasks.before_and_after(before, after), "pairs_train": len(train_pairs), "pairs_heldout": len(heldout_pairs),
-        **({} if args.online else {"pairs_used": args.steps * args.batch_size}),  # online: pairs/kept, step by step
-    }, lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}")
+    return run.finish(
+        evaluate,
+        lambda before, after: {
+            **tasks.before_and_after(before, after),
+            "pairs_train": len(train_pairs),
+            "pairs_heldout": len(heldout_pairs),
+            **(
+                {} if args.online else {"pairs_used": args.steps * args.batch_size}
+            ),  # online: pairs/kept, step by step
+        },
+        lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}",
+    )
 
 
 if __name__ == "__main__":

@@ -89,7 +89,9 @@ class Args:
     """a reward_model.py checkpoint to score completions with (as ppo.py does); the verifier is logged beside it"""
     rewards: tuple[Literal["correct", "format"], ...] = ("correct",)
     """rewards summed into one: correct (--verifier's, or --reward-model's score), format (<think>…</think><answer>)"""
-    reward_weights: Annotated[Optional[tuple[float, ...]], runs.none_means("1 for each reward", "FLOAT ...")] = None
+    reward_weights: Annotated[
+        Optional[tuple[float, ...]], runs.none_means("1 for each reward", "FLOAT ...")
+    ] = None
     """the weight of each of --rewards, in their order"""
     prompt_style: Literal["question", "r1"] = "question"
     """question alone, or r1: it asks for <think> reasoning </think><answer> answer </answer> (held-out too)"""
@@ -147,34 +149,51 @@ class Args:
     micro-batch (32 splits 16 × 8 sequences into four: half the memory, about 7 % more time a step on 2 cores)"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
-    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
+    run: Annotated[runs.RunOptions, runs.FlatFlags] = runs.option_group(runs.RunOptions)
+    lora: Annotated[common.LoraOptions, runs.FlatFlags] = runs.option_group(common.LoraOptions)
 
 
 def check_args(args: Args) -> None:
-    runs.check_options(args, at_least_one=("steps", "prompts_per_step", "num_iterations", "max_new_tokens",
-                                           "eval_size"), split="prompts_per_step", alone=("dynamic_sampling",))
-    require(args.group_size >= 2, f"--group-size must be at least 2 (the group is the baseline), not {args.group_size}")
+    runs.check_options(
+        args,
+        at_least_one=("steps", "prompts_per_step", "num_iterations", "max_new_tokens", "eval_size"),
+        split="prompts_per_step",
+        alone=("dynamic_sampling",),
+    )
+    require(
+        args.group_size >= 2,
+        f"--group-size must be at least 2 (the group is the baseline), not {args.group_size}",
+    )
     batch = args.prompts_per_step * args.group_size
     micro = batch if args.batch_size is None else args.batch_size
     require(micro >= 1, f"--batch-size must be at least 1, not {micro}")
     # a micro-batch at least as large as the batch is the whole batch
-    require(micro >= batch or batch % micro == 0,
-            f"--batch-size {micro} must divide prompts-per-step × group-size = {batch}")
+    require(
+        micro >= batch or batch % micro == 0,
+        f"--batch-size {micro} must divide prompts-per-step × group-size = {batch}",
+    )
     require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
     require(0 < args.top_p <= 1, "--top-p must be in (0, 1]")
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps-low must be in [0, 1) and --eps-high >= 0")
-    require(args.beta == 0 or args.kl_estimator != "k1",
-            "--kl-estimator k1 in the loss has zero expected gradient (it penalises nothing): use k3 or k2")
-    require(args.overlong_buffer < args.max_new_tokens, "--overlong-buffer must be smaller than --max-new-tokens")
-    require(len(args.reward_weights or args.rewards) == len(args.rewards) > 0, "--reward-weights: one per --rewards")
+    require(
+        args.beta == 0 or args.kl_estimator != "k1",
+        "--kl-estimator k1 in the loss has zero expected gradient (it penalises nothing): use k3 or k2",
+    )
+    require(
+        args.overlong_buffer < args.max_new_tokens, "--overlong-buffer must be smaller than --max-new-tokens"
+    )
+    require(
+        len(args.reward_weights or args.rewards) == len(args.rewards) > 0,
+        "--reward-weights: one per --rewards",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # The math: advantages, KL, loss
 # ---------------------------------------------------------------------------------------------
-def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True,
-                     eps: float = 1e-4) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-4
+) -> torch.Tensor:
     """Â_i = (r_i - mean(r_group)) / (std(r_group) + eps), DeepSeekMath §4.1.2. (N,) -> (N,)
 
     Groups are consecutive runs of `group_size`; std is the population std (÷ G). With scale_by_std=False (Dr. GRPO)
@@ -218,10 +237,14 @@ def grpo_loss(
     ref_logprobs: Optional[torch.Tensor],  # (B, T) log π_ref, or None when beta = 0
     advantages: torch.Tensor,  # (B,)
     mask: torch.Tensor,  # (B, T)
-    eps_low: float = 0.2, eps_high: float = 0.2,
-    beta: float = 0.04, loss_agg: str = "seq-mean-token-mean",
-    max_completion_length: Optional[int] = None, kl_kind: str = "k3",
-    importance_level: str = "token", loss_type: str = "clip",  # GSPO: "sequence"; CISPO: "cispo"
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    beta: float = 0.04,
+    loss_agg: str = "seq-mean-token-mean",
+    max_completion_length: Optional[int] = None,
+    kl_kind: str = "k3",
+    importance_level: str = "token",
+    loss_type: str = "clip",  # GSPO: "sequence"; CISPO: "cispo"
 ) -> tuple[torch.Tensor, dict]:
     """The negated GRPO objective (see the module docstring), to be minimised.
 
@@ -239,7 +262,9 @@ def grpo_loss(
     if importance_level not in ("token", "sequence") or loss_type not in ("clip", "cispo"):
         raise ValueError(f"unknown importance_level {importance_level!r} or loss_type {loss_type!r}")
     log_ratio = logprobs - old_logprobs  # (B, T) log ρ_it
-    if importance_level == "sequence":  # log s_i, the masked mean (padding must not count), for each token of o_i
+    if (
+        importance_level == "sequence"
+    ):  # log s_i, the masked mean (padding must not count), for each token of o_i
         log_ratio = masked_mean(log_ratio, mask, dim=1)[:, None].expand_as(log_ratio)
     ratio = torch.exp(log_ratio)  # (B, T)
     adv = advantages[:, None]  # (B, 1)
@@ -271,9 +296,11 @@ def grpo_loss(
     with torch.no_grad():
         clipped_low = (ratio < 1.0 - eps_low) & (adv < 0) & (loss_type != "cispo")  # binds where it lowers J
         clipped_high = (ratio > 1.0 + eps_high) & (adv > 0)
-        metrics = {"clip_ratio": masked_mean((clipped_low | clipped_high).float(), mask).item(),
-                   "clip_ratio/low": masked_mean(clipped_low.float(), mask).item(),
-                   "clip_ratio/high": masked_mean(clipped_high.float(), mask).item()}
+        metrics = {
+            "clip_ratio": masked_mean((clipped_low | clipped_high).float(), mask).item(),
+            "clip_ratio/low": masked_mean(clipped_low.float(), mask).item(),
+            "clip_ratio/high": masked_mean(clipped_high.float(), mask).item(),
+        }
         if kl is not None:
             metrics["kl"] = masked_mean(kl, mask).item()
     return loss, metrics
@@ -315,69 +342,126 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(args.run.kernels, device)  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
-    train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.prompts_per_step)
+    fast = models.resolve_kernels(
+        args.run.kernels, device
+    )  # the kernels' faster versions: on for a CPU, off for CUDA
+    resumed = runs.load_trainer_state(
+        args.run.resume, args.steps
+    )  # checked before any model loads; None if new
+    train_stream, heldout = tasks.load_problems(
+        args.dataset, args.seed, args.eval_size, args.prompts_per_step
+    )
     train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)  # held-out too
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     reward_model = None
     if args.reward_model:
-        reward_model = models.load_reward_model(args.reward_model, tokenizer, device, precision, use_kernels=fast)
+        reward_model = models.load_reward_model(
+            args.reward_model, tokenizer, device, precision, use_kernels=fast
+        )
     # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
     ref_model = common.frozen_copy(policy) if args.beta != 0.0 and not args.lora.lora_r else None
     if resumed:
-        policy = models.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
-                                   keep_adapter=True, use_kernels=fast)
+        policy = models.load_model(
+            f"{args.run.resume}/model",
+            len(tokenizer),
+            device,
+            precision,
+            args.seed,
+            keep_adapter=True,
+            use_kernels=fast,
+        )
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
-    fsdp.shard(args.run.fsdp, policy, ref_model, reward_model)  # --fsdp: 1/N of each model's weights on a rank
-    optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps,
-                                                 args.steps if args.lr_decay else 0)
-    generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())  # each rank its own draws
-    G, eos, pad = args.group_size, tokenizer.eos_token_id, tokenizer.pad_token_id
+    fsdp.shard(
+        args.run.fsdp, policy, ref_model, reward_model
+    )  # --fsdp: 1/N of each model's weights on a rank
+    optimizer, scheduler = common.make_optimizer(
+        policy, args.lr, args.weight_decay, args.warmup_steps, args.steps if args.lr_decay else 0
+    )
+    generator = torch.Generator(device=device).manual_seed(
+        args.seed + distributed.rank()
+    )  # each rank its own draws
+    G = args.group_size
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id
 
     run = runs.Run(args, "grpo", tokenizer, device, resumed)  # the run folder, metrics.jsonl, checkpoints
-    run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler)  # what a checkpoint holds; resumed here
-    for _ in range((run.first_step - 1) * args.prompts_per_step):  # a resumed run's data position: P problems a step
+    run.keep(
+        policy, generator, optimizer=optimizer, scheduler=scheduler
+    )  # what a checkpoint holds; resumed here
+    for _ in range(
+        (run.first_step - 1) * args.prompts_per_step
+    ):  # a resumed run's data position: P problems a step
         next(train_stream)
 
-    evaluate = lambda step, pass_k=0: tasks.evaluate_policy(policy, tokenizer, heldout, args.max_new_tokens, args.seed,
-                                                            step, pass_k)
+    def evaluate(step: int, pass_k: int = 0) -> dict:
+        return tasks.evaluate_policy(policy, tokenizer, heldout, args.max_new_tokens, args.seed, step, pass_k)
+
     run.begin(evaluate)
     for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample G completions per prompt from the current policy -------------------------
         t0 = time.time()
-        problems = distributed.share([next(train_stream) for _ in range(args.prompts_per_step)])  # P/N on a rank
+        problems = distributed.share(
+            [next(train_stream) for _ in range(args.prompts_per_step)]
+        )  # P/N on a rank
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
-        completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, G, args.max_new_tokens, eos, pad,
-                                                   args.temperature, args.top_p, generator)  # (B, T)
+        completion_ids = common.sample_completions(
+            policy,
+            prompt_ids,
+            prompt_mask,
+            G,
+            args.max_new_tokens,
+            eos,
+            pad,
+            args.temperature,
+            args.top_p,
+            generator,
+        )  # (B, T)
         mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
         time_generate = time.time() - t0
 
         # ---- 2. score with each of --rewards (a verifier or a reward model, the format) -----------
         texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
-        correct = verified = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)  # (B,)
+        correct = verified = torch.tensor(
+            [reward_fn(t, a) for t, a in zip(texts, answers)], device=device
+        )  # (B,)
         # paid by the last-number verifier but not stated as a result: rewards the strict verifier would refuse
         unearned = [tasks.verify(t, a) * (1.0 - tasks.verify_strict(t, a)) for t, a in zip(texts, answers)]
         if reward_model is not None:  # the verifier's scores stay, as the true reward to compare against
             with torch.no_grad():
                 input_ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
-                correct = common.reward_scores(reward_model, input_ids,
-                                               torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1))  # (B,)
-        per_reward = torch.stack([correct if name == "correct" else torch.tensor(  # (B, K), one column per reward
-            [tasks.REWARDS[name](t, a) for t, a in zip(texts, answers)], device=device) for name in args.rewards], 1)
+                correct = common.reward_scores(
+                    reward_model, input_ids, torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1)
+                )  # (B,)
+        per_reward = torch.stack(
+            [
+                correct
+                if name == "correct"
+                else torch.tensor(  # (B, K), one column per reward
+                    [tasks.REWARDS[name](t, a) for t, a in zip(texts, answers)], device=device
+                )
+                for name in args.rewards
+            ],
+            1,
+        )
         if not torch.isfinite(per_reward).all():
-            raise InputError(f"reward became {per_reward[~torch.isfinite(per_reward)][0].item()} at step {step}: "
-                             "the reward function returned a non-finite score")
-        scores = weighted_rewards(per_reward, per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards)))
+            raise InputError(
+                f"reward became {per_reward[~torch.isfinite(per_reward)][0].item()} at step {step}: "
+                "the reward function returned a non-finite score"
+            )
+        scores = weighted_rewards(
+            per_reward, per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards))
+        )
         lengths = mask.sum(1)  # (B,)
-        rewards = scores + overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty)
+        rewards = scores + overlong_penalty(
+            lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty
+        )
 
         # ---- 3. group-relative advantages -------------------------------------------------------
         advantages = group_advantages(rewards, G, args.scale_by_std)  # (B,)
@@ -386,17 +470,23 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         keep_groups = ~all_equal if args.dynamic_sampling else torch.ones_like(all_equal)
         keep = keep_groups.repeat_interleave(G)  # (B,)
         stats = {
-            "reward": rewards.mean().item(), "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
+            "reward": rewards.mean().item(),
+            "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
             "frac_reward_zero_std": all_equal.float().mean().item(),
             "score": scores.mean().item(),  # before any overlong penalty
             **{f"rewards/{name}/mean": per_reward[:, k].mean().item() for k, name in enumerate(args.rewards)},
             **({"verifier": verified.mean().item()} if reward_model is not None else {}),  # the true reward
-            "reward/unearned": sum(unearned) / len(unearned), "completion_length": lengths.float().mean().item(),
-            "completions/distinct": common.distinct_fraction(completion_ids, mask, G),  # 1/G: a group all alike
+            "reward/unearned": sum(unearned) / len(unearned),
+            "completion_length": lengths.float().mean().item(),
+            "completions/distinct": common.distinct_fraction(
+                completion_ids, mask, G
+            ),  # 1/G: a group all alike
             "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # cut: no EOS
         }
         t1 = time.time()
-        update = bool(keep.any())  # dynamic sampling may leave no group: no update, but the batch still counts
+        update = bool(
+            keep.any()
+        )  # dynamic sampling may leave no group: no update, but the batch still counts
 
         # ---- 4. old and reference log-probs, once per batch -------------------------------------
         if update:
@@ -408,12 +498,21 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             micro = min(args.batch_size or B, B)  # dynamic sampling may have shrunk this batch
             slices = [slice(i, min(i + micro, B)) for i in range(0, B, micro)]
             group_of_row = torch.arange(B, device=device) // G  # (B,) which kept prompt each row belongs to
-            batch_tokens, batch_rows = distributed.all_sum(mask.sum()), distributed.all_sum(B)  # every rank's
+            # every rank's
+            batch_tokens = distributed.all_sum(mask.sum())
+            batch_rows = distributed.all_sum(B)
 
             def logprobs_of(model, rows: slice, with_entropy: bool = False):
                 prompts, repeats = torch.unique_consecutive(group_of_row[rows], return_counts=True)
-                return common.completion_logprobs(model, prompt_ids[prompts], prompt_mask[prompts],
-                                                  completion_ids[rows], repeats, args.temperature, with_entropy)
+                return common.completion_logprobs(
+                    model,
+                    prompt_ids[prompts],
+                    prompt_mask[prompts],
+                    completion_ids[rows],
+                    repeats,
+                    args.temperature,
+                    with_entropy,
+                )
 
             with torch.no_grad():
                 # With μ = 1 the sampling policy *is* the current one, so old = current.detach() below and
@@ -428,14 +527,27 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
             # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
             policy.train()
-            sums, entropy_sum = {}, 0.0  # metric -> Σ over micro-batches and iterations of value × weight
+            # metric -> Σ over micro-batches and iterations of value × weight
+            sums = {}
+            entropy_sum = 0.0
             for iteration in range(args.num_iterations):
                 for s in slices:
                     logprobs, entropy = logprobs_of(policy, s, with_entropy=iteration == 0)
-                    loss, m = grpo_loss(logprobs, old_logprobs[s] if old_logprobs is not None else logprobs.detach(),
-                                        ref_logprobs[s] if ref_logprobs is not None else None, advantages[s], mask[s],
-                                        args.eps_low, args.eps_high, args.beta, args.loss_agg, args.max_new_tokens,
-                                        args.kl_estimator, args.importance_level, args.loss_type)
+                    loss, m = grpo_loss(
+                        logprobs,
+                        old_logprobs[s] if old_logprobs is not None else logprobs.detach(),
+                        ref_logprobs[s] if ref_logprobs is not None else None,
+                        advantages[s],
+                        mask[s],
+                        args.eps_low,
+                        args.eps_high,
+                        args.beta,
+                        args.loss_agg,
+                        args.max_new_tokens,
+                        args.kl_estimator,
+                        args.importance_level,
+                        args.loss_type,
+                    )
                     run.check_finite(loss, step)
                     weight = micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
@@ -446,14 +558,22 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0.0) + v * token_share
                     sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight
-                distributed.all_reduce_grads(policy)  # Σ over the ranks: each one's loss is its part of the batch's
+                distributed.all_reduce_grads(
+                    policy
+                )  # Σ over the ranks: each one's loss is its part of the batch's
                 grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 run.check_finite(grad_norm, step, "gradient norm")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
-        lr = scheduler.get_last_lr()[0]  # the rate this step used, or would have: warm-up counts batches, skipped too
-        with warnings.catch_warnings():  # torch warns when a skipped first batch steps the schedule first; it is meant
-            warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")
+        lr = scheduler.get_last_lr()[
+            0
+        ]  # the rate this step used, or would have: warm-up counts batches, skipped too
+        with (
+            warnings.catch_warnings()
+        ):  # torch warns when a skipped first batch steps the schedule first; it is meant
+            warnings.filterwarnings(
+                "ignore", r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
+            )
             scheduler.step()
         time_train = time.time() - t1
 
@@ -461,25 +581,51 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         step_time = time.time() - t0
         if update:
             # each iteration's token shares (and loss weights) sum to 1: dividing by μ averages the iterations
-            stats.update({k: distributed.all_sum(v) / args.num_iterations for k, v in sums.items()})  # ranks' parts
-            stats.update({"entropy": distributed.all_sum(entropy_sum), "grad_norm": grad_norm.item(),
-                          "tokens_per_second/train": mask.sum().item() * args.num_iterations / time_train})
+            stats.update(
+                {k: distributed.all_sum(v) / args.num_iterations for k, v in sums.items()}
+            )  # ranks' parts
+            stats.update(
+                {
+                    "entropy": distributed.all_sum(entropy_sum),
+                    "grad_norm": grad_norm.item(),
+                    "tokens_per_second/train": mask.sum().item() * args.num_iterations / time_train,
+                }
+            )
         else:
             stats["skipped"] = 1
-        stats.update({"lr": lr, "time/generate": time_generate, "time/train": time_train, "time/step": step_time,
-                      "tokens_per_second": lengths.sum().item() / step_time,
-                      "tokens_per_second/generate": lengths.sum().item() / time_generate})
-        stats = distributed.mean_over_ranks(stats)  # each rank's mean over an equal share: their mean is the batch's
-        run.log(step, stats, {"reward": f"{stats['reward']:.3f}", "len": f"{stats['completion_length']:.1f}",
-                              **({"kl": f"{stats['kl']:.4f}"} if "kl" in stats else {}),
-                              **({} if update else {"skipped": "all groups equal"})})
+        stats.update(
+            {
+                "lr": lr,
+                "time/generate": time_generate,
+                "time/train": time_train,
+                "time/step": step_time,
+                "tokens_per_second": lengths.sum().item() / step_time,
+                "tokens_per_second/generate": lengths.sum().item() / time_generate,
+            }
+        )
+        stats = distributed.mean_over_ranks(
+            stats
+        )  # each rank's mean over an equal share: their mean is the batch's
+        run.log(
+            step,
+            stats,
+            {
+                "reward": f"{stats['reward']:.3f}",
+                "len": f"{stats['completion_length']:.1f}",
+                **({"kl": f"{stats['kl']:.4f}"} if "kl" in stats else {}),
+                **({} if update else {"skipped": "all groups equal"}),
+            },
+        )
 
         # ---- 7. evaluate and checkpoint -----------------------------------------------------------
         run.evaluate(step, evaluate)
         run.save_if_due(step)
 
-    return run.finish(evaluate, tasks.before_and_after,
-                      lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}")
+    return run.finish(
+        evaluate,
+        tasks.before_and_after,
+        lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}",
+    )
 
 
 if __name__ == "__main__":

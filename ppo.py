@@ -77,12 +77,16 @@ class Args:
     # ---- experiment: what to train and how it is evaluated -------------------------------------------------------
     model: str = "smollm2"
     """policy (and reference): smollm2 (embedded), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    reward_model: Annotated[Optional[str], runs.none_means("none; required with --reward model", "DIR")] = None
+    reward_model: Annotated[Optional[str], runs.none_means("none; required with --reward model", "DIR")] = (
+        None
+    )
     """a reward_model.py checkpoint (runs/rm-.../model): it scores completions, and the critic starts from it"""
     reward: Literal["model", "verifier"] = "model"
     """model: the learned reward model (the RLHF recipe); verifier: the arithmetic verifier's 0/1"""
-    critic_init: Annotated[Optional[Literal["reward-model", "policy"]],
-                           runs.none_means("the reward model, else the policy", "{reward-model,policy}")] = None
+    critic_init: Annotated[
+        Optional[Literal["reward-model", "policy"]],
+        runs.none_means("the reward model, else the policy", "{reward-model,policy}"),
+    ] = None
     """initialise the critic from the reward model (InstructGPT) or from the policy's backbone with a new head"""
     dataset: Annotated[Optional[str], runs.none_means("the built-in arithmetic task", "FILE")] = None
     """JSONL file with fields prompt, answer (numeric)"""
@@ -158,27 +162,49 @@ class Args:
     """gradient clipping by global norm, for each of the two models"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory (policy and critic)"""
-    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
+    run: Annotated[runs.RunOptions, runs.FlatFlags] = runs.option_group(runs.RunOptions)
+    lora: Annotated[common.LoraOptions, runs.FlatFlags] = runs.option_group(common.LoraOptions)
 
 
 def check_args(args: Args) -> None:
-    runs.check_options(args, at_least_one=("steps", "batch_size", "minibatch_size", "ppo_epochs", "max_new_tokens",
-                                           "eval_size", "kl_horizon"), split="minibatch_size")
-    require(args.batch_size % args.minibatch_size == 0,
-            f"--minibatch-size {args.minibatch_size} must divide --batch-size {args.batch_size}")
-    require(args.reward != "model" or args.reward_model is not None,
-            "--reward model needs --reward-model PATH: train one with `python reward_model.py` (it prints its run "
-            "folder; the checkpoint is <run folder>/model), or score with --reward verifier")
-    for name, used in (("ensemble", args.ensemble), ("reward-clip", args.reward_clip is not None),
-                       ("verifier-weight", args.verifier_weight)):
-        require(not used or args.reward == "model",
-                f"--{name} shapes a learned reward: use it with --reward model --reward-model PATH")
+    runs.check_options(
+        args,
+        at_least_one=(
+            "steps",
+            "batch_size",
+            "minibatch_size",
+            "ppo_epochs",
+            "max_new_tokens",
+            "eval_size",
+            "kl_horizon",
+        ),
+        split="minibatch_size",
+    )
+    require(
+        args.batch_size % args.minibatch_size == 0,
+        f"--minibatch-size {args.minibatch_size} must divide --batch-size {args.batch_size}",
+    )
+    require(
+        args.reward != "model" or args.reward_model is not None,
+        "--reward model needs --reward-model PATH: train one with `python reward_model.py` (it prints its run "
+        "folder; the checkpoint is <run folder>/model), or score with --reward verifier",
+    )
+    for name, used in (
+        ("ensemble", args.ensemble),
+        ("reward-clip", args.reward_clip is not None),
+        ("verifier-weight", args.verifier_weight),
+    ):
+        require(
+            not used or args.reward == "model",
+            f"--{name} shapes a learned reward: use it with --reward model --reward-model PATH",
+        )
     require(args.reward_clip is None or args.reward_clip > 0, "--reward-clip must be > 0")
     require(args.kl_budget is None or args.kl_budget > 0, "--kl-budget must be > 0")
-    require(args.critic_init != "reward-model" or args.reward_model is not None,
-            "--critic-init reward-model needs --reward-model PATH; without one leave --critic-init out "
-            "(the critic starts from the policy)")
+    require(
+        args.critic_init != "reward-model" or args.reward_model is not None,
+        "--critic-init reward-model needs --reward-model PATH; without one leave --critic-init out "
+        "(the critic starts from the policy)",
+    )
     require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
     require(0 < args.top_p <= 1, "--top-p must be in (0, 1]")
     require(args.target_kl is None or args.target_kl > 0, "--target-kl must be > 0")
@@ -206,8 +232,9 @@ def kl_penalized_rewards(
     return rewards, kl * mask
 
 
-def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-                lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE (Schulman et al. 2016, eq. 16): Â_t = Σ_l (γλ)^l δ_t+l with δ_t = r_t + γ V(s_t+1) - V(s_t).
 
     rewards, values, mask (B, T) -> (advantages (B, T), returns (B, T)), returns = Â + V.
@@ -229,7 +256,9 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     return advantages, returns
 
 
-def ppo_policy_loss(logprobs, old_logprobs, advantages, mask, clip_eps: float = 0.2) -> tuple[torch.Tensor, dict]:
+def ppo_policy_loss(
+    logprobs, old_logprobs, advantages, mask, clip_eps: float = 0.2
+) -> tuple[torch.Tensor, dict]:
     """L^CLIP (PPO eq. 7), negated for minimising, token mean over the mask. All (B, T); advantages per token.
     -> (loss, {approx_kl: mean ½(log ρ)² as TRL, clip_ratio: the share of tokens where the clipped term is used})"""
     log_ratio = logprobs - old_logprobs
@@ -269,16 +298,24 @@ def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tenso
     attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
     inner = common.unwrap(critic)  # through a LoRA wrapper
     with common.autocast(critic):
-        hidden = inner.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                  position_ids=common.position_ids(attention_mask)).last_hidden_state  # (B, S+T, H)
+        hidden = inner.base_model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=common.position_ids(attention_mask),
+        ).last_hidden_state  # (B, S+T, H)
         return inner.score(hidden[:, S - 1 : S + T - 1]).squeeze(-1).float()  # (B, T)
 
 
 # ---------------------------------------------------------------------------------------------
 # Optional: mitigations of reward over-optimisation (all off by default; with --reward model)
 # ---------------------------------------------------------------------------------------------
-def ensemble_score(scores: torch.Tensor, agg: str = "min", std_coef: float = 1.0, mean: Optional[torch.Tensor] = None,
-                   std: Optional[torch.Tensor] = None) -> torch.Tensor:
+def ensemble_score(
+    scores: torch.Tensor,
+    agg: str = "min",
+    std_coef: float = 1.0,
+    mean: Optional[torch.Tensor] = None,
+    std: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """(M, B) scores of M reward models -> (B,): the minimum over models (worst-case optimisation), or
     mean − k·std with the population std over models (uncertainty-weighted; Coste et al. 2024,
     arXiv:2310.02743, use the variance). One model: its score either way. With several, each is first
@@ -293,9 +330,16 @@ def ensemble_score(scores: torch.Tensor, agg: str = "min", std_coef: float = 1.0
     raise ValueError(f"unknown ensemble aggregation {agg!r}")
 
 
-def shaped_score(scores: torch.Tensor, verified: torch.Tensor, lengths: torch.Tensor, start_score: float,
-                 start_score_std: float, reward_clip: Optional[float] = None, verifier_weight: float = 0.0,
-                 length_penalty: float = 0.0) -> torch.Tensor:
+def shaped_score(
+    scores: torch.Tensor,
+    verified: torch.Tensor,
+    lengths: torch.Tensor,
+    start_score: float,
+    start_score_std: float,
+    reward_clip: Optional[float] = None,
+    verifier_weight: float = 0.0,
+    length_penalty: float = 0.0,
+) -> torch.Tensor:
     """The reward the policy is trained on, from the reward model's scores (B,), the verifier's 0/1 (B,) and the
     completion lengths (B,), before the missing-EOS penalty and the KL. Each term is off at its default:
     - reward_clip C: the score in units of the starting policy's spread, (s - mean) / std, clipped to [-C, C],
@@ -319,70 +363,132 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(args.run.kernels, device)  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
+    fast = models.resolve_kernels(
+        args.run.kernels, device
+    )  # the kernels' faster versions: on for a CPU, off for CUDA
+    resumed = runs.load_trainer_state(
+        args.run.resume, args.steps
+    )  # checked before any model loads; None if new
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
 
     # ---- the four models ----------------------------------------------------------------------
     policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    ref_model = common.frozen_copy(policy) if not args.lora.lora_r else None  # with LoRA: the policy, adapter off
-    reward_models = [models.load_reward_model(path, tokenizer, device, precision, use_kernels=fast)  # frozen; one,
-                     for path in ((args.reward_model, *args.ensemble) if args.reward_model else ())]  # or --ensemble
+    ref_model = (
+        common.frozen_copy(policy) if not args.lora.lora_r else None
+    )  # with LoRA: the policy, adapter off
+    reward_models = [
+        models.load_reward_model(path, tokenizer, device, precision, use_kernels=fast)  # frozen; one,
+        for path in ((args.reward_model, *args.ensemble) if args.reward_model else ())
+    ]  # or --ensemble
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
     critic_source = args.reward_model if critic_init == "reward-model" else args.model
     # With LoRA the critic is its own model with its own adapter and a fully trained head (not a second adapter on
     # the policy's weights: the value head would then read features the policy's adapter keeps moving).
-    critic = models.load_model(f"{args.run.resume}/model/critic" if resumed else critic_source, len(tokenizer), device,
-                               precision, args.seed, head="score", keep_adapter=bool(resumed), use_kernels=fast)
+    critic = models.load_model(
+        f"{args.run.resume}/model/critic" if resumed else critic_source,
+        len(tokenizer),
+        device,
+        precision,
+        args.seed,
+        head="score",
+        keep_adapter=bool(resumed),
+        use_kernels=fast,
+    )
     if resumed:  # the reference stays the starting model
-        policy = models.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
-                                   keep_adapter=True, use_kernels=fast)
+        policy = models.load_model(
+            f"{args.run.resume}/model",
+            len(tokenizer),
+            device,
+            precision,
+            args.seed,
+            keep_adapter=True,
+            use_kernels=fast,
+        )
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)
         critic = common.add_lora(critic, critic_source, args.lora)
     for model in (policy, critic) if args.gradient_checkpointing else ():
         model.activation_checkpointing_enable()
-    fsdp.shard(args.run.fsdp, policy, ref_model, critic, *reward_models)  # --fsdp: 1/N of each model on a rank
+    fsdp.shard(
+        args.run.fsdp, policy, ref_model, critic, *reward_models
+    )  # --fsdp: 1/N of each model on a rank
     policy_optimizer, _ = common.make_optimizer(policy, args.lr)  # constant rates, no warm-up
     critic_optimizer, _ = common.make_optimizer(critic, args.critic_lr)
-    generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())  # each rank its own draws
+    generator = torch.Generator(device=device).manual_seed(
+        args.seed + distributed.rank()
+    )  # each rank its own draws
     minibatch_order = torch.Generator().manual_seed(args.seed)  # the same on every rank, over its own rows
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     kl_coef = resumed["kl_coef"] if resumed else args.kl_coef
-    run = runs.Run(args, "ppo", tokenizer, device, resumed,
-                   eval_row=lambda result: {"accuracy": result["accuracy"], "score": result["score"]})
-    run.keep(policy, generator, others={"critic": critic}, extra=lambda: {"kl_coef": kl_coef},
-             policy_optimizer=policy_optimizer, critic_optimizer=critic_optimizer, minibatch_order=minibatch_order)
-    for _ in range((run.first_step - 1) * args.batch_size):  # a resumed run's data position: batch-size problems a step
+    run = runs.Run(
+        args,
+        "ppo",
+        tokenizer,
+        device,
+        resumed,
+        eval_row=lambda result: {"accuracy": result["accuracy"], "score": result["score"]},
+    )
+    run.keep(
+        policy,
+        generator,
+        others={"critic": critic},
+        extra=lambda: {"kl_coef": kl_coef},
+        policy_optimizer=policy_optimizer,
+        critic_optimizer=critic_optimizer,
+        minibatch_order=minibatch_order,
+    )
+    for _ in range(
+        (run.first_step - 1) * args.batch_size
+    ):  # a resumed run's data position: batch-size problems a step
         next(train_stream)
 
-    def score_completions(prompt_ids, prompt_mask, completion_ids, mask, problems) -> tuple[torch.Tensor, torch.Tensor]:
+    def score_completions(
+        prompt_ids, prompt_mask, completion_ids, mask, problems
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(raw scores (M, B): each reward model's, or the verifier's as M = 1; the verifier's 0/1 (B,))."""
-        texts, answers = tasks.decode_completions(tokenizer, completion_ids, mask), [p.answer for p in problems]
+        texts = tasks.decode_completions(tokenizer, completion_ids, mask)
+        answers = [p.answer for p in problems]
         verified = torch.tensor([tasks.verify(t, a) for t, a in zip(texts, answers)], device=device)
         if args.reward == "verifier":
             return torch.tensor([[reward_fn(t, a) for t, a in zip(texts, answers)]], device=device), verified
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, mask], dim=1)
-        return torch.stack([common.reward_scores(m, input_ids, attention_mask) for m in reward_models]), verified
+        return torch.stack(
+            [common.reward_scores(m, input_ids, attention_mask) for m in reward_models]
+        ), verified
 
     ensemble_norm = {}  # each reward model's mean and std on the starting policy's held-out answers (first evaluation)
-    learned_score = lambda raw: ensemble_score(raw, args.ensemble_agg, args.ensemble_std_coef, **ensemble_norm)
+
+    def learned_score(raw: torch.Tensor) -> torch.Tensor:
+        return ensemble_score(raw, args.ensemble_agg, args.ensemble_std_coef, **ensemble_norm)
 
     def evaluate(step: int, pass_k: int = 0) -> dict:
         """Greedy held-out accuracy by the verifier, beside the reward model's mean score of the same completions."""
-        result = tasks.evaluate_policy(policy, tokenizer, heldout, args.max_new_tokens, args.seed, step, pass_k,
-                                       score=lambda *batch: score_completions(*batch)[0])
-        raw = distributed.concat(result.pop("scores").T).T  # (M, N): every rank's share of the problems, in order
+        result = tasks.evaluate_policy(
+            policy,
+            tokenizer,
+            heldout,
+            args.max_new_tokens,
+            args.seed,
+            step,
+            pass_k,
+            score=lambda *batch: score_completions(*batch)[0],
+        )
+        raw = distributed.concat(
+            result.pop("scores").T
+        ).T  # (M, N): every rank's share of the problems, in order
         if not ensemble_norm:  # the starting policy
             ensemble_norm.update(mean=raw.mean(1), std=raw.std(1, unbiased=False).clamp(min=1e-6))
         scores = learned_score(raw)  # (N,)
         for sample, score in zip(result["samples"], scores):
             sample["score"] = round(score.item(), 4)
-        result.update(score=scores.mean().item(), score_std=scores.std(unbiased=False).item(),
-                      ensemble_norm={k: v.tolist() for k, v in ensemble_norm.items()})
+        result.update(
+            score=scores.mean().item(),
+            score_std=scores.std(unbiased=False).item(),
+            ensemble_norm={k: v.tolist() for k, v in ensemble_norm.items()},
+        )
         tqdm.write(f"step {step}: held-out mean reward {result['score']:.3f} ({args.reward})")
         return result
 
@@ -393,54 +499,92 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample one completion per prompt from the policy --------------------------------
         t0 = time.time()
-        rng_before_sampling = distributed.rng_state(generator)  # what a --kl-budget stop saves, to sample it again
+        rng_before_sampling = distributed.rng_state(
+            generator
+        )  # what a --kl-budget stop saves, to sample it again
         problems = distributed.share([next(train_stream) for _ in range(args.batch_size)])  # B/N on a rank
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
-        completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad,
-                                                   args.temperature, args.top_p, generator)
+        completion_ids = common.sample_completions(
+            policy,
+            prompt_ids,
+            prompt_mask,
+            1,
+            args.max_new_tokens,
+            eos,
+            pad,
+            args.temperature,
+            args.top_p,
+            generator,
+        )
         mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
         width = int(mask.sum(1).max())  # drop columns that are padding in every row
         completion_ids, mask = completion_ids[:, :width], mask[:, :width]
-        B, M = len(problems), args.minibatch_size // distributed.world_size()  # this rank's rows of a (mini)batch
+        # this rank's rows of a (mini)batch
+        B = len(problems)
+        M = args.minibatch_size // distributed.world_size()
         ones = torch.ones(B, dtype=torch.long, device=device)
-        memory_generate, time_generate = runs.peak_memory_gb(device), time.time() - t0
+        memory_generate = runs.peak_memory_gb(device)
+        time_generate = time.time() - t0
 
         # ---- 2. score, and the frozen quantities of this batch -------------------------------------
         t1 = time.time()
         with torch.no_grad():
-            raw, verified = score_completions(prompt_ids, prompt_mask, completion_ids, mask, problems)  # (M, B), (B,)
+            raw, verified = score_completions(
+                prompt_ids, prompt_mask, completion_ids, mask, problems
+            )  # (M, B), (B,)
             scores = learned_score(raw)  # (B,)
             if not torch.isfinite(scores).all():  # caught here, it is not blamed on the loss and --lr
                 source = "reward model" if args.reward == "model" else "reward function"
-                raise InputError(f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: "
-                                 f"the {source} returned a non-finite score")
-            finished, lengths = (completion_ids == eos).any(1), mask.sum(1)  # (B,) each
-            shaped = shaped_score(scores, verified, lengths, before["score"], before["score_std"], args.reward_clip,
-                                  args.verifier_weight, args.length_penalty)  # the optional mitigations
+                raise InputError(
+                    f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: "
+                    f"the {source} returned a non-finite score"
+                )
+            # (B,) each
+            finished = (completion_ids == eos).any(1)
+            lengths = mask.sum(1)
+            shaped = shaped_score(
+                scores,
+                verified,
+                lengths,
+                before["score"],
+                before["score_std"],
+                args.reward_clip,
+                args.verifier_weight,
+                args.length_penalty,
+            )  # the optional mitigations
             penalised = shaped - args.missing_eos_penalty * (~finished).float()
-            old_logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, ones,
-                                                         args.temperature)  # (B, T)
+            old_logprobs, _ = common.completion_logprobs(
+                policy, prompt_ids, prompt_mask, completion_ids, ones, args.temperature
+            )  # (B, T)
             with common.reference(policy, ref_model) as ref:
-                ref_logprobs, _ = common.completion_logprobs(ref, prompt_ids, prompt_mask, completion_ids, ones,
-                                                             args.temperature)
+                ref_logprobs, _ = common.completion_logprobs(
+                    ref, prompt_ids, prompt_mask, completion_ids, ones, args.temperature
+                )
             critic.eval()
             old_values = token_values(critic, prompt_ids, prompt_mask, completion_ids)  # (B, T)
 
             # ---- 3. per-token rewards, GAE, whitened advantages ---------------------------------------
-            rewards, kl = kl_penalized_rewards(penalised, old_logprobs, ref_logprobs, mask, kl_coef, args.kl_estimator)
+            rewards, kl = kl_penalized_rewards(
+                penalised, old_logprobs, ref_logprobs, mask, kl_coef, args.kl_estimator
+            )
             if args.whiten_rewards:  # over the whole batch's tokens: every rank's
                 rewards = masked_whiten(rewards, mask, shift_mean=False, all_sum=distributed.all_sum) * mask
             advantages, returns = compute_gae(rewards, old_values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask, all_sum=distributed.all_sum) * mask
-        kl_per_completion = distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})["kl"]  # the whole batch's
+        kl_per_completion = distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})[
+            "kl"
+        ]  # the whole batch's
         if args.kl_budget is not None and kl_per_completion > args.kl_budget:
             stopped_at = step - 1
             distributed.set_rng_state(rng_before_sampling, generator)  # rewound: the checkpoint resumes here
-            tqdm.write(f"step {step}: KL per completion {kl_per_completion:.3f} > --kl-budget {args.kl_budget}: "
-                       "stopped before this update")
+            tqdm.write(
+                f"step {step}: KL per completion {kl_per_completion:.3f} > --kl-budget {args.kl_budget}: "
+                "stopped before this update"
+            )
             break
-        memory_score, time_score = runs.peak_memory_gb(device), time.time() - t1
+        memory_score = runs.peak_memory_gb(device)
+        time_score = time.time() - t1
 
         # ---- 4. PPO epochs over minibatches: policy and critic, each with its optimizer ------------
         t2 = time.time()
@@ -448,20 +592,37 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         critic.train()
         step_metrics = []
         for epoch in range(args.ppo_epochs):
-            order = torch.randperm(B, generator=minibatch_order)  # under torchrun: M/N of each rank's B/N rows
+            order = torch.randperm(
+                B, generator=minibatch_order
+            )  # under torchrun: M/N of each rank's B/N rows
             for start in range(0, B, M):
                 rows = order[start : start + M].to(device)
-                logprobs, entropy = common.completion_logprobs(policy, prompt_ids[rows], prompt_mask[rows],
-                                                               completion_ids[rows], ones[rows], args.temperature,
-                                                               with_entropy=True, entropy_grad=args.entropy_coef > 0)
-                pg_loss, m = ppo_policy_loss(logprobs, old_logprobs[rows], advantages[rows], mask[rows], args.clip_eps)
+                logprobs, entropy = common.completion_logprobs(
+                    policy,
+                    prompt_ids[rows],
+                    prompt_mask[rows],
+                    completion_ids[rows],
+                    ones[rows],
+                    args.temperature,
+                    with_entropy=True,
+                    entropy_grad=args.entropy_coef > 0,
+                )
+                pg_loss, m = ppo_policy_loss(
+                    logprobs, old_logprobs[rows], advantages[rows], mask[rows], args.clip_eps
+                )
                 entropy_mean = masked_mean(entropy, mask[rows])
                 policy_loss = pg_loss - args.entropy_coef * entropy_mean
                 values = token_values(critic, prompt_ids[rows], prompt_mask[rows], completion_ids[rows])
-                vf_loss, vf_clip = ppo_value_loss(values, old_values[rows], returns[rows], mask[rows], args.value_clip)
+                vf_loss, vf_clip = ppo_value_loss(
+                    values, old_values[rows], returns[rows], mask[rows], args.value_clip
+                )
                 run.check_finite(policy_loss + vf_loss, step)
-                share = distributed.share_of(mask[rows].sum())  # this rank's part of the minibatch's tokens; 1.0 alone
-                ((policy_loss + args.vf_coef * vf_loss) * share).backward()  # the two models share no parameters
+                share = distributed.share_of(
+                    mask[rows].sum()
+                )  # this rank's part of the minibatch's tokens; 1.0 alone
+                (
+                    (policy_loss + args.vf_coef * vf_loss) * share
+                ).backward()  # the two models share no parameters
                 distributed.all_reduce_grads(policy), distributed.all_reduce_grads(critic)  # Σ over the ranks
                 policy_grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 run.check_finite(policy_grad_norm, step, "policy gradient norm")
@@ -469,19 +630,35 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 run.check_finite(critic_grad_norm, step, "critic gradient norm")
                 policy_optimizer.step()
                 critic_optimizer.step()
-                policy_optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
+                policy_optimizer.zero_grad(
+                    set_to_none=True
+                )  # now, not at the next backward: idle through sampling
                 critic_optimizer.zero_grad(set_to_none=True)
-                token_means = {**m, "pg_loss": pg_loss.item(), "policy_loss": policy_loss.item(),
-                               "vf_loss": vf_loss.item(), "value_clip_ratio": vf_clip, "entropy": entropy_mean.item()}
+                token_means = {
+                    **m,
+                    "pg_loss": pg_loss.item(),
+                    "policy_loss": policy_loss.item(),
+                    "vf_loss": vf_loss.item(),
+                    "value_clip_ratio": vf_clip,
+                    "entropy": entropy_mean.item(),
+                }
                 # × share × N: the mean over the ranks (mean_over_ranks, below) is then the minibatch's token mean
-                step_metrics.append({**{k: v * share * distributed.world_size() for k, v in token_means.items()},
-                                     "grad_norm": policy_grad_norm.item(), "critic/grad_norm": critic_grad_norm.item()})
-        memory_update, time_update = runs.peak_memory_gb(device), time.time() - t2
+                step_metrics.append(
+                    {
+                        **{k: v * share * distributed.world_size() for k, v in token_means.items()},
+                        "grad_norm": policy_grad_norm.item(),
+                        "critic/grad_norm": critic_grad_norm.item(),
+                    }
+                )
+        memory_update = runs.peak_memory_gb(device)
+        time_update = time.time() - t2
 
         # ---- 5. adaptive KL, log -------------------------------------------------------------------
         kl_used = kl_coef
         if args.target_kl is not None:
-            kl_coef = adaptive_kl_coef(kl_coef, kl_per_completion, args.target_kl, args.kl_horizon, args.batch_size)
+            kl_coef = adaptive_kl_coef(
+                kl_coef, kl_per_completion, args.target_kl, args.kl_horizon, args.batch_size
+            )
         non_score = (-kl_used * kl).sum(1)  # (B,)
         averaged = {k: sum(m[k] for m in step_metrics) / len(step_metrics) for k in step_metrics[0]}
         step_time = time.time() - t0
@@ -490,30 +667,57 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "score_shaped": shaped.mean().item(),  # after the mitigations, before the missing-EOS penalty
             "score_penalised": penalised.mean().item(),
             "verifier": verified.mean().item(),  # the true reward of the same samples: over-optimisation shows
-            "kl": kl_per_completion, "kl_coef": kl_used,
-            "non_score_reward": non_score.mean().item(), "rlhf_reward": (penalised + non_score).mean().item(),
+            "kl": kl_per_completion,
+            "kl_coef": kl_used,
+            "non_score_reward": non_score.mean().item(),
+            "rlhf_reward": (penalised + non_score).mean().item(),
             **averaged,
             "explained_variance": explained_variance(old_values, returns, mask, all_sum=distributed.all_sum),
             "completion_length": mask.sum(1).float().mean().item(),
             "completion_finished": finished.float().mean().item(),
-            "completions/distinct": common.distinct_fraction(completion_ids, mask, B),  # the batch (a rank's share)
-            "time/generate": time_generate, "time/score": time_score, "time/update": time_update,
-            "time/step": step_time, "tokens_per_second": mask.sum().item() / step_time,
-            "memory/generate_gb": memory_generate, "memory/score_gb": memory_score, "memory/update_gb": memory_update,
+            "completions/distinct": common.distinct_fraction(
+                completion_ids, mask, B
+            ),  # the batch (a rank's share)
+            "time/generate": time_generate,
+            "time/score": time_score,
+            "time/update": time_update,
+            "time/step": step_time,
+            "tokens_per_second": mask.sum().item() / step_time,
+            "memory/generate_gb": memory_generate,
+            "memory/score_gb": memory_score,
+            "memory/update_gb": memory_update,
         }
-        stats = distributed.mean_over_ranks(stats)  # the batch's (but distinct: within a rank's share; timings)
-        run.log(step, stats, {"score": f"{stats['score']:.3f}", "verifier": f"{stats['verifier']:.2f}",
-                              "kl": f"{stats['kl']:.3f}"})
+        stats = distributed.mean_over_ranks(
+            stats
+        )  # the batch's (but distinct: within a rank's share; timings)
+        run.log(
+            step,
+            stats,
+            {
+                "score": f"{stats['score']:.3f}",
+                "verifier": f"{stats['verifier']:.2f}",
+                "kl": f"{stats['kl']:.3f}",
+            },
+        )
 
         # ---- 6. evaluate and checkpoint -------------------------------------------------------------
         run.evaluate(step, evaluate)
         run.save_if_due(step)
 
-    return run.finish(evaluate, lambda before, after: {
-        **tasks.before_and_after(before, after), "score_before": before["score"], "score_after": after["score"],
-        "steps_trained": stopped_at,
-    }, lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
-                             f"reward {before['score']:.3f} -> {after['score']:.3f}", last_step=stopped_at)
+    return run.finish(
+        evaluate,
+        lambda before, after: {
+            **tasks.before_and_after(before, after),
+            "score_before": before["score"],
+            "score_after": after["score"],
+            "steps_trained": stopped_at,
+        },
+        lambda before, after: (
+            f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
+            f"reward {before['score']:.3f} -> {after['score']:.3f}"
+        ),
+        last_step=stopped_at,
+    )
 
 
 if __name__ == "__main__":

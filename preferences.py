@@ -24,27 +24,48 @@ import tasks
 from infra.runs import InputError
 
 
-def label_samples(model, tokenizer, problems: list[tasks.Problem], samples_per_prompt: int, max_new_tokens: int,
-                  temperature: float, seed: int, label_fn: Callable[[str, str], float] = tasks.verify,
-                  prompts_per_batch: int = 32, desc: str = "sampling preference data (once, then cached)"
-                  ) -> list[dict]:
+def label_samples(
+    model,
+    tokenizer,
+    problems: list[tasks.Problem],
+    samples_per_prompt: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    label_fn: Callable[[str, str], float] = tasks.verify,
+    prompts_per_batch: int = 32,
+    desc: str = "sampling preference data (once, then cached)",
+) -> list[dict]:
     """G samples per problem, each labelled by the verifier: rows {prompt, answer, completion, label (1 or 0),
     finished (the model emitted EOS within max_new_tokens; a truncated sample must not get one later)}."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    rows, bar = [], runs.progress(len(problems), desc)
+    rows = []
+    bar = runs.progress(len(problems), desc)
     for start in range(0, len(problems), prompts_per_batch):
         batch = problems[start : start + prompts_per_batch]
         ids, mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in batch], device)
-        completion_ids = common.sample_completions(model, ids, mask, samples_per_prompt, max_new_tokens, eos, pad,
-                                                   temperature, 1.0, generator)
-        texts = tasks.decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, eos))
-        finished = (completion_ids == eos).any(1).tolist()  # (B,) the first EOS ends a row, also when pad == eos
+        completion_ids = common.sample_completions(
+            model, ids, mask, samples_per_prompt, max_new_tokens, eos, pad, temperature, 1.0, generator
+        )
+        texts = tasks.decode_completions(
+            tokenizer, completion_ids, common.completion_mask(completion_ids, eos)
+        )
+        finished = (
+            (completion_ids == eos).any(1).tolist()
+        )  # (B,) the first EOS ends a row, also when pad == eos
         for i, text in enumerate(texts):
             p = batch[i // samples_per_prompt]
-            rows.append({"prompt": p.prompt, "answer": p.answer, "completion": text,
-                         "label": int(label_fn(text, p.answer) > 0), "finished": finished[i]})
+            rows.append(
+                {
+                    "prompt": p.prompt,
+                    "answer": p.answer,
+                    "completion": text,
+                    "label": int(label_fn(text, p.answer) > 0),
+                    "finished": finished[i],
+                }
+            )
         bar.update(len(batch))
     bar.close()
     return rows
@@ -62,9 +83,17 @@ def pair_samples(samples: list[dict]) -> list[dict]:
     for prompt, group in by_prompt.items():
         chosen = [s for s in group if s["label"] == 1]
         rejected = [s for s in group if s["label"] == 0]
-        pairs += [{"prompt": prompt, "chosen": c["completion"], "rejected": r["completion"],
-                   "answer": group[0]["answer"], "chosen_finished": c.get("finished", True),
-                   "rejected_finished": r.get("finished", True)} for c, r in zip(chosen, rejected)]
+        pairs += [
+            {
+                "prompt": prompt,
+                "chosen": c["completion"],
+                "rejected": r["completion"],
+                "answer": group[0]["answer"],
+                "chosen_finished": c.get("finished", True),
+                "rejected_finished": r.get("finished", True),
+            }
+            for c, r in zip(chosen, rejected)
+        ]
     return pairs
 
 
@@ -76,9 +105,18 @@ def pair_completions(pairs: list[dict]) -> tuple[list[str], list[bool]]:
     return texts, finished
 
 
-def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, samples_per_prompt: int,
-                    max_new_tokens: int, temperature: float, device: torch.device, precision: str,
-                    eval_size: int = tasks.DEFAULT_EVAL_SIZE) -> tuple[dict[str, list[dict]], Path]:
+def preference_data(
+    model_name: str,
+    tokenizer,
+    seed: int,
+    num_prompts: int,
+    samples_per_prompt: int,
+    max_new_tokens: int,
+    temperature: float,
+    device: torch.device,
+    precision: str,
+    eval_size: int = tasks.DEFAULT_EVAL_SIZE,
+) -> tuple[dict[str, list[dict]], Path]:
     """Train pairs, held-out pairs and held-out samples from the reference model, built once and cached as JSONL.
 
     `num_prompts` distinct arithmetic problems (never one of the `eval_size` accuracy problems, nor of the default
@@ -88,15 +126,21 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
     Returns ({"train", "heldout", "heldout_samples"}, folder)."""
     # v2: samples record whether they finished (v1 gave every sample an EOS, truncated ones too)
     # A checkpoint folder is keyed by its full path too (every run's is called .../model); plain prompts by "-plain".
-    model_key = Path(model_name).name + (f"-{hashlib.sha1(str(Path(model_name).resolve()).encode()).hexdigest()[:8]}"
-                                         if os.path.isdir(model_name) else "")
+    model_key = Path(model_name).name + (
+        f"-{hashlib.sha1(str(Path(model_name).resolve()).encode()).hexdigest()[:8]}"
+        if os.path.isdir(model_name)
+        else ""
+    )
     prompt_key = "" if tokenizer.chat_template else "-plain"
     eval_key = f"-eval{eval_size}" if eval_size > tasks.DEFAULT_EVAL_SIZE else ""
-    key = (f"v2-{model_key}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}"
-           f"-temp{temperature:g}-{precision}{prompt_key}{eval_key}")
+    key = (
+        f"v2-{model_key}-seed{seed}-prompts{num_prompts}-samples{samples_per_prompt}-tokens{max_new_tokens}"
+        f"-temp{temperature:g}-{precision}{prompt_key}{eval_key}"
+    )
     folder = runs.CACHE_DIR / "preference-data" / key
     if not folder.exists() and distributed.is_main():  # under torchrun rank 0 builds it, the others wait
-        problems, seen = [], set()
+        problems = []
+        seen = set()
         for p in tasks.train_problems(seed, tasks.training_exclusion(eval_size)):
             if p.prompt not in seen:
                 seen.add(p.prompt)
@@ -104,33 +148,63 @@ def preference_data(model_name: str, tokenizer, seed: int, num_prompts: int, sam
             if len(problems) == num_prompts:
                 break
         kernels = models.resolve_kernels("auto", device)  # the same samples either way; faster on a CPU
-        model = models.load_model(model_name, len(tokenizer), device, precision, seed, use_kernels=kernels).eval()
-        samples = label_samples(model, tokenizer, problems, samples_per_prompt, max_new_tokens, temperature, seed)
+        model = models.load_model(
+            model_name, len(tokenizer), device, precision, seed, use_kernels=kernels
+        ).eval()
+        samples = label_samples(
+            model, tokenizer, problems, samples_per_prompt, max_new_tokens, temperature, seed
+        )
         n_heldout = samples_per_prompt * max(1, num_prompts // 8)
-        splits = {"heldout_samples": samples[:n_heldout], "train_samples": samples[n_heldout:],
-                  "heldout": pair_samples(samples[:n_heldout]), "train": pair_samples(samples[n_heldout:])}
+        splits = {
+            "heldout_samples": samples[:n_heldout],
+            "train_samples": samples[n_heldout:],
+            "heldout": pair_samples(samples[:n_heldout]),
+            "train": pair_samples(samples[n_heldout:]),
+        }
         tasks.write_splits(folder, splits)
     distributed.barrier()
     data = tasks.read_splits(folder, ("train", "heldout", "heldout_samples"))
     for name in ("train", "heldout"):
         if not data[name]:
             accuracy = sum(s["label"] for s in data["heldout_samples"]) / max(1, len(data["heldout_samples"]))
-            raise InputError(f"no {name} preference pairs: the {model_name} samples in {folder} are all correct or "
-                             f"all wrong (held-out sample accuracy {accuracy:.2f}); use more --num-prompts, a stronger "
-                             "--model, or --dataset pairs.jsonl")
+            raise InputError(
+                f"no {name} preference pairs: the {model_name} samples in {folder} are all correct or "
+                f"all wrong (held-out sample accuracy {accuracy:.2f}); use more --num-prompts, a stronger "
+                "--model, or --dataset pairs.jsonl"
+            )
     return data, folder
 
 
-def load_preference_pairs(dataset: Optional[str], model_name: str, tokenizer, seed: int, num_prompts: int,
-                          samples_per_prompt: int, max_new_tokens: int, temperature: float, device, precision: str,
-                          eval_size: int = tasks.DEFAULT_EVAL_SIZE) -> tuple[list[dict], list[dict], list[dict]]:
+def load_preference_pairs(
+    dataset: Optional[str],
+    model_name: str,
+    tokenizer,
+    seed: int,
+    num_prompts: int,
+    samples_per_prompt: int,
+    max_new_tokens: int,
+    temperature: float,
+    device,
+    precision: str,
+    eval_size: int = tasks.DEFAULT_EVAL_SIZE,
+) -> tuple[list[dict], list[dict], list[dict]]:
     """(train pairs, held-out pairs, held-out labelled samples) for the offline scripts. Without a dataset: the
     reference model's own verifier-labelled samples (preference_data), none of them on one of the `eval_size`
     problems the script measures accuracy on. With one: the user's JSONL with prompt, chosen, rejected, shuffled by
     the seed, a tenth (at most 64) held out; it has no labelled samples."""
     if dataset is None:
-        data, folder = preference_data(model_name, tokenizer, seed, num_prompts, samples_per_prompt, max_new_tokens,
-                                       temperature, device, precision, eval_size)
+        data, folder = preference_data(
+            model_name,
+            tokenizer,
+            seed,
+            num_prompts,
+            samples_per_prompt,
+            max_new_tokens,
+            temperature,
+            device,
+            precision,
+            eval_size,
+        )
         print(f"preference pairs: {len(data['train'])} train, {len(data['heldout'])} held-out, from {folder}")
         return data["train"], data["heldout"], data["heldout_samples"]
     pairs = tasks.read_jsonl(dataset, ("prompt", "chosen", "rejected"))
@@ -141,15 +215,23 @@ def load_preference_pairs(dataset: Optional[str], model_name: str, tokenizer, se
     return pairs[n_heldout:], pairs[:n_heldout], []
 
 
-def sequence_logps(model, tokenizer, prompts: list[str], completions: list[str], max_completion_tokens: int,
-                   finished: Optional[list[bool]] = None):
+def sequence_logps(
+    model,
+    tokenizer,
+    prompts: list[str],
+    completions: list[str],
+    max_completion_tokens: int,
+    finished: Optional[list[bool]] = None,
+):
     """log π(y|x) summed over each completion's tokens (EOS included) and the lengths |y|, (B,) and (B,), for
     len(completions)/len(prompts) completions per prompt, in order. Prompts get the chat template;
     completions are tokenised apart from them (tokenize_completions); each prompt is encoded once."""
     device = next(model.parameters()).device
     per_prompt = len(completions) // len(prompts)
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, prompts, device)
-    completion_ids, mask = tasks.tokenize_completions(tokenizer, completions, device, max_completion_tokens, finished)
+    completion_ids, mask = tasks.tokenize_completions(
+        tokenizer, completions, device, max_completion_tokens, finished
+    )
     repeats = torch.full((len(prompts),), per_prompt, device=device)
     logprobs, _ = common.completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, repeats)
     return common.masked_sum(logprobs, mask, dim=1), mask.sum(1).float()

@@ -93,8 +93,8 @@ class Args:
     """linear learning-rate warm-up steps"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm"""
-    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
+    run: Annotated[runs.RunOptions, runs.FlatFlags] = runs.option_group(runs.RunOptions)
+    lora: Annotated[common.LoraOptions, runs.FlatFlags] = runs.option_group(common.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,7 +126,9 @@ def step_labels(rollouts_correct: torch.Tensor, num_rollouts: int, kind: str) ->
     return (rollouts_correct > 0).float() if kind == "hard" else rollouts_correct.float() / num_rollouts
 
 
-def read_at_step_ends(token_scores: torch.Tensor, step_ends: torch.Tensor, step_mask: torch.Tensor) -> torch.Tensor:
+def read_at_step_ends(
+    token_scores: torch.Tensor, step_ends: torch.Tensor, step_mask: torch.Tensor
+) -> torch.Tensor:
     """Each step's score, read at its last token; 0 where the row has no such step (padding). token_scores (B, T),
     step_ends (B, K) token indices into the completion, step_mask (B, K) 1 on real steps -> (B, K)."""
     return torch.where(step_mask.bool(), token_scores.gather(1, step_ends), 0.0)
@@ -155,8 +157,9 @@ def best_of_n_accuracy(scores: torch.Tensor, correct: torch.Tensor, n: int) -> f
     return correct.view(-1, n).gather(1, best[:, None]).float().mean().item()
 
 
-def dense_step_rewards(step_scores: torch.Tensor, step_ends: torch.Tensor, step_mask: torch.Tensor,
-                       num_tokens: int) -> torch.Tensor:
+def dense_step_rewards(
+    step_scores: torch.Tensor, step_ends: torch.Tensor, step_mask: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
     """The PRM as a dense reward: each step's score on its last completion token, 0 on every other token.
     step_scores, step_ends, step_mask (B, K) -> (B, T = num_tokens).
 
@@ -177,15 +180,26 @@ def tokenize_steps(tokenizer, completions: list[str], device) -> tuple[torch.Ten
     """Completion ids and mask (B, T), right-padded, no EOS (the score is read at step ends only), and each step's
     last token and the step mask (B, K); a row with fewer steps is padded with index 0, masked."""
     encoded = [tokenizer(text, add_special_tokens=False, return_offsets_mapping=True) for text in completions]
-    ends = [torch.tensor(step_end_tokens(e.offset_mapping, split_steps(t)), dtype=torch.long)
-            for e, t in zip(encoded, completions)]
+    ends = [
+        torch.tensor(step_end_tokens(e.offset_mapping, split_steps(t)), dtype=torch.long)
+        for e, t in zip(encoded, completions)
+    ]
     ids = [torch.tensor(e.input_ids, dtype=torch.long) for e in encoded]
-    pad = lambda rows, value=0: pad_sequence(rows, batch_first=True, padding_value=value).to(device)
-    return (pad(ids, tokenizer.pad_token_id), pad([torch.ones_like(i) for i in ids]), pad(ends),
-            pad([torch.ones_like(e) for e in ends]))
+
+    def pad(rows: list[torch.Tensor], value: int = 0) -> torch.Tensor:
+        return pad_sequence(rows, batch_first=True, padding_value=value).to(device)
+
+    return (
+        pad(ids, tokenizer.pad_token_id),
+        pad([torch.ones_like(i) for i in ids]),
+        pad(ends),
+        pad([torch.ones_like(e) for e in ends]),
+    )
 
 
-def score_steps(model, tokenizer, prompts: list[str], completions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def score_steps(
+    model, tokenizer, prompts: list[str], completions: list[str]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The head's logit z at each step's last token, and the step mask: (B, K), (B, K). The prompt is left-padded,
     the completion right-padded, positions from the mask, so padding changes no score."""
     device = next(model.parameters()).device
@@ -194,8 +208,15 @@ def score_steps(model, tokenizer, prompts: list[str], completions: list[str]) ->
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     with common.autocast(model):
-        hidden = common.unwrap(model).base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                                 position_ids=common.position_ids(attention_mask)).last_hidden_state
+        hidden = (
+            common.unwrap(model)
+            .base_model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=common.position_ids(attention_mask),
+            )
+            .last_hidden_state
+        )
         token_logits = common.unwrap(model).score(hidden).squeeze(-1).float()  # (B, S+T)
     return read_at_step_ends(token_logits[:, prompt_ids.shape[1] :], step_ends, step_mask), step_mask
 
@@ -203,37 +224,87 @@ def score_steps(model, tokenizer, prompts: list[str], completions: list[str]) ->
 def batch_labels(rows: list[dict], kind: str, K: int, device) -> torch.Tensor:
     """Each row's step labels, zero-padded to K: (B, K)."""
     labels = [step_labels(torch.tensor(row["rollouts_correct"]), row["rollouts"], kind) for row in rows]
-    return pad_sequence(labels + [torch.zeros(K)], batch_first=True)[:-1].to(device)  # a row of K zeros sets the width
+    return pad_sequence(labels + [torch.zeros(K)], batch_first=True)[:-1].to(
+        device
+    )  # a row of K zeros sets the width
 
 
 @torch.no_grad()
-def label_solutions(policy, tokenizer, problems: list[tasks.Problem], num_solutions: int, num_rollouts: int,
-                    max_new_tokens: int, temperature: float, seed: int, batch: int = 16) -> list[dict]:
+def label_solutions(
+    policy,
+    tokenizer,
+    problems: list[tasks.Problem],
+    num_solutions: int,
+    num_rollouts: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    batch: int = 16,
+) -> list[dict]:
     """Math-Shepherd's automatic process annotation: N solutions per problem, then k rollouts from each step's prefix
     but the last. Rows {prompt, answer, completion, correct, rollouts (k), rollouts_correct (one count per step)}."""
-    device, eos, pad = next(policy.parameters()).device, tokenizer.eos_token_id, tokenizer.pad_token_id
+    device = next(policy.parameters()).device
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id
     generator = torch.Generator(device=device).manual_seed(seed)
-    def sample(texts: list[str], n: int) -> list[str]:  # n completions of each formatted prompt text, in order
+
+    def sample(
+        texts: list[str], n: int
+    ) -> list[str]:  # n completions of each formatted prompt text, in order
         tokenizer.padding_side = "left"
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-        ids = common.sample_completions(policy, enc.input_ids, enc.attention_mask, n, max_new_tokens, eos, pad,
-                                        temperature, 1.0, generator)
+        ids = common.sample_completions(
+            policy,
+            enc.input_ids,
+            enc.attention_mask,
+            n,
+            max_new_tokens,
+            eos,
+            pad,
+            temperature,
+            1.0,
+            generator,
+        )
         return tasks.decode_completions(tokenizer, ids, common.completion_mask(ids, eos))
 
     rows = []
-    for chunk in tqdm([problems[i : i + batch] for i in range(0, len(problems), batch)], "solutions", leave=False):
+    for chunk in tqdm(
+        [problems[i : i + batch] for i in range(0, len(problems), batch)], "solutions", leave=False
+    ):
         texts = sample([tasks.format_prompt(tokenizer, p.prompt) for p in chunk], num_solutions)
-        for p, text in zip([p for p in chunk for _ in range(num_solutions)], texts):  # a problem's N are consecutive
-            rows.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "rollouts": num_rollouts,
-                         "correct": int(tasks.verify(text, p.answer)), "rollouts_correct": []})
+        for p, text in zip(
+            [p for p in chunk for _ in range(num_solutions)], texts
+        ):  # a problem's N are consecutive
+            rows.append(
+                {
+                    "prompt": p.prompt,
+                    "answer": p.answer,
+                    "completion": text,
+                    "rollouts": num_rollouts,
+                    "correct": int(tasks.verify(text, p.answer)),
+                    "rollouts_correct": [],
+                }
+            )
     # the prefix s_1..s_i of every step but the last, each ending in the newline that starts the next step
-    prefixes = [(row, row["completion"][:end] + "\n") for row in rows for _, end in split_steps(row["completion"])[:-1]]
-    for chunk in tqdm([prefixes[i : i + batch] for i in range(0, len(prefixes), batch)], "rolling out", leave=False):
-        texts = sample([tasks.format_prompt(tokenizer, row["prompt"]) + prefix for row, prefix in chunk], num_rollouts)
+    prefixes = [
+        (row, row["completion"][:end] + "\n")
+        for row in rows
+        for _, end in split_steps(row["completion"])[:-1]
+    ]
+    for chunk in tqdm(
+        [prefixes[i : i + batch] for i in range(0, len(prefixes), batch)], "rolling out", leave=False
+    ):
+        texts = sample(
+            [tasks.format_prompt(tokenizer, row["prompt"]) + prefix for row, prefix in chunk], num_rollouts
+        )
         for j, (row, prefix) in enumerate(chunk):  # in step order: a row's prefixes are consecutive
             rollouts = texts[j * num_rollouts : (j + 1) * num_rollouts]
-            row["rollouts_correct"].append(int(sum(tasks.verify(prefix + t, row["answer"]) for t in rollouts)))
-    for row in filter(lambda row: split_steps(row["completion"]), rows):  # the last step: the solution's own answer
+            row["rollouts_correct"].append(
+                int(sum(tasks.verify(prefix + t, row["answer"]) for t in rollouts))
+            )
+    for row in filter(
+        lambda row: split_steps(row["completion"]), rows
+    ):  # the last step: the solution's own answer
         row["rollouts_correct"].append(num_rollouts * row["correct"])
     return rows
 
@@ -243,18 +314,39 @@ def step_label_data(args: Args, tokenizer, device, precision: str) -> tuple[dict
     chains, never sharing a prompt: tasks.training_exclusion), sampled once and cached under runs.CACHE_DIR, keyed by
     everything that changes them (not --label: rows keep the counts) and written whole or not at all."""
     name = args.policy or args.model
-    model_key = Path(name).name + (f"-{hashlib.sha1(str(Path(name).resolve()).encode()).hexdigest()[:8]}"
-                                   if os.path.isdir(name) else "")
-    key = (f"v1-{model_key}-seed{args.seed}-problems{args.num_problems}-eval{args.eval_size}-n{args.num_solutions}"
-           f"-k{args.num_rollouts}-tokens{args.max_new_tokens}-temp{args.temperature:g}-{precision}"
-           f"{'' if tokenizer.chat_template else '-plain'}")
-    folder, splits = runs.CACHE_DIR / "prm-data" / key, ("train", "heldout")
+    model_key = Path(name).name + (
+        f"-{hashlib.sha1(str(Path(name).resolve()).encode()).hexdigest()[:8]}" if os.path.isdir(name) else ""
+    )
+    key = (
+        f"v1-{model_key}-seed{args.seed}-problems{args.num_problems}-eval{args.eval_size}-n{args.num_solutions}"
+        f"-k{args.num_rollouts}-tokens{args.max_new_tokens}-temp{args.temperature:g}-{precision}"
+        f"{'' if tokenizer.chat_template else '-plain'}"
+    )
+    folder = runs.CACHE_DIR / "prm-data" / key
+    splits = ("train", "heldout")
     if not folder.exists() and distributed.is_main():  # under torchrun rank 0 labels them, the others wait
         train, heldout = tasks.multistep_problems(args.seed, args.num_problems, args.eval_size)
-        policy = models.load_model(name, len(tokenizer), device, precision, args.seed,
-                                   use_kernels=models.resolve_kernels("auto", device)).eval()
-        label = lambda problems: label_solutions(policy, tokenizer, problems, args.num_solutions, args.num_rollouts,
-                                                 args.max_new_tokens, args.temperature, args.seed)
+        policy = models.load_model(
+            name,
+            len(tokenizer),
+            device,
+            precision,
+            args.seed,
+            use_kernels=models.resolve_kernels("auto", device),
+        ).eval()
+
+        def label(problems: list) -> list[dict]:
+            return label_solutions(
+                policy,
+                tokenizer,
+                problems,
+                args.num_solutions,
+                args.num_rollouts,
+                args.max_new_tokens,
+                args.temperature,
+                args.seed,
+            )
+
         labelled = {"train": label(train), "heldout": label(heldout)}
         tasks.write_splits(folder, labelled)
     distributed.barrier()
@@ -262,21 +354,29 @@ def step_label_data(args: Args, tokenizer, device, precision: str) -> tuple[dict
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, rows: list[dict], kind: str, aggregate: str, num_solutions: int, batch=32) -> dict:
+def evaluate(
+    model, tokenizer, rows: list[dict], kind: str, aggregate: str, num_solutions: int, batch=32
+) -> dict:
     """Held-out step-label accuracy, and best-of-N accuracy with the `aggregate` score."""
     model.eval()
-    hits, steps, scores = 0.0, 0, []
+    hits = 0.0
+    steps = 0
+    scores = []
     for chunk in (rows[start : start + batch] for start in range(0, len(rows), batch)):
-        logits, step_mask = score_steps(model, tokenizer, *zip(*[(r["prompt"], r["completion"]) for r in chunk]))
+        logits, step_mask = score_steps(
+            model, tokenizer, *zip(*[(r["prompt"], r["completion"]) for r in chunk])
+        )
         labels = batch_labels(chunk, kind, logits.shape[1], logits.device)
         hits += common.masked_sum(((logits > 0) == (labels > 0.5)).float(), step_mask).item()
         steps += int(step_mask.sum())
         scores.append(aggregate_steps(torch.sigmoid(logits), step_mask, aggregate))
     correct = torch.tensor([r["correct"] for r in rows], dtype=torch.float)
-    return {"eval/step_accuracy": hits / max(1, steps),
-            "eval/best_of_n_accuracy": best_of_n_accuracy(torch.cat(scores).cpu(), correct, num_solutions),
-            "eval/sample_accuracy": correct.mean().item(),
-            "eval/oracle_accuracy": correct.view(-1, num_solutions).amax(1).mean().item()}
+    return {
+        "eval/step_accuracy": hits / max(1, steps),
+        "eval/best_of_n_accuracy": best_of_n_accuracy(torch.cat(scores).cpu(), correct, num_solutions),
+        "eval/sample_accuracy": correct.mean().item(),
+        "eval/oracle_accuracy": correct.view(-1, num_solutions).amax(1).mean().item(),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,23 +384,50 @@ def evaluate(model, tokenizer, rows: list[dict], kind: str, aggregate: str, num_
 # ---------------------------------------------------------------------------------------------
 def main(args: Args) -> dict:
     """Label solutions by rollouts, train the PRM on the step labels; returns the final metrics (also eval.json)."""
-    runs.check_options(args, at_least_one=("steps", "batch_size", "eval_size", "num_problems", "num_solutions",
-                                           "num_rollouts", "max_new_tokens"), split="batch_size")
-    runs.require(args.temperature > 0, "--temperature must be > 0 (it samples the solutions and the rollouts)")
+    runs.check_options(
+        args,
+        at_least_one=(
+            "steps",
+            "batch_size",
+            "eval_size",
+            "num_problems",
+            "num_solutions",
+            "num_rollouts",
+            "max_new_tokens",
+        ),
+        split="batch_size",
+    )
+    runs.require(
+        args.temperature > 0, "--temperature must be > 0 (it samples the solutions and the rollouts)"
+    )
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
     fast = models.resolve_kernels(args.run.kernels, device)
-    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
+    resumed = runs.load_trainer_state(
+        args.run.resume, args.steps
+    )  # checked before any model loads; None if new
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     data, folder = step_label_data(args, tokenizer, device, precision)
-    train_rows = [r for r in data["train"] if r["rollouts_correct"]]  # a solution without a step teaches nothing
+    train_rows = [
+        r for r in data["train"] if r["rollouts_correct"]
+    ]  # a solution without a step teaches nothing
     runs.require(bool(train_rows), f"no training solution in {folder} has a step (a non-blank line)")
-    model = models.load_model(f"{args.run.resume}/model" if resumed else args.model, len(tokenizer), device, precision,
-                              args.seed, head="score", keep_adapter=bool(resumed), use_kernels=fast)
+    model = models.load_model(
+        f"{args.run.resume}/model" if resumed else args.model,
+        len(tokenizer),
+        device,
+        precision,
+        args.seed,
+        head="score",
+        keep_adapter=bool(resumed),
+        use_kernels=fast,
+    )
     if args.lora.lora_r and not resumed:
         model = common.add_lora(model, args.model, args.lora)  # the score head stays fully trainable
-    model.config.pad_token_id = tokenizer.pad_token_id  # a saved checkpoint scores batches in transformers too
+    model.config.pad_token_id = (
+        tokenizer.pad_token_id
+    )  # a saved checkpoint scores batches in transformers too
     fsdp.shard(args.run.fsdp, model)  # --fsdp: 1/N of the model's weights on a rank
     optimizer, scheduler = common.make_optimizer(model, args.lr, 0.0, args.warmup_steps)
     batches = tasks.epoch_batches(len(train_rows), args.batch_size, args.steps, args.seed)
@@ -309,18 +436,24 @@ def main(args: Args) -> dict:
 
     def report(step: int, pass_k: int = 0) -> dict:
         result = evaluate(model, tokenizer, data["heldout"], args.label, args.aggregate, args.num_solutions)
-        tqdm.write(f"step {step}: held-out step accuracy {result['eval/step_accuracy']:.3f}; best-of-N accuracy "
-                   f"{result['eval/best_of_n_accuracy']:.3f} ({args.aggregate}; random "
-                   f"{result['eval/sample_accuracy']:.3f}, oracle {result['eval/oracle_accuracy']:.3f})")
+        tqdm.write(
+            f"step {step}: held-out step accuracy {result['eval/step_accuracy']:.3f}; best-of-N accuracy "
+            f"{result['eval/best_of_n_accuracy']:.3f} ({args.aggregate}; random "
+            f"{result['eval/sample_accuracy']:.3f}, oracle {result['eval/oracle_accuracy']:.3f})"
+        )
         return result
 
     run.begin(report)
     for step, batch in enumerate(batches[run.first_step - 1 :], run.first_step):
-        t0, rows = time.time(), distributed.share([train_rows[i] for i in batch])  # B/N solutions on a rank
+        # B/N solutions on a rank
+        t0 = time.time()
+        rows = distributed.share([train_rows[i] for i in batch])
 
         # ---- 1. score every step of each solution ---------------------------------------------------------------
         model.train()
-        logits, step_mask = score_steps(model, tokenizer, [r["prompt"] for r in rows], [r["completion"] for r in rows])
+        logits, step_mask = score_steps(
+            model, tokenizer, [r["prompt"] for r in rows], [r["completion"] for r in rows]
+        )
         labels = batch_labels(rows, args.label, logits.shape[1], device)  # (B, K)
 
         # ---- 2. binary cross-entropy on the step labels, and update -----------------------------------------------
@@ -336,10 +469,19 @@ def main(args: Args) -> dict:
 
         # ---- 3. log -------------------------------------------------------------------------------------------------
         hits = ((logits.detach() > 0) == (labels > 0.5)).float()
-        mean = lambda x: common.masked_mean(x, step_mask, all_sum=distributed.all_sum).item()  # over every rank's steps
-        stats = {"loss": distributed.all_sum(loss.item() * share), "step_accuracy": mean(hits),
-                 "label_mean": mean(labels), "steps": distributed.all_sum(int(step_mask.sum())),
-                 "grad_norm": grad_norm.item(), "lr": scheduler.get_last_lr()[0], "time/step": time.time() - t0}
+
+        def mean(x: torch.Tensor) -> float:  # over every rank's steps
+            return common.masked_mean(x, step_mask, all_sum=distributed.all_sum).item()
+
+        stats = {
+            "loss": distributed.all_sum(loss.item() * share),
+            "step_accuracy": mean(hits),
+            "label_mean": mean(labels),
+            "steps": distributed.all_sum(int(step_mask.sum())),
+            "grad_norm": grad_norm.item(),
+            "lr": scheduler.get_last_lr()[0],
+            "time/step": time.time() - t0,
+        }
         scheduler.step()
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "acc": f"{stats['step_accuracy']:.2f}"})
 
@@ -347,10 +489,21 @@ def main(args: Args) -> dict:
         run.evaluate(step, report)
         run.save_if_due(step)
 
-    return run.finish(report, lambda before, after: {
-        **{f"{k[5:]}_{when}": v for when, result in (("before", before), ("after", after)) for k, v in result.items()},
-        "solutions_train": len(train_rows), "solutions_heldout": len(data["heldout"])}, lambda before, after:
-        f"held-out step accuracy {before['eval/step_accuracy']:.3f} -> {after['eval/step_accuracy']:.3f}")
+    return run.finish(
+        report,
+        lambda before, after: {
+            **{
+                f"{k[5:]}_{when}": v
+                for when, result in (("before", before), ("after", after))
+                for k, v in result.items()
+            },
+            "solutions_train": len(train_rows),
+            "solutions_heldout": len(data["heldout"]),
+        },
+        lambda before, after: (
+            f"held-out step accuracy {before['eval/step_accuracy']:.3f} -> {after['eval/step_accuracy']:.3f}"
+        ),
+    )
 
 
 if __name__ == "__main__":

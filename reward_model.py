@@ -63,8 +63,9 @@ class Args:
     # ---- experiment: what to train and how it is evaluated -------------------------------------------------------
     model: str = "smollm2"
     """backbone: smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, smoke runs), or a hub id / local checkpoint"""
-    dataset: Annotated[Optional[str],
-                       runs.none_means("pairs sampled from the model and labelled by the verifier", "FILE")] = None
+    dataset: Annotated[
+        Optional[str], runs.none_means("pairs sampled from the model and labelled by the verifier", "FILE")
+    ] = None
     """JSONL file with fields prompt, chosen, rejected (and optionally a numeric margin)"""
     seed: int = 0
     """seed for data, pair order and the score head's initialisation"""
@@ -99,8 +100,8 @@ class Args:
     """gradient clipping by global norm"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
-    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
+    run: Annotated[runs.RunOptions, runs.FlatFlags] = runs.option_group(runs.RunOptions)
+    lora: Annotated[common.LoraOptions, runs.FlatFlags] = runs.option_group(common.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,53 +140,84 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
 # ---------------------------------------------------------------------------------------------
 # Data and scoring
 # ---------------------------------------------------------------------------------------------
-def score_texts(model, tokenizer, prompts: list[str], completions: list[str], max_completion_tokens: int,
-                finished: Optional[list[bool]] = None) -> torch.Tensor:
+def score_texts(
+    model,
+    tokenizer,
+    prompts: list[str],
+    completions: list[str],
+    max_completion_tokens: int,
+    finished: Optional[list[bool]] = None,
+) -> torch.Tensor:
     """r(x, y) for each (prompt, completion): the chat-formatted prompt, left-padded, then the completion
     and EOS (where it finished), right-padded, as one row. (B,) float."""
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, prompts, device)  # (B, S)
-    completion_ids, completion_mask = tasks.tokenize_completions(tokenizer, completions, device, max_completion_tokens,
-                                                                 finished)  # (B, T)
+    completion_ids, completion_mask = tasks.tokenize_completions(
+        tokenizer, completions, device, max_completion_tokens, finished
+    )  # (B, T)
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     return common.reward_scores(model, input_ids, attention_mask)
 
 
-def pair_scores(model, tokenizer, pairs: list[dict], max_completion_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_scores(
+    model, tokenizer, pairs: list[dict], max_completion_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores of chosen and rejected, both in one batch of 2P rows [chosen_0, rejected_0, ...]: (P,), (P,)."""
     prompts = [p["prompt"] for p in pairs for _ in range(2)]
     completions, finished = preferences.pair_completions(pairs)
-    scores = score_texts(model, tokenizer, prompts, completions, max_completion_tokens,
-                         finished).view(len(pairs), 2)  # (P, 2)
+    scores = score_texts(model, tokenizer, prompts, completions, max_completion_tokens, finished).view(
+        len(pairs), 2
+    )  # (P, 2)
     return scores[:, 0], scores[:, 1]
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, pairs: list[dict], samples: list[dict], max_completion_tokens: int,
-             batch_size: int = 32) -> dict:
+def evaluate(
+    model, tokenizer, pairs: list[dict], samples: list[dict], max_completion_tokens: int, batch_size: int = 32
+) -> dict:
     """Held-out pair accuracy and margin; agreement with the verifier on labelled samples (if any)."""
     model.eval()
-    scored = [pair_scores(model, tokenizer, pairs[i : i + batch_size], max_completion_tokens)
-              for i in tqdm(range(0, len(pairs), batch_size), desc="held-out pairs", dynamic_ncols=True, leave=False)]
+    scored = [
+        pair_scores(model, tokenizer, pairs[i : i + batch_size], max_completion_tokens)
+        for i in tqdm(
+            range(0, len(pairs), batch_size), desc="held-out pairs", dynamic_ncols=True, leave=False
+        )
+    ]
     chosen, rejected = torch.cat([c for c, _ in scored]), torch.cat([r for _, r in scored])  # (P,), (P,)
     agreed = agreement(model, tokenizer, samples, max_completion_tokens, batch_size) if samples else {}
-    return {"eval/accuracy": (chosen > rejected).float().mean().item(),
-            "eval/margin": (chosen - rejected).mean().item(), **agreed}
+    return {
+        "eval/accuracy": (chosen > rejected).float().mean().item(),
+        "eval/margin": (chosen - rejected).mean().item(),
+        **agreed,
+    }
 
 
 @torch.no_grad()
-def agreement(model, tokenizer, samples: list[dict], max_completion_tokens: int, batch_size: int = 32) -> dict:
+def agreement(
+    model, tokenizer, samples: list[dict], max_completion_tokens: int, batch_size: int = 32
+) -> dict:
     """Agreement with the verifier on labelled samples, several a prompt (preferences.label_samples; any policy's in
     scripts/rm_agreement.py): AUC, best-of-n accuracy (top-scored of each prompt's), a random sample's, the oracle's."""
     model.eval()
-    scores = torch.cat([
-        score_texts(model, tokenizer, [s["prompt"] for s in samples[i : i + batch_size]],
-                    [s["completion"] for s in samples[i : i + batch_size]],
-                    max_completion_tokens, [s.get("finished", True) for s in samples[i : i + batch_size]])
-        for i in tqdm(range(0, len(samples), batch_size), desc="held-out samples", dynamic_ncols=True, leave=False)
-    ])
-    labels, by_prompt = torch.tensor([s["label"] for s in samples], dtype=torch.float), {}  # by_prompt: row indices
+    scores = torch.cat(
+        [
+            score_texts(
+                model,
+                tokenizer,
+                [s["prompt"] for s in samples[i : i + batch_size]],
+                [s["completion"] for s in samples[i : i + batch_size]],
+                max_completion_tokens,
+                [s.get("finished", True) for s in samples[i : i + batch_size]],
+            )
+            for i in tqdm(
+                range(0, len(samples), batch_size), desc="held-out samples", dynamic_ncols=True, leave=False
+            )
+        ]
+    )
+    # by_prompt: row indices
+    labels = torch.tensor([s["label"] for s in samples], dtype=torch.float)
+    by_prompt = {}
     for i, s in enumerate(samples):
         by_prompt.setdefault(s["prompt"], []).append(i)
     best = [max(rows, key=lambda i: scores[i].item()) for rows in by_prompt.values()]
@@ -193,18 +225,27 @@ def agreement(model, tokenizer, samples: list[dict], max_completion_tokens: int,
         "agreement/auc": auc(scores.cpu(), labels),
         "agreement/best_of_n_accuracy": labels[best].mean().item(),  # the top-scored sample of each prompt
         "agreement/sample_accuracy": labels.mean().item(),  # a random sample of each prompt
-        "agreement/oracle_accuracy": torch.stack([labels[rows].max() for rows in by_prompt.values()]).mean().item(),
+        "agreement/oracle_accuracy": torch.stack([labels[rows].max() for rows in by_prompt.values()])
+        .mean()
+        .item(),
     }
 
 
 def check_args(args: Args) -> None:
-    runs.check_options(args, at_least_one=("steps", "batch_size", "num_prompts", "max_new_tokens",
-                                           "max_completion_tokens"), split="batch_size")
-    require(args.samples_per_prompt >= 2,
-            "--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
+    runs.check_options(
+        args,
+        at_least_one=("steps", "batch_size", "num_prompts", "max_new_tokens", "max_completion_tokens"),
+        split="batch_size",
+    )
+    require(
+        args.samples_per_prompt >= 2,
+        "--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)",
+    )
     require(args.temperature > 0, "--temperature must be > 0 (it samples the preference data)")
-    require(args.center_rewards_coefficient is None or args.center_rewards_coefficient >= 0,
-            "--center-rewards-coefficient must be >= 0")
+    require(
+        args.center_rewards_coefficient is None or args.center_rewards_coefficient >= 0,
+        "--center-rewards-coefficient must be >= 0",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,18 +257,41 @@ def main(args: Args) -> dict:
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(args.run.kernels, device)  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
+    fast = models.resolve_kernels(
+        args.run.kernels, device
+    )  # the kernels' faster versions: on for a CPU, off for CUDA
+    resumed = runs.load_trainer_state(
+        args.run.resume, args.steps
+    )  # checked before any model loads; None if new
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     train_pairs, heldout_pairs, heldout_samples = preferences.load_preference_pairs(
-        args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt, args.max_new_tokens,
-        args.temperature, device, precision)
+        args.dataset,
+        args.model,
+        tokenizer,
+        args.seed,
+        args.num_prompts,
+        args.samples_per_prompt,
+        args.max_new_tokens,
+        args.temperature,
+        device,
+        precision,
+    )
     for pair in train_pairs + heldout_pairs:  # TRL's optional per-pair margin
         margin = pair.get("margin", 0.0)
-        require(isinstance(margin, (int, float)) and math.isfinite(margin),
-                f"{args.dataset}: margin {margin!r} of prompt {pair['prompt']!r} is not a finite number")
-    model = models.load_model(f"{args.run.resume}/model" if resumed else args.model, len(tokenizer), device, precision,
-                              args.seed, head="score", keep_adapter=bool(resumed), use_kernels=fast)
+        require(
+            isinstance(margin, (int, float)) and math.isfinite(margin),
+            f"{args.dataset}: margin {margin!r} of prompt {pair['prompt']!r} is not a finite number",
+        )
+    model = models.load_model(
+        f"{args.run.resume}/model" if resumed else args.model,
+        len(tokenizer),
+        device,
+        precision,
+        args.seed,
+        head="score",
+        keep_adapter=bool(resumed),
+        use_kernels=fast,
+    )
     if args.lora.lora_r and not resumed:
         model = common.add_lora(model, args.model, args.lora)  # the score head stays fully trainable
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers' own forward needs it for batches
@@ -235,18 +299,28 @@ def main(args: Args) -> dict:
         model.activation_checkpointing_enable()
     fsdp.shard(args.run.fsdp, model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(model, args.lr, args.weight_decay, args.warmup_steps)
-    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run appends
+    batches = tasks.epoch_batches(
+        len(train_pairs), args.batch_size, args.steps, args.seed
+    )  # a longer run appends
     has_margin = any("margin" in p for p in train_pairs)
-    run = runs.Run(args, "rm", tokenizer, device, resumed, eval_row=lambda result: result, accuracy_key="eval/accuracy")
-    run.keep(model, optimizer=optimizer, scheduler=scheduler)  # the data position is the step: batches[step:] come next
+    run = runs.Run(
+        args, "rm", tokenizer, device, resumed, eval_row=lambda result: result, accuracy_key="eval/accuracy"
+    )
+    run.keep(
+        model, optimizer=optimizer, scheduler=scheduler
+    )  # the data position is the step: batches[step:] come next
 
     def report(step: int, pass_k: int = 0) -> dict:
         result = evaluate(model, tokenizer, heldout_pairs, heldout_samples, args.max_completion_tokens)
-        line = f"step {step}: held-out pair accuracy {result['eval/accuracy']:.3f} ({len(heldout_pairs)} pairs)"
+        line = (
+            f"step {step}: held-out pair accuracy {result['eval/accuracy']:.3f} ({len(heldout_pairs)} pairs)"
+        )
         if "agreement/auc" in result:
-            line += (f"; verifier agreement on {len(heldout_samples)} fresh samples: AUC {result['agreement/auc']:.3f}"
-                     f", best-of-n accuracy {result['agreement/best_of_n_accuracy']:.3f} "
-                     f"(random sample {result['agreement/sample_accuracy']:.3f})")
+            line += (
+                f"; verifier agreement on {len(heldout_samples)} fresh samples: AUC {result['agreement/auc']:.3f}"
+                f", best-of-n accuracy {result['agreement/best_of_n_accuracy']:.3f} "
+                f"(random sample {result['agreement/sample_accuracy']:.3f})"
+            )
         tqdm.write(line)
         return result
 
@@ -258,12 +332,16 @@ def main(args: Args) -> dict:
         # ---- 1. score chosen and rejected in one batch -----------------------------------------
         model.train()
         chosen, rejected = pair_scores(model, tokenizer, pairs, args.max_completion_tokens)  # (P,), (P,)
-        margin = torch.tensor([float(p.get("margin", 0.0)) for p in pairs], device=device) if has_margin else None
+        margin = (
+            torch.tensor([float(p.get("margin", 0.0)) for p in pairs], device=device) if has_margin else None
+        )
 
         # ---- 2. Bradley-Terry loss and update ------------------------------------------------------
         loss = bradley_terry_loss(chosen, rejected, margin, args.center_rewards_coefficient or 0.0)
         run.check_finite(loss, step)
-        (loss * distributed.share_of(len(pairs))).backward()  # this rank's part of the batch's mean; × 1.0 alone
+        (
+            loss * distributed.share_of(len(pairs))
+        ).backward()  # this rank's part of the batch's mean; × 1.0 alone
         distributed.all_reduce_grads(model)  # Σ over the ranks
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         run.check_finite(grad_norm, step, "gradient norm")
@@ -279,8 +357,12 @@ def main(args: Args) -> dict:
             "loss": loss.item(),
             "accuracy": (chosen > rejected).float().mean().item(),
             "margin": (chosen - rejected).mean().item(),
-            "mean_reward": scores.mean().item(), "min_reward": scores.min().item(), "max_reward": scores.max().item(),
-            "grad_norm": grad_norm.item(), "lr": lr, "time/step": step_time,
+            "mean_reward": scores.mean().item(),
+            "min_reward": scores.min().item(),
+            "max_reward": scores.max().item(),
+            "grad_norm": grad_norm.item(),
+            "lr": lr,
+            "time/step": step_time,
         }
         stats = distributed.mean_over_ranks(stats)  # equal shares, or the same number on every rank
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "acc": f"{stats['accuracy']:.2f}"})
@@ -289,11 +371,19 @@ def main(args: Args) -> dict:
         run.evaluate(step, report)
         run.save_if_due(step)
 
-    return run.finish(report, lambda before, after: {
-        "pair_accuracy_before": before["eval/accuracy"], "pair_accuracy_after": after["eval/accuracy"],
-        **{f"{k}_after": v for k, v in after.items() if k.startswith("agreement/")},
-        "pairs_train": len(train_pairs), "pairs_heldout": len(heldout_pairs),
-    }, lambda before, after: f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}")
+    return run.finish(
+        report,
+        lambda before, after: {
+            "pair_accuracy_before": before["eval/accuracy"],
+            "pair_accuracy_after": after["eval/accuracy"],
+            **{f"{k}_after": v for k, v in after.items() if k.startswith("agreement/")},
+            "pairs_train": len(train_pairs),
+            "pairs_heldout": len(heldout_pairs),
+        },
+        lambda before, after: (
+            f"held-out pair accuracy {before['eval/accuracy']:.3f} -> {after['eval/accuracy']:.3f}"
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -90,8 +90,8 @@ class Args:
     """gradient clipping by global norm"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
-    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
+    run: Annotated[runs.RunOptions, runs.FlatFlags] = runs.option_group(runs.RunOptions)
+    lora: Annotated[common.LoraOptions, runs.FlatFlags] = runs.option_group(common.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,7 +103,9 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return -masked_sum(logprobs, mask) / mask.sum().clamp(min=1)
 
 
-def completion_logprobs_and_hits(model, prompt_ids, prompt_mask, completion_ids) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_logprobs_and_hits(
+    model, prompt_ids, prompt_mask, completion_ids
+) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(y_t | x, y_<t) of every completion token and whether it was the model's argmax, (B, T) and (B, T) bool.
 
     One forward over [left-padded prompt | right-padded completion]; logits are kept only where they
@@ -114,9 +116,12 @@ def completion_logprobs_and_hits(model, prompt_ids, prompt_mask, completion_ids)
     # completion padding is masked in the loss
     full_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # (B, S+T)
     with common.autocast(model):
-        logits = model(input_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=full_mask,
-                       position_ids=common.position_ids(full_mask),
-                       logits_to_keep=T + 1).logits  # (B, T+1, V) predicts y_1..y_T, then nothing
+        logits = model(
+            input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+            attention_mask=full_mask,
+            position_ids=common.position_ids(full_mask),
+            logits_to_keep=T + 1,
+        ).logits  # (B, T+1, V) predicts y_1..y_T, then nothing
     logprobs = common.gather_logprobs(logits, completion_ids, common.fast_kernels(model))
     return logprobs, logits[:, :-1].argmax(-1) == completion_ids
 
@@ -125,19 +130,22 @@ def batch_logprobs(model, tokenizer, rows: list[dict], max_completion_tokens: in
     """Tokenise (prompt, completion) rows (prompt with its template; completion apart, + EOS) and score them."""
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [r["prompt"] for r in rows], device)
-    completion_ids, mask = tasks.tokenize_completions(tokenizer, [r["completion"] for r in rows], device,
-                                                      max_completion_tokens)
+    completion_ids, mask = tasks.tokenize_completions(
+        tokenizer, [r["completion"] for r in rows], device, max_completion_tokens
+    )
     logprobs, hits = completion_logprobs_and_hits(model, prompt_ids, prompt_mask, completion_ids)
     return logprobs, hits, mask, int(prompt_mask.sum() + mask.sum())
 
 
-def load_demonstrations(dataset: Optional[str], num_demonstrations: int, seed: int,
-                        eval_size: int) -> tuple[list[dict], list[dict]]:
+def load_demonstrations(
+    dataset: Optional[str], num_demonstrations: int, seed: int, eval_size: int
+) -> tuple[list[dict], list[dict]]:
     """(train rows, held-out rows) of {prompt, completion}: the task's own demonstrations (distinct
     training problems, never one of the `eval_size` accuracy problems: tasks.training_exclusion) or
     the user's JSONL; shuffled by the seed, a tenth (at most 64) held out."""
     if dataset is None:
-        rows, seen = [], set()
+        rows = []
+        seen = set()
         for p in tasks.train_problems(seed, tasks.training_exclusion(eval_size)):
             if p.prompt not in seen:
                 seen.add(p.prompt)
@@ -149,14 +157,25 @@ def load_demonstrations(dataset: Optional[str], num_demonstrations: int, seed: i
         random.Random(seed).shuffle(rows)
     n_heldout = max(1, min(64, len(rows) // 10))
     if len(rows) - n_heldout < 1:
-        raise InputError(f"{dataset or '--num-demonstrations'}: {len(rows)} demonstrations; "
-                         "need at least 2 (one is held out)")
+        raise InputError(
+            f"{dataset or '--num-demonstrations'}: {len(rows)} demonstrations; need at least 2 (one is held out)"
+        )
     return rows[n_heldout:], rows[:n_heldout]
 
 
 def check_args(args: Args) -> None:
-    runs.check_options(args, at_least_one=("steps", "batch_size", "num_demonstrations", "max_completion_tokens",
-                                           "max_new_tokens", "eval_size"), split="batch_size")
+    runs.check_options(
+        args,
+        at_least_one=(
+            "steps",
+            "batch_size",
+            "num_demonstrations",
+            "max_completion_tokens",
+            "max_new_tokens",
+            "eval_size",
+        ),
+        split="batch_size",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,13 +188,26 @@ def main(args: Args) -> dict:
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(args.run.kernels, device)  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
-    train_rows, heldout_rows = load_demonstrations(args.dataset, args.num_demonstrations, args.seed, args.eval_size)
+    fast = models.resolve_kernels(
+        args.run.kernels, device
+    )  # the kernels' faster versions: on for a CPU, off for CUDA
+    resumed = runs.load_trainer_state(
+        args.run.resume, args.steps
+    )  # checked before any model loads; None if new
+    train_rows, heldout_rows = load_demonstrations(
+        args.dataset, args.num_demonstrations, args.seed, args.eval_size
+    )
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     heldout_problems = tasks.heldout_problems(args.eval_size)
-    policy = models.load_model(args.run.resume + "/model" if resumed else args.model, len(tokenizer), device, precision,
-                               args.seed, keep_adapter=bool(resumed), use_kernels=fast)
+    policy = models.load_model(
+        args.run.resume + "/model" if resumed else args.model,
+        len(tokenizer),
+        device,
+        precision,
+        args.seed,
+        keep_adapter=bool(resumed),
+        use_kernels=fast,
+    )
     if args.lora.lora_r and not resumed:
         policy = common.add_lora(policy, args.model, args.lora)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
@@ -183,28 +215,45 @@ def main(args: Args) -> dict:
         policy.activation_checkpointing_enable()
     fsdp.shard(args.run.fsdp, policy)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
-    batches = tasks.epoch_batches(len(train_rows), args.batch_size, args.steps, args.seed)  # a longer run appends
-    num_tokens = resumed["num_tokens"] if resumed else 0  # prompt + completion tokens seen so far, as TRL counts them
-    run = runs.Run(args, "sft", tokenizer, device, resumed, eval_row=lambda r: {
-        "accuracy": r["accuracy"], "eval/loss": r["eval/loss"],
-        "eval/mean_token_accuracy": r["eval/mean_token_accuracy"]})
+    batches = tasks.epoch_batches(
+        len(train_rows), args.batch_size, args.steps, args.seed
+    )  # a longer run appends
+    num_tokens = (
+        resumed["num_tokens"] if resumed else 0
+    )  # prompt + completion tokens seen so far, as TRL counts them
+    run = runs.Run(
+        args,
+        "sft",
+        tokenizer,
+        device,
+        resumed,
+        eval_row=lambda r: {
+            "accuracy": r["accuracy"],
+            "eval/loss": r["eval/loss"],
+            "eval/mean_token_accuracy": r["eval/mean_token_accuracy"],
+        },
+    )
     # the data position is the step: batches[step:] come next
     run.keep(policy, optimizer=optimizer, scheduler=scheduler, extra=lambda: {"num_tokens": num_tokens})
 
     @torch.no_grad()
     def evaluate(step: int, pass_k: int = 0) -> dict:
         """Held-out greedy task accuracy (the number every algorithm reports) and the held-out demonstrations' loss."""
-        result = tasks.evaluate_policy(policy, tokenizer, heldout_problems, args.max_new_tokens, args.seed,
-                                       step, pass_k)
+        result = tasks.evaluate_policy(
+            policy, tokenizer, heldout_problems, args.max_new_tokens, args.seed, step, pass_k
+        )
         nll = hits = tokens = 0.0
         for start in range(0, len(heldout_rows), 32):
             rows = heldout_rows[start : start + 32]
             logprobs, hit, mask, _ = batch_logprobs(policy, tokenizer, rows, args.max_completion_tokens)
-            nll, hits = nll - masked_sum(logprobs, mask).item(), hits + masked_sum(hit.float(), mask).item()
+            nll = nll - masked_sum(logprobs, mask).item()
+            hits = hits + masked_sum(hit.float(), mask).item()
             tokens += mask.sum().item()
         result.update({"eval/loss": nll / tokens, "eval/mean_token_accuracy": hits / tokens})
-        tqdm.write(f"step {step}: held-out demonstrations: loss {result['eval/loss']:.4f}, "
-                   f"token accuracy {result['eval/mean_token_accuracy']:.3f}")
+        tqdm.write(
+            f"step {step}: held-out demonstrations: loss {result['eval/loss']:.4f}, "
+            f"token accuracy {result['eval/mean_token_accuracy']:.3f}"
+        )
         return result
 
     run.begin(evaluate)
@@ -218,7 +267,9 @@ def main(args: Args) -> dict:
 
         # ---- 2. the NLL of the completion tokens, and the update ----------------------------------
         share = distributed.share_of(mask.sum())  # this rank's part of the batch's tokens: 1.0 in one process
-        loss = sft_loss(logprobs, mask) * share  # so that Σ over the ranks is the token mean over the whole batch
+        loss = (
+            sft_loss(logprobs, mask) * share
+        )  # so that Σ over the ranks is the token mean over the whole batch
         run.check_finite(loss, step)
         loss.backward()
         distributed.all_reduce_grads(policy)  # Σ over the ranks
@@ -231,14 +282,21 @@ def main(args: Args) -> dict:
         scheduler.step()
 
         # ---- 3. log (TRL's names) --------------------------------------------------------------------
-        num_tokens += distributed.all_sum(tokens)  # prompt + completion tokens seen so far, as TRL counts them
+        num_tokens += distributed.all_sum(
+            tokens
+        )  # prompt + completion tokens seen so far, as TRL counts them
         step_time = time.time() - t0
         stats = {
             "loss": distributed.all_sum(loss.item()),
-            "mean_token_accuracy": distributed.all_sum(masked_mean(hits.float(), mask).item() * share),  # argmax hit
+            "mean_token_accuracy": distributed.all_sum(
+                masked_mean(hits.float(), mask).item() * share
+            ),  # argmax hit
             "num_tokens": num_tokens,
             "completion_length": mask.sum(1).float().mean().item(),
-            "grad_norm": grad_norm.item(), "lr": lr, "time/step": step_time, "tokens_per_second": tokens / step_time,
+            "grad_norm": grad_norm.item(),
+            "lr": lr,
+            "time/step": step_time,
+            "tokens_per_second": tokens / step_time,
         }
         stats = distributed.mean_over_ranks(stats)  # equal shares, or the same number on every rank
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}", "acc": f"{stats['mean_token_accuracy']:.3f}"})
@@ -247,12 +305,20 @@ def main(args: Args) -> dict:
         run.evaluate(step, evaluate)
         run.save_if_due(step)
 
-    return run.finish(evaluate, lambda before, after: {
-        **tasks.before_and_after(before, after), "eval_loss_before": before["eval/loss"],
-        "eval_loss_after": after["eval/loss"], "demonstrations_train": len(train_rows),
-        "demonstrations_heldout": len(heldout_rows),
-    }, lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
-                             f"held-out demonstration loss {before['eval/loss']:.4f} -> {after['eval/loss']:.4f}")
+    return run.finish(
+        evaluate,
+        lambda before, after: {
+            **tasks.before_and_after(before, after),
+            "eval_loss_before": before["eval/loss"],
+            "eval_loss_after": after["eval/loss"],
+            "demonstrations_train": len(train_rows),
+            "demonstrations_heldout": len(heldout_rows),
+        },
+        lambda before, after: (
+            f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
+            f"held-out demonstration loss {before['eval/loss']:.4f} -> {after['eval/loss']:.4f}"
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from infra import distributed
 from infra import runs
 from infra.runs import InputError
 
+
 # ---------------------------------------------------------------------------------------------
 # The shared task: arithmetic with a verifier
 # ---------------------------------------------------------------------------------------------
@@ -85,12 +86,14 @@ def make_multistep_problem(rng: random.Random) -> Problem:
     return Problem(prompt=f"What is {question}?", answer=str(total))
 
 
-def heldout_problems(n: int = DEFAULT_EVAL_SIZE, seed: int = 1234,
-                     make: Callable[[random.Random], Problem] = make_problem) -> list[Problem]:
+def heldout_problems(
+    n: int = DEFAULT_EVAL_SIZE, seed: int = 1234, make: Callable[[random.Random], Problem] = make_problem
+) -> list[Problem]:
     """A fixed held-out set, distinct problems, the same for every algorithm and run seed; heldout_problems(n)
     starts with heldout_problems(m) for every m < n (training_exclusion relies on it). `make` picks the family
     (make_problem, or make_multistep_problem for prm.py)."""
-    rng, problems = random.Random(seed), {}
+    rng = random.Random(seed)
+    problems = {}
     while len(problems) < n:
         p = make(rng)
         problems.setdefault(p.prompt, p)
@@ -107,17 +110,21 @@ def evaluation_for_model(args):
     return dataclasses.replace(args, eval_size=eval_size, pass_k=pass_k)
 
 
-def training_exclusion(eval_size: int, make: Callable[[random.Random], Problem] = make_problem) -> list[Problem]:
+def training_exclusion(
+    eval_size: int, make: Callable[[random.Random], Problem] = make_problem
+) -> list[Problem]:
     """The problems the offline data (SFT's demonstrations, the preference prompts) must never train on: the
     `eval_size` evaluated ones, and never fewer than the default 200, so that data built at --eval-size <= 200 is
     the same whatever the size (a superset: heldout_problems(n) starts with heldout_problems(200))."""
     return heldout_problems(max(eval_size, DEFAULT_EVAL_SIZE), make=make)
 
 
-def train_problems(seed: int, exclude: list[Problem],
-                   make: Callable[[random.Random], Problem] = make_problem) -> Iterator[Problem]:
+def train_problems(
+    seed: int, exclude: list[Problem], make: Callable[[random.Random], Problem] = make_problem
+) -> Iterator[Problem]:
     """An endless stream of training problems from `seed` (of the family `make`) that never repeats a held-out one."""
-    rng, held = random.Random(seed), {p.prompt for p in exclude}
+    rng = random.Random(seed)
+    held = {p.prompt for p in exclude}
     while True:
         p = make(rng)
         if p.prompt not in held:
@@ -139,7 +146,9 @@ def extract_final_number(text: str) -> Optional[float]:
     """The last number in free text, or None. '1,234' is 1234; '5-3' is 5 and 3, not -3. Parsed with a regular
     expression and float(), never evaluated: model output is not code."""
     matches = _NUMBER.findall(text)
-    return float(matches[-1].replace(",", "")) if matches else None  # _NUMBER's matches all parse, commas removed
+    return (
+        float(matches[-1].replace(",", "")) if matches else None
+    )  # _NUMBER's matches all parse, commas removed
 
 
 # DeepSeek-R1 reads the answer from its tag (Guo et al. 2025, arXiv:2501.12948, §2.2.2): when a completion has
@@ -192,14 +201,18 @@ def verify_strict(completion: str, answer: str) -> float:
     target = extract_final_number(answer)
     if not matches or target is None:
         return 0.0
-    return float(math.isclose(float(matches[-1].replace(",", "")), target, abs_tol=1e-9))  # every match parses
+    return float(
+        math.isclose(float(matches[-1].replace(",", "")), target, abs_tol=1e-9)
+    )  # every match parses
 
 
 VERIFIERS = {"last-number": verify, "strict": verify_strict}
 
 # The last sentence of DeepSeek-R1-Zero's template (Guo et al. 2025, arXiv:2501.12948, Table 1), after the question.
-R1_INSTRUCTION = (" The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags,"
-                  " respectively, i.e., <think> reasoning process here </think><answer> answer here </answer>.")
+R1_INSTRUCTION = (
+    " The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags,"
+    " respectively, i.e., <think> reasoning process here </think><answer> answer here </answer>."
+)
 _NO_TAG = r"(?:(?!</?(?:think|answer)>).)+"  # one or more characters, none of them starting a tag
 _R1_FORM = re.compile(rf"<think>({_NO_TAG})</think>\s*<answer>({_NO_TAG})</answer>", re.DOTALL)
 
@@ -216,18 +229,24 @@ def format_reward(completion: str, answer: str = "") -> float:
     return float(bool(reasoning.strip()) and bool(stated.strip()))  # "<think> </think>" is empty too
 
 
-REWARDS = {"format": format_reward}  # the rewards grpo.py --rewards names beside `correct`, (completion, answer)
+REWARDS = {
+    "format": format_reward
+}  # the rewards grpo.py --rewards names beside `correct`, (completion, answer)
 
 
-def with_prompt_style(style: str, train_stream: Iterator[Problem],
-                      heldout: list[Problem]) -> tuple[Iterator[Problem], list[Problem]]:
+def with_prompt_style(
+    style: str, train_stream: Iterator[Problem], heldout: list[Problem]
+) -> tuple[Iterator[Problem], list[Problem]]:
     """The problems as grpo.py --prompt-style shows them: `question` unchanged, `r1` each question followed by
     R1_INSTRUCTION, in training and held-out alike (a model trained to the format is measured on it)."""
     if style == "question":
         return train_stream, heldout
     if style != "r1":
         raise ValueError(f"unknown prompt style {style!r}")
-    r1 = lambda p: Problem(p.prompt + R1_INSTRUCTION, p.answer)
+
+    def r1(p: Problem) -> Problem:
+        return Problem(p.prompt + R1_INSTRUCTION, p.answer)
+
     return map(r1, train_stream), [r1(p) for p in heldout]
 
 
@@ -245,8 +264,9 @@ def demonstration(problem: Problem) -> str:
     """The correct, short worked answer that sft.py imitates by default: `47 + 38 = 85`."""
     operands = re.fullmatch(r"What is (\d+) \+ (\d+)\?", problem.prompt)
     if operands is None:
-        raise InputError(f"no demonstration for {problem.prompt!r}: "
-                         "give sft.py --dataset with prompt and completion fields")
+        raise InputError(
+            f"no demonstration for {problem.prompt!r}: give sft.py --dataset with prompt and completion fields"
+        )
     return f"{operands[1]} + {operands[2]} = {problem.answer}"
 
 
@@ -256,9 +276,12 @@ def worked_demonstration(problem: Problem) -> str:
     form from rows {prompt, completion: worked_demonstration(p)} over the training chains of multistep_problems."""
     chain = _CHAIN.fullmatch(problem.prompt)
     if chain is None:
-        raise InputError(f"no worked demonstration for {problem.prompt!r}: not a chain like 'What is 23 + 45 - 17?'")
+        raise InputError(
+            f"no worked demonstration for {problem.prompt!r}: not a chain like 'What is 23 + 45 - 17?'"
+        )
     tokens = chain[1].split(" ")
-    total, lines = int(tokens[0]), []
+    total = int(tokens[0])
+    lines = []
     for op, b in zip(tokens[1::2], map(int, tokens[2::2])):
         new = total + b if op == "+" else total - b
         lines.append(f"{total} {op} {b} = {new}")
@@ -269,8 +292,9 @@ def worked_demonstration(problem: Problem) -> str:
 def format_prompt(tokenizer, question: str) -> str:
     """The chat template with one user turn when the tokenizer has one, else `Question: ...\\nAnswer:`."""
     if tokenizer.chat_template:
-        return tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                             tokenize=False)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
     return f"Question: {question}\nAnswer:"
 
 
@@ -284,7 +308,10 @@ def tokenize_prompts(tokenizer, questions: list[str], device) -> tuple[torch.Ten
 
 def longest_prompt(tokenizer, problems: list[Problem]) -> int:
     """Tokens in the longest formatted prompt of `problems`."""
-    return max(len(tokenizer(format_prompt(tokenizer, p.prompt), add_special_tokens=False).input_ids) for p in problems)
+    return max(
+        len(tokenizer(format_prompt(tokenizer, p.prompt), add_special_tokens=False).input_ids)
+        for p in problems
+    )
 
 
 def decode_completions(tokenizer, completion_ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -292,15 +319,25 @@ def decode_completions(tokenizer, completion_ids: torch.Tensor, mask: torch.Tens
 
 
 @torch.no_grad()
-def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 64,
-                      num_samples_kept: int = 8, score: Optional[Callable] = None) -> dict:
+def evaluate_accuracy(
+    model,
+    tokenizer,
+    problems: list[Problem],
+    max_new_tokens: int,
+    batch_size: int = 64,
+    num_samples_kept: int = 8,
+    score: Optional[Callable] = None,
+) -> dict:
     """Greedy held-out accuracy with the verifier, a few sample completions to read, and `unearned`: the share
     of problems whose greedy answer `verify` pays but `verify_strict` does not (never stated as a result).
     score(prompt_ids, prompt_mask, completion_ids, completion_mask, problems) -> (..., n) also scores each batch's
     completions (a reward model, in ppo.py): returned as "scores", (..., N) over all the problems. Under torchrun
     each rank decodes its share of the problems and the counts are summed (`scores`: this rank's problems only)."""
     device = next(model.parameters()).device
-    correct, unearned, samples, scores = 0.0, 0.0, [], []
+    correct = 0.0
+    unearned = 0.0
+    samples = []
+    scores = []
     mine = distributed.share(problems)  # all of them in one process
     bar = runs.progress(len(mine), "held-out accuracy", leave=False)
     for start in range(0, len(mine), batch_size):
@@ -314,32 +351,48 @@ def evaluate_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens:
             correct += reward
             unearned += reward * (1.0 - verify_strict(text, p.answer))
             if len(samples) < num_samples_kept:
-                samples.append({"prompt": p.prompt, "answer": p.answer, "completion": text, "correct": bool(reward)})
+                samples.append(
+                    {"prompt": p.prompt, "answer": p.answer, "completion": text, "correct": bool(reward)}
+                )
         if score is not None:
             scores.append(score(ids, mask, completion_ids, completion_mask, batch))
         bar.update(len(batch))
     bar.close()
-    correct, unearned = distributed.all_sum(correct), distributed.all_sum(unearned)  # every rank's share
-    result = {"accuracy": correct / len(problems), "unearned": unearned / len(problems),
-              "samples": distributed.concat(samples)[:num_samples_kept]}
+    # every rank's share
+    correct = distributed.all_sum(correct)
+    unearned = distributed.all_sum(unearned)
+    result = {
+        "accuracy": correct / len(problems),
+        "unearned": unearned / len(problems),
+        "samples": distributed.concat(samples)[:num_samples_kept],
+    }
     return {**result, "scores": torch.cat(scores, dim=-1)} if score is not None else result
 
 
 @torch.no_grad()
-def evaluate_pass_at_k(model, tokenizer, problems: list[Problem], k: int, max_new_tokens: int, seed: int,
-                       prompts_per_batch: int = 16) -> float:
+def evaluate_pass_at_k(
+    model,
+    tokenizer,
+    problems: list[Problem],
+    k: int,
+    max_new_tokens: int,
+    seed: int,
+    prompts_per_batch: int = 16,
+) -> float:
     """pass@k on held-out problems: k completions each at temperature 1, scored by the verifier, averaged
     over problems with the unbiased estimator (n = k samples). Its own generator, seeded by `seed`, so
     before and after training draw the same random numbers and the training stream is untouched."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    total, bar = 0.0, runs.progress(len(problems), f"held-out pass@{k}", leave=False)
+    total = 0.0
+    bar = runs.progress(len(problems), f"held-out pass@{k}", leave=False)
     for start in range(0, len(problems), prompts_per_batch):
         batch = problems[start : start + prompts_per_batch]
         ids, mask = tokenize_prompts(tokenizer, [p.prompt for p in batch], device)
-        completion_ids = common.sample_completions(model, ids, mask, k, max_new_tokens, eos, pad, temperature=1.0,
-                                                   top_p=1.0, generator=generator)  # (len(batch)·k, T)
+        completion_ids = common.sample_completions(
+            model, ids, mask, k, max_new_tokens, eos, pad, temperature=1.0, top_p=1.0, generator=generator
+        )  # (len(batch)·k, T)
         texts = decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, eos))
         for i, p in enumerate(batch):
             total += pass_at_k(k, int(sum(verify(t, p.answer) for t in texts[i * k : (i + 1) * k])), k)
@@ -348,19 +401,33 @@ def evaluate_pass_at_k(model, tokenizer, problems: list[Problem], k: int, max_ne
     return total / len(problems)
 
 
-def evaluate_policy(model, tokenizer, problems: list[Problem], max_new_tokens: int, seed: int, step: int,
-                    pass_k: int = 0, score: Optional[Callable] = None) -> dict:
+def evaluate_policy(
+    model,
+    tokenizer,
+    problems: list[Problem],
+    max_new_tokens: int,
+    seed: int,
+    step: int,
+    pass_k: int = 0,
+    score: Optional[Callable] = None,
+) -> dict:
     """The held-out evaluation every algorithm reports: greedy accuracy (evaluate_accuracy, with its `score`) and,
     with pass_k, pass@k from pass_k samples a problem at temperature 1 (evaluate_pass_at_k); each said in a line.
     Under torchrun the greedy accuracy is split over the ranks; pass@k is drawn whole by each (the same numbers)."""
     model.eval()
     result = evaluate_accuracy(model, tokenizer, problems, max_new_tokens, score=score)
     if pass_k:
-        started = time.perf_counter()  # runs.Run's expected duration counts pass@k only in the last evaluation
-        result[f"pass@{pass_k}"] = evaluate_pass_at_k(model, tokenizer, problems, pass_k, max_new_tokens, seed)
+        started = (
+            time.perf_counter()
+        )  # runs.Run's expected duration counts pass@k only in the last evaluation
+        result[f"pass@{pass_k}"] = evaluate_pass_at_k(
+            model, tokenizer, problems, pass_k, max_new_tokens, seed
+        )
         result["pass_k_seconds"] = time.perf_counter() - started
-        tqdm.write(f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} "
-                   f"({pass_k} samples per problem at temperature 1)")
+        tqdm.write(
+            f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} "
+            f"({pass_k} samples per problem at temperature 1)"
+        )
     tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(problems)} problems)")
     return result
 
@@ -371,8 +438,9 @@ def before_and_after(before: dict, after: dict) -> dict:
     return {f"{k}_{when}": result[k] for k in keys for when, result in (("before", before), ("after", after))}
 
 
-def load_problems(dataset: Optional[str], seed: int, eval_size: int,
-                  prompts_per_step: int) -> tuple[Iterator[Problem], list[Problem]]:
+def load_problems(
+    dataset: Optional[str], seed: int, eval_size: int, prompts_per_step: int
+) -> tuple[Iterator[Problem], list[Problem]]:
     """(endless training stream, held-out problems) for the online scripts: the arithmetic task, or the
     user's JSONL with prompt and a numeric answer, shuffled by the seed, a tenth (at most eval_size) held out."""
     if dataset is None:
@@ -381,20 +449,24 @@ def load_problems(dataset: Optional[str], seed: int, eval_size: int,
     rows = read_jsonl(dataset, ("prompt", "answer"))
     for line_no, row in enumerate(rows, 1):
         if extract_final_number(row["answer"]) is None:
-            raise InputError(f"{dataset}: row {line_no}: answer {row['answer']!r} "
-                             "is not a number the verifier can check")
+            raise InputError(
+                f"{dataset}: row {line_no}: answer {row['answer']!r} is not a number the verifier can check"
+            )
     problems = [Problem(r["prompt"], r["answer"]) for r in rows]
     random.Random(seed).shuffle(problems)
     n_eval = max(1, min(eval_size, len(problems) // 10))
     if len(problems) - n_eval < prompts_per_step:
-        raise InputError(f"{dataset}: {len(problems)} rows; "
-                         f"need at least {prompts_per_step} for training beyond the held-out tenth")
+        raise InputError(
+            f"{dataset}: {len(problems)} rows; need at least {prompts_per_step} for training beyond the held-out tenth"
+        )
     return itertools.cycle(problems[n_eval:]), problems[:n_eval]
 
 
 def epoch_batches(num_items: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
     """The item indices of each step's batch: a fresh shuffle of all items per epoch, fixed by the seed."""
-    rng, order, batches = random.Random(seed), [], []
+    rng = random.Random(seed)
+    order = []
+    batches = []
     for _ in range(steps):
         if len(order) < batch_size:
             epoch = list(range(num_items))
@@ -405,8 +477,13 @@ def epoch_batches(num_items: int, batch_size: int, steps: int, seed: int) -> lis
     return batches
 
 
-def tokenize_completions(tokenizer, texts: list[str], device, max_tokens: Optional[int] = None,
-                         finished: Optional[list[bool]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def tokenize_completions(
+    tokenizer,
+    texts: list[str],
+    device,
+    max_tokens: Optional[int] = None,
+    finished: Optional[list[bool]] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Completion ids, + EOS where the completion finished (default: all), right-padded, and their mask, (B, T).
 
     A sample the model cut off at max_new_tokens gets no EOS: appending one would teach DPO and the reward model
@@ -415,8 +492,10 @@ def tokenize_completions(tokenizer, texts: list[str], device, max_tokens: Option
     characters across the boundary). Completions longer than max_tokens are cut (then they end without EOS). The
     mask comes from the lengths, not from searching for EOS, so it is right when pad == eos."""
     finished = [True] * len(texts) if finished is None else finished
-    rows = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] * done
-            for t, done in zip(texts, finished)]
+    rows = [
+        tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] * done
+        for t, done in zip(texts, finished)
+    ]
     if max_tokens is not None:
         rows = [r[:max_tokens] for r in rows]
     T = max(1, max(len(r) for r in rows))
@@ -455,8 +534,9 @@ def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
             lines = f.readlines()
         except UnicodeDecodeError as e:
             line_no = open(path, "rb").read()[: e.start].count(b"\n") + 1
-            raise InputError(f"{path}:{line_no}: not UTF-8 text (byte {e.object[e.start]:#04x}); "
-                             "save the file as UTF-8") from None
+            raise InputError(
+                f"{path}:{line_no}: not UTF-8 text (byte {e.object[e.start]:#04x}); save the file as UTF-8"
+            ) from None
         for line_no, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -470,8 +550,10 @@ def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
                 row["answer"] = str(row["answer"])
             for field in fields:
                 if not isinstance(row.get(field), str) or not row[field].strip():
-                    raise InputError(f"{path}:{line_no}: field {field!r} missing or not a non-empty string "
-                                     f"(need {', '.join(fields)})")
+                    raise InputError(
+                        f"{path}:{line_no}: field {field!r} missing or not a non-empty string "
+                        f"(need {', '.join(fields)})"
+                    )
             rows.append(row)
     if not rows:
         raise InputError(f"{path}: the dataset is empty")

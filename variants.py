@@ -90,10 +90,26 @@ from infra.runs import InputError, require
 OFFLINE = ("ipo", "kto", "simpo", "orpo")
 REINFORCE_PP = ("reinforce_pp", "reinforce_pp_baseline")  # per-token advantages; the others' are per sequence
 # The β of each algorithm means something different: IPO's τ, KTO's β, SimPO's β, ORPO's λ, the online KL coefficient.
-DEFAULT_BETA = {"ipo": 0.1, "kto": 0.1, "simpo": 2.0, "orpo": 0.1, "rloo": 0.05, "remax": 0.05, "reinforce_pp": 0.05,
-                "reinforce_pp_baseline": 0.05}
-DEFAULT_LR = {"ipo": 5e-6, "kto": 5e-6, "simpo": 5e-6, "orpo": 5e-6, "rloo": 1e-5, "remax": 1e-5, "reinforce_pp": 1e-5,
-              "reinforce_pp_baseline": 1e-5}
+DEFAULT_BETA = {
+    "ipo": 0.1,
+    "kto": 0.1,
+    "simpo": 2.0,
+    "orpo": 0.1,
+    "rloo": 0.05,
+    "remax": 0.05,
+    "reinforce_pp": 0.05,
+    "reinforce_pp_baseline": 0.05,
+}
+DEFAULT_LR = {
+    "ipo": 5e-6,
+    "kto": 5e-6,
+    "simpo": 5e-6,
+    "orpo": 5e-6,
+    "rloo": 1e-5,
+    "remax": 1e-5,
+    "reinforce_pp": 1e-5,
+    "reinforce_pp_baseline": 1e-5,
+}
 
 
 @dataclass
@@ -132,8 +148,10 @@ class Args:
     group_size: int = 4
     """RLOO, REINFORCE++: samples per prompt, k (>= 2 for rloo and reinforce_pp_baseline; ReMax takes one sample and
     one greedy completion)"""
-    kl_placement: Annotated[Optional[Literal["reward", "loss"]],
-                            runs.none_means("loss for reinforce_pp_baseline, else reward", "{reward,loss}")] = None
+    kl_placement: Annotated[
+        Optional[Literal["reward", "loss"]],
+        runs.none_means("loss for reinforce_pp_baseline, else reward", "{reward,loss}"),
+    ] = None
     """REINFORCE++: where the KL goes. reward: -β (log π - log π_ref) in each token's reward (k1); loss: advantages
     without it, + β × the token mean of ½ (log π - log π_ref)² (k2) in the loss, as OpenRLHF's baseline scripts"""
     # ---- data and generation: the preference data (offline) and sampling (online) --------------------------------
@@ -148,8 +166,9 @@ class Args:
     max_completion_tokens: int = 256
     """offline: completions of --dataset pairs longer than this are cut"""
     # ---- optimisation: the optimizer, memory and saving ----------------------------------------------------------
-    lr: Annotated[Optional[float],
-                  runs.none_means("5e-6 offline (as dpo.py), 1e-5 online (as grpo.py)", "FLOAT")] = None
+    lr: Annotated[
+        Optional[float], runs.none_means("5e-6 offline (as dpo.py), 1e-5 online (as grpo.py)", "FLOAT")
+    ] = None
     """AdamW learning rate"""
     warmup_steps: int = 5
     """linear learning-rate warm-up steps"""
@@ -157,8 +176,8 @@ class Args:
     """gradient clipping by global norm"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
-    run: Annotated[runs.RunOptions, runs.Shared] = runs.shared(runs.RunOptions)
-    lora: Annotated[common.LoraOptions, runs.Shared] = runs.shared(common.LoraOptions)
+    run: Annotated[runs.RunOptions, runs.FlatFlags] = runs.option_group(runs.RunOptions)
+    lora: Annotated[common.LoraOptions, runs.FlatFlags] = runs.option_group(common.LoraOptions)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,8 +195,16 @@ def ipo_loss(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_r
     return losses, tau * chosen_logratios.detach(), tau * rejected_logratios.detach()
 
 
-def kto_loss(policy_logps, ref_logps, desirable, policy_kl_logps, ref_kl_logps, beta: float,
-             desirable_weight: float = 1.0, undesirable_weight: float = 1.0):
+def kto_loss(
+    policy_logps,
+    ref_logps,
+    desirable,
+    policy_kl_logps,
+    ref_kl_logps,
+    beta: float,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+):
     """KTO (Ethayarajh et al. 2024, eq. 8) per sample. policy_logps, ref_logps, desirable (bool): (B,);
     policy_kl_logps, ref_kl_logps: (B,) log-probs of mismatched (prompt, completion) pairs for z0.
 
@@ -195,7 +222,9 @@ def kto_loss(policy_logps, ref_logps, desirable, policy_kl_logps, ref_kl_logps, 
     return losses, beta * r.detach(), z0
 
 
-def simpo_loss(policy_chosen_logps, policy_rejected_logps, chosen_lengths, rejected_lengths, beta: float, gamma: float):
+def simpo_loss(
+    policy_chosen_logps, policy_rejected_logps, chosen_lengths, rejected_lengths, beta: float, gamma: float
+):
     """SimPO (Meng et al. 2024, eq. 6): -log σ(β/|y_w| log π(y_w) - β/|y_l| log π(y_l) - γ). All (P,); no reference.
     Returns (losses, chosen_rewards, rejected_rewards) with rewards β/|y| log π(y) (detached)."""
     chosen_rewards = beta * policy_chosen_logps / chosen_lengths
@@ -212,8 +241,9 @@ def orpo_loss(policy_chosen_logps, policy_rejected_logps, chosen_lengths, reject
     chosen_mean = policy_chosen_logps / chosen_lengths
     rejected_mean = policy_rejected_logps / rejected_lengths
     # log(1 - P) = log(-expm1(log P)), exact for P near 0 and near 1
-    log_odds = ((chosen_mean - torch.log(-torch.expm1(chosen_mean)))
-                - (rejected_mean - torch.log(-torch.expm1(rejected_mean))))
+    log_odds = (chosen_mean - torch.log(-torch.expm1(chosen_mean))) - (
+        rejected_mean - torch.log(-torch.expm1(rejected_mean))
+    )
     losses = -chosen_mean - lam * F.logsigmoid(log_odds)
     return losses, lam * chosen_mean.detach(), lam * rejected_mean.detach()
 
@@ -231,8 +261,14 @@ def remax_advantages(rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> tor
     return rewards - greedy_rewards.repeat_interleave(len(rewards) // len(greedy_rewards))
 
 
-def reinforce_pp_advantages(scores: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-                            mask: torch.Tensor, beta: float, group_size: Optional[int] = None) -> torch.Tensor:
+def reinforce_pp_advantages(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    group_size: Optional[int] = None,
+) -> torch.Tensor:
     """REINFORCE++ (Hu 2025) as OpenRLHF computes it: the KL-penalised reward to go, whitened over the whole batch.
 
     r_t = -β (log π_t - log π_ref,t) on every completion token, + the score on the last one (EOS, or the cut)
@@ -252,46 +288,72 @@ def reinforce_pp_advantages(scores: torch.Tensor, logprobs: torch.Tensor, ref_lo
     return masked_whiten(returns, mask, all_sum=distributed.all_sum) * mask
 
 
-def reinforce_pp_loss(advantages, logprobs, ref_logprobs, mask, beta: float, kl_placement: str) -> torch.Tensor:
+def reinforce_pp_loss(
+    advantages, logprobs, ref_logprobs, mask, beta: float, kl_placement: str
+) -> torch.Tensor:
     """mean_t -A_t log π_t, + β mean_t ½ (log π_t - log π_ref,t)² (k2, OpenRLHF's --use_kl_loss --kl_estimator k2)
     with kl_placement "loss": both token means over the batch's completion tokens, as OpenRLHF's token-level loss.
     k2's gradient is (log π_t - log π_ref,t) ∇log π_t. All (B, T), logprobs with their gradient -> a scalar."""
     loss = -masked_mean(advantages * logprobs, mask)
     if kl_placement == "loss":
-        loss = loss + beta * masked_mean(0.5 * (logprobs - ref_logprobs) ** 2, mask)  # (B, T) k2, padding left out
+        loss = loss + beta * masked_mean(
+            0.5 * (logprobs - ref_logprobs) ** 2, mask
+        )  # (B, T) k2, padding left out
     return loss
 
 
 # ---------------------------------------------------------------------------------------------
 # Sequence log-probs
 # ---------------------------------------------------------------------------------------------
-def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: list[dict]) -> tuple[torch.Tensor, dict]:
+def offline_loss(
+    args: Args, beta: float, policy, ref_model, tokenizer, pairs: list[dict]
+) -> tuple[torch.Tensor, dict]:
     """The mean loss of one batch of pairs and its metrics, for ipo, simpo, orpo (paired) or kto (unpaired)."""
     prompts = [p["prompt"] for p in pairs]
     texts, finished = preferences.pair_completions(pairs)  # chosen_0, rejected_0, chosen_1, ...
-    logps, lengths = sequence_logps(policy, tokenizer, prompts, texts, args.max_completion_tokens, finished)  # (2P,)
+    logps, lengths = sequence_logps(
+        policy, tokenizer, prompts, texts, args.max_completion_tokens, finished
+    )  # (2P,)
     chosen, rejected = logps[0::2], logps[1::2]
     if args.algo in ("ipo", "kto"):
         with torch.no_grad(), common.reference(policy, ref_model) as ref:
-            ref_logps, _ = sequence_logps(ref, tokenizer, prompts, texts, args.max_completion_tokens, finished)
+            ref_logps, _ = sequence_logps(
+                ref, tokenizer, prompts, texts, args.max_completion_tokens, finished
+            )
     if args.algo == "ipo":
-        losses, chosen_rewards, rejected_rewards = ipo_loss(chosen, rejected, ref_logps[0::2], ref_logps[1::2], beta)
+        losses, chosen_rewards, rejected_rewards = ipo_loss(
+            chosen, rejected, ref_logps[0::2], ref_logps[1::2], beta
+        )
     elif args.algo == "simpo":
-        losses, chosen_rewards, rejected_rewards = simpo_loss(chosen, rejected, lengths[0::2], lengths[1::2], beta,
-                                                              args.simpo_gamma)
+        losses, chosen_rewards, rejected_rewards = simpo_loss(
+            chosen, rejected, lengths[0::2], lengths[1::2], beta, args.simpo_gamma
+        )
     elif args.algo == "orpo":
-        losses, chosen_rewards, rejected_rewards = orpo_loss(chosen, rejected, lengths[0::2], lengths[1::2], beta)
+        losses, chosen_rewards, rejected_rewards = orpo_loss(
+            chosen, rejected, lengths[0::2], lengths[1::2], beta
+        )
     else:  # kto: the 2P samples unpaired; z0 from each prompt with the next pair's completions
-        shifted, shifted_finished = texts[2:] + texts[:2], finished[2:] + finished[:2]
+        shifted = texts[2:] + texts[:2]
+        shifted_finished = finished[2:] + finished[:2]
         with torch.no_grad():  # z0 is a detached reference point
-            kl_logps, _ = sequence_logps(policy, tokenizer, prompts, shifted, args.max_completion_tokens,
-                                         shifted_finished)
+            kl_logps, _ = sequence_logps(
+                policy, tokenizer, prompts, shifted, args.max_completion_tokens, shifted_finished
+            )
             with common.reference(policy, ref_model) as ref:
-                ref_kl_logps, _ = sequence_logps(ref, tokenizer, prompts, shifted, args.max_completion_tokens,
-                                                 shifted_finished)
+                ref_kl_logps, _ = sequence_logps(
+                    ref, tokenizer, prompts, shifted, args.max_completion_tokens, shifted_finished
+                )
         desirable = torch.tensor([True, False] * len(pairs), device=logps.device)
-        losses, rewards, z0 = kto_loss(logps, ref_logps, desirable, kl_logps, ref_kl_logps, beta,
-                                       args.desirable_weight, args.undesirable_weight)
+        losses, rewards, z0 = kto_loss(
+            logps,
+            ref_logps,
+            desirable,
+            kl_logps,
+            ref_kl_logps,
+            beta,
+            args.desirable_weight,
+            args.undesirable_weight,
+        )
         chosen_rewards, rejected_rewards = rewards[0::2], rewards[1::2]
     metrics = {
         "loss": losses.mean().item(),
@@ -308,21 +370,41 @@ def offline_loss(args: Args, beta: float, policy, ref_model, tokenizer, pairs: l
 
 
 def check_args(args: Args) -> None:
-    runs.check_options(args, at_least_one=("steps", "batch_size", "num_prompts", "max_new_tokens", "eval_size",
-                                           "max_completion_tokens"), split="batch_size")
+    runs.check_options(
+        args,
+        at_least_one=(
+            "steps",
+            "batch_size",
+            "num_prompts",
+            "max_new_tokens",
+            "eval_size",
+            "max_completion_tokens",
+        ),
+        split="batch_size",
+    )
     require(distributed.world_size() == 1 or args.algo != "kto", "--algo kto does not run under torchrun yet")
     require(args.beta is None or args.beta > 0, "--beta must be > 0")
-    require(args.algo != "rloo" or args.group_size >= 2,
-            f"--group-size must be at least 2 for RLOO (the other samples are the baseline), not {args.group_size}")
-    require(args.algo != "reinforce_pp_baseline" or args.group_size >= 2,
-            "--group-size must be at least 2 for reinforce_pp_baseline (the group's mean score is the baseline)")
+    require(
+        args.algo != "rloo" or args.group_size >= 2,
+        f"--group-size must be at least 2 for RLOO (the other samples are the baseline), not {args.group_size}",
+    )
+    require(
+        args.algo != "reinforce_pp_baseline" or args.group_size >= 2,
+        "--group-size must be at least 2 for reinforce_pp_baseline (the group's mean score is the baseline)",
+    )
     require(args.group_size >= 1, f"--group-size must be at least 1, not {args.group_size}")
-    require(args.kl_placement is None or args.algo in REINFORCE_PP,
-            "--kl-placement is for reinforce_pp and reinforce_pp_baseline (RLOO and ReMax put the KL in the reward)")
-    require(args.algo != "kto" or args.batch_size >= 2,
-            "--batch-size must be at least 2 for KTO (z0 pairs each prompt with another pair's completions)")
-    require(args.samples_per_prompt >= 2,
-            "--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)")
+    require(
+        args.kl_placement is None or args.algo in REINFORCE_PP,
+        "--kl-placement is for reinforce_pp and reinforce_pp_baseline (RLOO and ReMax put the KL in the reward)",
+    )
+    require(
+        args.algo != "kto" or args.batch_size >= 2,
+        "--batch-size must be at least 2 for KTO (z0 pairs each prompt with another pair's completions)",
+    )
+    require(
+        args.samples_per_prompt >= 2,
+        "--samples-per-prompt must be at least 2 (a pair needs a correct and an incorrect sample)",
+    )
     require(args.temperature > 0, "--temperature must be > 0 (evaluation is always greedy)")
 
 
@@ -331,8 +413,10 @@ def check_rewards(scores: torch.Tensor, texts: list[str], step: int) -> None:
     bad = (~torch.isfinite(scores)).nonzero()
     if len(bad):
         i = bad[0].item()
-        raise InputError(f"reward became {scores[i].item()} at step {step}: the reward function returned "
-                         f"a non-finite score for the completion {texts[i]!r}; stopped before the update")
+        raise InputError(
+            f"reward became {scores[i].item()} at step {step}: the reward function returned "
+            f"a non-finite score for the completion {texts[i]!r}; stopped before the update"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,15 +436,31 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(args.run.kernels, device)  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(args.run.resume, args.steps)  # checked before any model loads; None if new
+    fast = models.resolve_kernels(
+        args.run.kernels, device
+    )  # the kernels' faster versions: on for a CPU, off for CUDA
+    resumed = runs.load_trainer_state(
+        args.run.resume, args.steps
+    )  # checked before any model loads; None if new
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     offline = args.algo in OFFLINE
     if offline:
         train_pairs, _, _ = preferences.load_preference_pairs(
-            args.dataset, args.model, tokenizer, args.seed, args.num_prompts, args.samples_per_prompt,
-            args.max_new_tokens, args.temperature, device, precision, args.eval_size)
-        batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)  # a longer run appends
+            args.dataset,
+            args.model,
+            tokenizer,
+            args.seed,
+            args.num_prompts,
+            args.samples_per_prompt,
+            args.max_new_tokens,
+            args.temperature,
+            device,
+            precision,
+            args.eval_size,
+        )
+        batches = tasks.epoch_batches(
+            len(train_pairs), args.batch_size, args.steps, args.seed
+        )  # a longer run appends
         heldout = tasks.heldout_problems(args.eval_size)
     else:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
@@ -370,18 +470,29 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     uses_reference = args.algo in ("ipo", "kto", "rloo", "remax", *REINFORCE_PP)
     ref_model = common.frozen_copy(policy) if uses_reference and not args.lora.lora_r else None
     if resumed:
-        policy = models.load_model(f"{args.run.resume}/model", len(tokenizer), device, precision, args.seed,
-                                   keep_adapter=True, use_kernels=fast)
+        policy = models.load_model(
+            f"{args.run.resume}/model",
+            len(tokenizer),
+            device,
+            precision,
+            args.seed,
+            keep_adapter=True,
+            use_kernels=fast,
+        )
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     fsdp.shard(args.run.fsdp, policy, ref_model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, lr, warmup_steps=args.warmup_steps)
-    generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())  # each rank its own draws
+    generator = torch.Generator(device=device).manual_seed(
+        args.seed + distributed.rank()
+    )  # each rank its own draws
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     run = runs.Run(args, args.algo, tokenizer, device, resumed)
-    run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler)  # what a checkpoint holds; resumed here
+    run.keep(
+        policy, generator, optimizer=optimizer, scheduler=scheduler
+    )  # what a checkpoint holds; resumed here
     for _ in range(0 if offline else (run.first_step - 1) * args.batch_size):  # online: P problems a step
         next(train_stream)
 
@@ -399,12 +510,24 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             share = distributed.share_of(len(pairs))  # this rank's part of the batch's mean; 1.0 alone
         else:
             # ---- online 1. sample: k per prompt (RLOO, REINFORCE++) or one plus the greedy one (ReMax) ------
-            problems = distributed.share([next(train_stream) for _ in range(args.batch_size)])  # P/N on a rank
+            problems = distributed.share(
+                [next(train_stream) for _ in range(args.batch_size)]
+            )  # P/N on a rank
             prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
             k = 1 if args.algo == "remax" else args.group_size
             policy.eval()
-            completion_ids = common.sample_completions(policy, prompt_ids, prompt_mask, k, args.max_new_tokens, eos,
-                                                       pad, args.temperature, 1.0, generator)
+            completion_ids = common.sample_completions(
+                policy,
+                prompt_ids,
+                prompt_mask,
+                k,
+                args.max_new_tokens,
+                eos,
+                pad,
+                args.temperature,
+                1.0,
+                generator,
+            )
             mask = common.completion_mask(completion_ids, eos)
             answers = [p.answer for p in problems for _ in range(k)]
             texts = tasks.decode_completions(tokenizer, completion_ids, mask)
@@ -412,20 +535,26 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             check_rewards(scores, texts, step)
             repeats = torch.full((len(problems),), k, device=device)
             if args.algo == "remax":
-                greedy_ids = common.sample_completions(policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos,
-                                                       pad, temperature=0)
-                greedy_texts = tasks.decode_completions(tokenizer, greedy_ids, common.completion_mask(greedy_ids, eos))
-                greedy_scores = torch.tensor([reward_fn(t, p.answer) for t, p in zip(greedy_texts, problems)],
-                                             device=device)  # (P,)
+                greedy_ids = common.sample_completions(
+                    policy, prompt_ids, prompt_mask, 1, args.max_new_tokens, eos, pad, temperature=0
+                )
+                greedy_texts = tasks.decode_completions(
+                    tokenizer, greedy_ids, common.completion_mask(greedy_ids, eos)
+                )
+                greedy_scores = torch.tensor(
+                    [reward_fn(t, p.answer) for t, p in zip(greedy_texts, problems)], device=device
+                )  # (P,)
                 check_rewards(greedy_scores, greedy_texts, step)
 
             # ---- online 2. reward = score - β·KL of the sequence, then the critic-free baseline ----------
             with torch.no_grad(), common.reference(policy, ref_model) as ref:
-                ref_logprobs, _ = common.completion_logprobs(ref, prompt_ids, prompt_mask, completion_ids, repeats,
-                                                             args.temperature)
+                ref_logprobs, _ = common.completion_logprobs(
+                    ref, prompt_ids, prompt_mask, completion_ids, repeats, args.temperature
+                )
             policy.train()
-            logprobs, _ = common.completion_logprobs(policy, prompt_ids, prompt_mask, completion_ids, repeats,
-                                                     args.temperature)
+            logprobs, _ = common.completion_logprobs(
+                policy, prompt_ids, prompt_mask, completion_ids, repeats, args.temperature
+            )
             kl = masked_sum(logprobs.detach() - ref_logprobs, mask, dim=1)  # (B,) k1 summed over the sequence
             rewards = scores - beta * kl
             if args.algo == "rloo":
@@ -434,23 +563,42 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
                 advantages = remax_advantages(rewards, greedy_scores)
             else:  # REINFORCE++: the same KL token by token in the reward to go, or none there; advantages (B, T)
                 reward_beta = beta if kl_placement == "reward" else 0.0
-                advantages = reinforce_pp_advantages(scores, logprobs.detach(), ref_logprobs, mask, reward_beta,
-                                                     k if args.algo == "reinforce_pp_baseline" else None)
+                advantages = reinforce_pp_advantages(
+                    scores,
+                    logprobs.detach(),
+                    ref_logprobs,
+                    mask,
+                    reward_beta,
+                    k if args.algo == "reinforce_pp_baseline" else None,
+                )
 
             # ---- online 3. REINFORCE with the baseline: -A · log π(y|x), one step per batch -------------
-            if args.algo in REINFORCE_PP:  # -A_t log π_t, the token mean over the batch (+ β·k2 with the KL there)
+            if (
+                args.algo in REINFORCE_PP
+            ):  # -A_t log π_t, the token mean over the batch (+ β·k2 with the KL there)
                 loss = reinforce_pp_loss(advantages, logprobs, ref_logprobs, mask, beta, kl_placement)
             else:
                 loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()
-            share = distributed.share_of(mask.sum() if args.algo in REINFORCE_PP else len(scores))  # of the batch's
+            share = distributed.share_of(
+                mask.sum() if args.algo in REINFORCE_PP else len(scores)
+            )  # of the batch's
             if args.algo in REINFORCE_PP:  # token-level advantages: the mean over every rank's tokens
                 advantage_abs = masked_mean(advantages.abs(), mask, all_sum=distributed.all_sum)
             else:
                 advantage_abs = advantages.abs().mean()
-            stats = {"reward": scores.mean().item(), "kl": kl.mean().item(), "rlhf_reward": rewards.mean().item(),
-                     "advantage_abs": advantage_abs.item(),
-                     "completion_length": mask.sum(1).float().mean().item(),  # distinct: per group; ReMax: per batch
-                     "completions/distinct": common.distinct_fraction(completion_ids, mask, k if k > 1 else len(mask))}
+            stats = {
+                "reward": scores.mean().item(),
+                "kl": kl.mean().item(),
+                "rlhf_reward": rewards.mean().item(),
+                "advantage_abs": advantage_abs.item(),
+                "completion_length": mask.sum(1)
+                .float()
+                .mean()
+                .item(),  # distinct: per group; ReMax: per batch
+                "completions/distinct": common.distinct_fraction(
+                    completion_ids, mask, k if k > 1 else len(mask)
+                ),
+            }
 
         # ---- update, log ---------------------------------------------------------------------------------
         run.check_finite(loss, step)
@@ -460,18 +608,32 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         run.check_finite(grad_norm, step, "gradient norm")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
-        stats.update({"loss": distributed.all_sum(loss.item() * share), "grad_norm": grad_norm.item(),
-                      "lr": scheduler.get_last_lr()[0], "time/step": time.time() - t0})
-        stats = distributed.mean_over_ranks(stats)  # each rank's mean over an equal share: their mean is the batch's
+        stats.update(
+            {
+                "loss": distributed.all_sum(loss.item() * share),
+                "grad_norm": grad_norm.item(),
+                "lr": scheduler.get_last_lr()[0],
+                "time/step": time.time() - t0,
+            }
+        )
+        stats = distributed.mean_over_ranks(
+            stats
+        )  # each rank's mean over an equal share: their mean is the batch's
         scheduler.step()
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}"})
 
         run.evaluate(step, evaluate)
         run.save_if_due(step)
 
-    return run.finish(evaluate, lambda before, after: {
-        "algo": args.algo, **tasks.before_and_after(before, after), "models_in_memory": 1 if ref_model is None else 2,
-    }, lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}")
+    return run.finish(
+        evaluate,
+        lambda before, after: {
+            "algo": args.algo,
+            **tasks.before_and_after(before, after),
+            "models_in_memory": 1 if ref_model is None else 2,
+        },
+        lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}",
+    )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,12 @@ DRY_RUNS = {
     "dpo": ["dpo.py", *TINY, "--dataset", "tests/data/pairs.jsonl"],
     "sft": ["sft.py", *TINY, "--num-demonstrations", "20"],
 }
-RUN_LIMIT_S = {"grpo": 300, "ppo-verifier": 200, "dpo": 150, "sft": 120}  # a stuck run costs the rest of the check
+RUN_LIMIT_S = {
+    "grpo": 300,
+    "ppo-verifier": 200,
+    "dpo": 150,
+    "sft": 120,
+}  # a stuck run costs the rest of the check
 
 
 class Check:
@@ -61,10 +66,16 @@ class Check:
     def __init__(self, out: Path, dry_run: bool, budget_s: float):
         self.out = out
         self.deadline = time.time() + budget_s
-        self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))  # run folders and logs; runs.tar.gz packs them
+        self.work = Path(
+            tempfile.mkdtemp(prefix="gpu-check-")
+        )  # run folders and logs; runs.tar.gz packs them
         self.dry_run = dry_run
         self.device = "cpu" if dry_run else "cuda"
-        self.summary = {"dry_run": dry_run, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "steps": {}}
+        self.summary = {
+            "dry_run": dry_run,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "steps": {},
+        }
         self.env = {**os.environ, "RLHF_CACHE": str(self.work / "cache"), "PYTHONUNBUFFERED": "1"}
         if dry_run:
             self.env["CUDA_TIER_DEVICE"] = "cpu"
@@ -93,7 +104,13 @@ class Check:
         log = self.work / f"{name}.log"
         with open(log, "w") as f:
             proc = subprocess.run(
-                command, cwd=REPO, env=self.env, stdout=f, stderr=subprocess.STDOUT, text=True, timeout=limit_s
+                command,
+                cwd=REPO,
+                env=self.env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=limit_s,
             )
         if proc.returncode != 0:
             raise RuntimeError(f"exit {proc.returncode}: ...{log.read_text()[-1500:]}")
@@ -107,7 +124,12 @@ class Check:
         keep = (".log", ".jsonl", ".json", ".txt", ".xml")
         with tarfile.open(self.out / "runs.tar.gz", "w:gz") as tar:
             for path in sorted(self.work.rglob("*")):
-                if path.is_file() and path.suffix in keep and "cache" not in path.parts and "model" not in path.parts:
+                if (
+                    path.is_file()
+                    and path.suffix in keep
+                    and "cache" not in path.parts
+                    and "model" not in path.parts
+                ):
                     tar.add(path, arcname=str(path.relative_to(self.work)))
 
 
@@ -133,7 +155,9 @@ def machine(check: Check) -> dict:
             }
         )
         smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
         )
         record["driver"] = smi.stdout.strip()
     else:
@@ -184,7 +208,9 @@ def tier(check: Check) -> dict:
         "no:cacheprovider",
         f"--junitxml={junit}",
     ]
-    if check.dry_run:  # the test suite runs each script's tiny run on the CPU already: one here checks the test
+    if (
+        check.dry_run
+    ):  # the test suite runs each script's tiny run on the CPU already: one here checks the test
         command += ["-k", "not every_scripts or grpo"]
     elif importlib.util.find_spec("xdist"):  # 4 processes share the GPU: the smoke runs are mostly start-up
         command += ["-n", "4"]
@@ -199,7 +225,9 @@ def tier(check: Check) -> dict:
             timeout=max(30, check.deadline - time.time()),
         )
     text = junit.read_text()
-    counts = {k: int(re.search(rf'{k}="(\d+)"', text).group(1)) for k in ("tests", "failures", "errors", "skipped")}
+    counts = {
+        k: int(re.search(rf'{k}="(\d+)"', text).group(1)) for k in ("tests", "failures", "errors", "skipped")
+    }
     failed = re.findall(r'<testcase classname="[^"]*" name="([^"]+)"[^>]*>\s*<(?:failure|error)', text)
     (check.out / "tier.log").write_text(log.read_text())
     if counts["failures"] or counts["errors"] or counts["skipped"] or counts["tests"] == 0:
@@ -211,7 +239,9 @@ def convert(check: Check) -> dict:
     """The embedded model from its GGUF file, converted once (timed apart from the runs)."""
     if check.dry_run:
         return {"model": "tiny"}
-    check.run("convert", [sys.executable, "-c", "from infra import models; print(models.smollm2_checkpoint())"], 300)
+    check.run(
+        "convert", [sys.executable, "-c", "from infra import models; print(models.smollm2_checkpoint())"], 300
+    )
     return {"model": "smollm2"}
 
 
@@ -220,7 +250,14 @@ def training_run(check: Check, name: str) -> dict:
     argv = (DRY_RUNS if check.dry_run else GPU_RUNS)[name]
     output_dir = check.work / name
     command = [sys.executable, *argv, "--device", check.device, "--output-dir", str(output_dir)]
-    plan_command = [sys.executable, "scripts/memory_plan.py", name.split("-")[0], *argv[1:], "--device", check.device]
+    plan_command = [
+        sys.executable,
+        "scripts/memory_plan.py",
+        name.split("-")[0],
+        *argv[1:],
+        "--device",
+        check.device,
+    ]
     plan = subprocess.Popen(
         plan_command, cwd=REPO, env=check.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )  # on the CPU, beside the run: it builds the models on the meta device
@@ -241,7 +278,14 @@ def training_run(check: Check, name: str) -> dict:
     for key in ("accuracy", "pass@8"):
         if f"{key}_before" in result:
             record[key] = f"{result[f'{key}_before']:.3f} -> {result[f'{key}_after']:.3f}"
-    for key in ("time/step", "time/generate", "time/score", "time/train", "time/update", "tokens_per_second/generate"):
+    for key in (
+        "time/step",
+        "time/generate",
+        "time/score",
+        "time/train",
+        "time/update",
+        "tokens_per_second/generate",
+    ):
         values = sorted(row[key] for row in rows if key in row)
         if values:
             record[f"median {key}"] = round(values[len(values) // 2], 4)
@@ -305,7 +349,9 @@ def decode(check: Check) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT") or f"runs/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument(
+        "--out", default=os.environ.get("OUT") or f"runs/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     parser.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny sizes")
     parser.add_argument("--part", choices=("all", "tests", "model"), default="all")
     parser.add_argument("--budget-s", type=float, default=900, help="stop starting runs when this is spent")
@@ -331,7 +377,9 @@ def main() -> int:
             for name in GPU_RUNS:
                 check.step(name, lambda: training_run(check, name))
     failed = [name for name, record in check.summary["steps"].items() if not record["ok"]]
-    print(f"gpu check: {len(check.summary['steps']) - len(failed)} steps ok, failed: {failed or 'none'}; {out}")
+    print(
+        f"gpu check: {len(check.summary['steps']) - len(failed)} steps ok, failed: {failed or 'none'}; {out}"
+    )
     return 1 if failed else 0
 
 

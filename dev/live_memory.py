@@ -38,8 +38,10 @@ def peak_live_bytes(fn) -> int:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    allocations = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                         key=lambda e: e.start_ns())
+    allocations = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+        key=lambda e: e.start_ns(),
+    )
     live = peak = 0
     for event in allocations:  # +bytes on allocation, -bytes on free
         live += event.nbytes()
@@ -68,7 +70,9 @@ def logprob_path(rows: int, positions: int, vocabulary: int) -> None:
         path = "kernel" if fast else "plain "
         for name, fn in (("scoring", scoring), ("forward and backward", forward_backward)):
             peak = peak_live_bytes(fn)
-            print(f"{path} {name}: {peak / 1e6:.0f} MB above the logits' {size / 1e6:.0f} MB ({peak / size:.2f}×)")
+            print(
+                f"{path} {name}: {peak / 1e6:.0f} MB above the logits' {size / 1e6:.0f} MB ({peak / size:.2f}×)"
+            )
 
 
 def main(argv=None) -> dict:
@@ -77,8 +81,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--lora-r", type=int, default=0)
     parser.add_argument("--prompts", type=int, default=4, help="P (grpo.py's --prompts-per-step)")
     parser.add_argument("--group-size", type=int, default=8, help="G")
-    parser.add_argument("--prompt-tokens", type=int, default=30,
-                        help="S, prompt tokens (the plan's default is the longest held-out chat prompt, 40)")
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=30,
+        help="S, prompt tokens (the plan's default is the longest held-out chat prompt, 40)",
+    )
     parser.add_argument("--completion-tokens", type=int, default=32, help="T (--max-new-tokens)")
     parser.add_argument("--logprobs", action="store_true", help="measure common.token_logprobs alone instead")
     args = parser.parse_args(argv)
@@ -109,16 +117,24 @@ def main(argv=None) -> dict:
         optimizer.zero_grad(set_to_none=True)
 
     step()
-    held = sum(t.numel() * t.element_size() for m in (policy, reference) if m is not None for t in m.parameters())
-    held += sum(s.numel() * s.element_size() for state in optimizer.state.values() for s in state.values()
-                if torch.is_tensor(s))
+    held = sum(
+        t.numel() * t.element_size() for m in (policy, reference) if m is not None for t in m.parameters()
+    )
+    held += sum(
+        s.numel() * s.element_size()
+        for state in optimizer.state.values()
+        for s in state.values()
+        if torch.is_tensor(s)
+    )
     live = held + peak_live_bytes(step)
     config = memory_plan.model_config(args.model, len(tokenizer))
     held = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (not args.lora_r)
     tokens = P * S + P * G * T
     plan = memory_plan.memory_plan(held, "fp32", lora, False, P * G, tokens, P * G * T, kernels)["total_gb"]
-    print(f"live tensors at the peak: {live / 2**30:.2f} GiB; "
-          f"the plan: {plan:.2f} GiB ({(plan - live / 2**30) / (live / 2**30):+.0%})")
+    print(
+        f"live tensors at the peak: {live / 2**30:.2f} GiB; "
+        f"the plan: {plan:.2f} GiB ({(plan - live / 2**30) / (live / 2**30):+.0%})"
+    )
     return {"live_gb": live / 2**30, "plan_gb": plan}
 
 

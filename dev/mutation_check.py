@@ -55,703 +55,1866 @@ class Mutation(NamedTuple):
     target: str  # "tests/test_x.py" or "tests/test_x.py -k EXPR": the narrowest tests that should fail
 
 
-GRPO, PPO, DPO, RM = "tests/test_grpo.py", "tests/test_ppo.py", "tests/test_dpo.py", "tests/test_reward_model.py"
+GRPO, PPO, DPO, RM = (
+    "tests/test_grpo.py",
+    "tests/test_ppo.py",
+    "tests/test_dpo.py",
+    "tests/test_reward_model.py",
+)
 COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/test_variants.py"
 REL, SFT, BANDIT = "tests/test_reliability.py", "tests/test_sft.py", "tests/test_bandit.py"
 MEMORY, PRM, DIST = "tests/test_memory_plan.py", "tests/test_prm.py", "tests/test_distributed.py"
 
 MUTATIONS = [
     # ---- grpo.py: advantages, KL, the clipped loss, aggregation, the loop ---------------------------------
-    Mutation("grpo.py", "grouped.std(dim=1, unbiased=False, keepdim=True)", "grouped.std(dim=1, keepdim=True)",
-             "sample std (G-1) instead of population std in Â", f"{GRPO} -k group_advantages"),
-    Mutation("grpo.py", "centered = grouped - grouped.mean(dim=1, keepdim=True)",
-             "centered = grouped.mean(dim=1, keepdim=True) - grouped",
-             "advantage sign flipped (mean - r)", f"{GRPO} -k group_advantages"),
-    Mutation("grpo.py", "all_equal = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)",
-             "all_equal = grouped.std(dim=1, keepdim=True) == 0",
-             "all-equal group detected by std == 0 (float32 std of equal rewards is not 0)", f"{GRPO} -k all_equal"),
-    Mutation("grpo.py", "return torch.exp(log_ratio) - log_ratio - 1.0",
-             "return torch.exp(-log_ratio) + log_ratio - 1.0",
-             "k3 with the ratio inverted (π/π_ref instead of π_ref/π)", f"{GRPO} -k kl_estimator"),
-    Mutation("grpo.py", "per_token = torch.max(pg_loss1, pg_loss2)", "per_token = torch.min(pg_loss1, pg_loss2)",
-             "clipped surrogate: min instead of max of the negated terms (optimistic bound)",
-             f"{GRPO} -k 'clip_branches or ragged_mask'"),
-    Mutation("grpo.py", "torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)", "torch.clamp(ratio, max=1.0 + eps_high)",
-             "lower clip branch dropped (ρ never clipped at 1 - ε_low)", f"{GRPO} -k clip_branches"),
-    Mutation("grpo.py", "per_token = per_token + beta * kl", "per_token = per_token",
-             "KL term dropped from the loss", f"{GRPO} -k beta_adds"),
-    Mutation("grpo.py", "loss = masked_sum(per_token, mask) / (mask.shape[0] * max_completion_length)",
-             "loss = masked_sum(per_token, mask) / (mask.shape[0] * mask.shape[1])",
-             "Dr. GRPO normaliser uses the padded width, not max_completion_length", f"{GRPO} -k ragged_mask"),
-    Mutation("grpo.py", "return micro_mask.sum().item() / batch_tokens",
-             "return micro_mask.shape[0] / batch_rows",
-             "token-mean micro-batch weighted by its share of rows, not of tokens",
-             f"{GRPO} -k weighted_micro_batches"),
-    Mutation("grpo.py", "(loss * weight).backward()", "loss.backward()",
-             "micro-batch loss not weighted before accumulation", f"{GRPO} -k '8_equals_8_of_1 and sum-norm'"),
-    Mutation("grpo.py", "old_logprobs[s] if old_logprobs is not None else logprobs.detach(),",
-             "old_logprobs[s] if old_logprobs is not None else logprobs,",
-             "μ = 1: old log-probs not detached (ratio ≡ 1, no policy gradient)", f"{GRPO} -k dense_reward"),
-    Mutation("grpo.py",
-             "rewards = scores + overlong_penalty(lengths, args.max_new_tokens, args.overlong_buffer, "
-             "args.overlong_penalty)",
-             "rewards = scores",
-             "overlong penalty never added to the reward in the loop", f"{GRPO} -k overlong"),
-    Mutation("grpo.py", "completion_ids[rows], repeats, args.temperature, with_entropy)",
-             "completion_ids[rows], repeats, 1.0, with_entropy)",
-             "log-probs recomputed at temperature 1, not the sampling temperature", f"{GRPO} -k sampling_temperature"),
-    Mutation("grpo.py", "torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1))  # (B,)",
-             "torch.cat([prompt_mask.repeat_interleave(G, 0), torch.ones_like(mask)], 1))  # (B,)",
-             "learned reward read through the padding after EOS", f"{GRPO} -k learned_reward"),
+    Mutation(
+        "grpo.py",
+        "grouped.std(dim=1, unbiased=False, keepdim=True)",
+        "grouped.std(dim=1, keepdim=True)",
+        "sample std (G-1) instead of population std in Â",
+        f"{GRPO} -k group_advantages",
+    ),
+    Mutation(
+        "grpo.py",
+        "centered = grouped - grouped.mean(dim=1, keepdim=True)",
+        "centered = grouped.mean(dim=1, keepdim=True) - grouped",
+        "advantage sign flipped (mean - r)",
+        f"{GRPO} -k group_advantages",
+    ),
+    Mutation(
+        "grpo.py",
+        "all_equal = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)",
+        "all_equal = grouped.std(dim=1, keepdim=True) == 0",
+        "all-equal group detected by std == 0 (float32 std of equal rewards is not 0)",
+        f"{GRPO} -k all_equal",
+    ),
+    Mutation(
+        "grpo.py",
+        "return torch.exp(log_ratio) - log_ratio - 1.0",
+        "return torch.exp(-log_ratio) + log_ratio - 1.0",
+        "k3 with the ratio inverted (π/π_ref instead of π_ref/π)",
+        f"{GRPO} -k kl_estimator",
+    ),
+    Mutation(
+        "grpo.py",
+        "per_token = torch.max(pg_loss1, pg_loss2)",
+        "per_token = torch.min(pg_loss1, pg_loss2)",
+        "clipped surrogate: min instead of max of the negated terms (optimistic bound)",
+        f"{GRPO} -k 'clip_branches or ragged_mask'",
+    ),
+    Mutation(
+        "grpo.py",
+        "torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)",
+        "torch.clamp(ratio, max=1.0 + eps_high)",
+        "lower clip branch dropped (ρ never clipped at 1 - ε_low)",
+        f"{GRPO} -k clip_branches",
+    ),
+    Mutation(
+        "grpo.py",
+        "per_token = per_token + beta * kl",
+        "per_token = per_token",
+        "KL term dropped from the loss",
+        f"{GRPO} -k beta_adds",
+    ),
+    Mutation(
+        "grpo.py",
+        "loss = masked_sum(per_token, mask) / (mask.shape[0] * max_completion_length)",
+        "loss = masked_sum(per_token, mask) / (mask.shape[0] * mask.shape[1])",
+        "Dr. GRPO normaliser uses the padded width, not max_completion_length",
+        f"{GRPO} -k ragged_mask",
+    ),
+    Mutation(
+        "grpo.py",
+        "return micro_mask.sum().item() / batch_tokens",
+        "return micro_mask.shape[0] / batch_rows",
+        "token-mean micro-batch weighted by its share of rows, not of tokens",
+        f"{GRPO} -k weighted_micro_batches",
+    ),
+    Mutation(
+        "grpo.py",
+        "(loss * weight).backward()",
+        "loss.backward()",
+        "micro-batch loss not weighted before accumulation",
+        f"{GRPO} -k '8_equals_8_of_1 and sum-norm'",
+    ),
+    Mutation(
+        "grpo.py",
+        "old_logprobs[s] if old_logprobs is not None else logprobs.detach(),",
+        "old_logprobs[s] if old_logprobs is not None else logprobs,",
+        "μ = 1: old log-probs not detached (ratio ≡ 1, no policy gradient)",
+        f"{GRPO} -k dense_reward",
+    ),
+    Mutation(
+        "grpo.py",
+        (
+            "        rewards = scores + overlong_penalty(\n"
+            "            lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty\n"
+            "        )\n"
+        ),
+        "        rewards = scores\n",
+        "overlong penalty never added to the reward in the loop",
+        f"{GRPO} -k overlong",
+    ),
+    Mutation(
+        "grpo.py",
+        "repeats,\n                    args.temperature,\n                    with_entropy,",
+        "repeats,\n                    1.0,\n                    with_entropy,",
+        "log-probs recomputed at temperature 1, not the sampling temperature",
+        f"{GRPO} -k sampling_temperature",
+    ),
+    Mutation(
+        "grpo.py",
+        "                    reward_model, input_ids, torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1)\n",
+        (
+            "                    reward_model,\n"
+            "                    input_ids,\n"
+            "                    torch.cat([prompt_mask.repeat_interleave(G, 0), torch.ones_like(mask)], 1),\n"
+        ),
+        "learned reward read through the padding after EOS",
+        f"{GRPO} -k learned_reward",
+    ),
     # ---- grpo.py and tasks.py: GSPO, CISPO, weighted rewards, the R1 format ---------------------------------
-    Mutation("grpo.py", "        log_ratio = masked_mean(log_ratio, mask, dim=1)[:, None].expand_as(log_ratio)",
-             "        log_ratio = log_ratio",
-             "GSPO: ratio clipped per token, not per sequence", f"{GRPO} -k gspo_clips"),
-    Mutation("grpo.py", "masked_mean(log_ratio, mask, dim=1)[:, None]", "log_ratio.mean(dim=1)[:, None]",
-             "GSPO: log-ratio averaged over the padded width, not the completion's tokens", f"{GRPO} -k gspo_clips"),
-    Mutation("grpo.py", "masked_mean(log_ratio, mask, dim=1)[:, None]",
-             "masked_mean(log_ratio, mask, dim=1).detach()[:, None]",
-             "GSPO: sequence ratio detached (no gradient through the mean)", f"{GRPO} -k 'gspo_clips or exactly_one'"),
-    Mutation("grpo.py", "torch.clamp(ratio, max=1.0 + eps_high).detach() * adv * logprobs",
-             "torch.clamp(ratio, max=1.0 + eps_high) * adv * logprobs",
-             "CISPO: truncated weight not detached", f"{GRPO} -k 'cispo_weights or exactly_one'"),
-    Mutation("grpo.py", "torch.clamp(ratio, max=1.0 + eps_high).detach()",
-             "torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high).detach()",
-             "CISPO: weight also bounded below at 1 - ε_low (the paper sets no lower bound)",
-             f"{GRPO} -k cispo_weights"),
-    Mutation("grpo.py", "per_token = -torch.clamp(ratio, max=1.0 + eps_high)",
-             "per_token = torch.clamp(ratio, max=1.0 + eps_high)",
-             "CISPO: sign flipped (descends the objective)", f"{GRPO} -k cispo_weights"),
-    Mutation("grpo.py", '    if loss_type == "cispo":  # instead', '    if False:  # instead',
-             "CISPO: PPO's clipped surrogate kept (clipped tokens lose their gradient)", f"{GRPO} -k clipped_token"),
-    Mutation("grpo.py", "args.kl_estimator, args.importance_level, args.loss_type)", "args.kl_estimator)",
-             "GSPO/CISPO: options never reach the loss in the loop", f"{GRPO} -k run_together"),
-    Mutation("grpo.py", "return (per_reward * weights).sum(dim=1)", "return per_reward.sum(dim=1)",
-             "weighted rewards: weights ignored", f"{GRPO} -k weighted_rewards"),
-    Mutation("grpo.py", "scores = weighted_rewards(per_reward, ",
-             "scores = weighted_rewards((per_reward - per_reward.mean(0)) "
-             "/ (per_reward.std(0, unbiased=False) + 1e-4), ",
-             "weighted rewards: each reward normalised on its own before the sum",
-             f"{GRPO} -k weighted_rewards_in_the_loop"),
-    Mutation("grpo.py", "per_reward[:, k].mean().item()", "per_reward[:, -1 - k].mean().item()",
-             "weighted rewards: rewards/<name>/mean logged under another reward's name",
-             f"{GRPO} -k weighted_rewards_in_the_loop"),
-    Mutation("grpo.py", "    train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)",
-             "    pass",
-             "R1 prompt: --prompt-style r1 never applied in the loop", f"{GRPO} -k run_together"),
-    Mutation("tasks.py", "_R1_FORM.fullmatch(completion.strip())", "_R1_FORM.search(completion.strip())",
-             "format reward: text outside the tags still pays", f"{TASKS} -k format_reward"),
-    Mutation("tasks.py", '_NO_TAG = r"(?:(?!</?(?:think|answer)>).)+"', '_NO_TAG = r".+"',
-             "format reward: a tag inside the reasoning or the answer still pays", f"{TASKS} -k format_reward"),
-    Mutation("tasks.py", "return map(r1, train_stream), [r1(p) for p in heldout]",
-             "return map(r1, train_stream), heldout",
-             "R1 prompt: held-out questions not asked for the format", f"{TASKS} -k r1_prompt"),
+    Mutation(
+        "grpo.py",
+        "        log_ratio = masked_mean(log_ratio, mask, dim=1)[:, None].expand_as(log_ratio)",
+        "        log_ratio = log_ratio",
+        "GSPO: ratio clipped per token, not per sequence",
+        f"{GRPO} -k gspo_clips",
+    ),
+    Mutation(
+        "grpo.py",
+        "masked_mean(log_ratio, mask, dim=1)[:, None]",
+        "log_ratio.mean(dim=1)[:, None]",
+        "GSPO: log-ratio averaged over the padded width, not the completion's tokens",
+        f"{GRPO} -k gspo_clips",
+    ),
+    Mutation(
+        "grpo.py",
+        "masked_mean(log_ratio, mask, dim=1)[:, None]",
+        "masked_mean(log_ratio, mask, dim=1).detach()[:, None]",
+        "GSPO: sequence ratio detached (no gradient through the mean)",
+        f"{GRPO} -k 'gspo_clips or exactly_one'",
+    ),
+    Mutation(
+        "grpo.py",
+        "torch.clamp(ratio, max=1.0 + eps_high).detach() * adv * logprobs",
+        "torch.clamp(ratio, max=1.0 + eps_high) * adv * logprobs",
+        "CISPO: truncated weight not detached",
+        f"{GRPO} -k 'cispo_weights or exactly_one'",
+    ),
+    Mutation(
+        "grpo.py",
+        "torch.clamp(ratio, max=1.0 + eps_high).detach()",
+        "torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high).detach()",
+        "CISPO: weight also bounded below at 1 - ε_low (the paper sets no lower bound)",
+        f"{GRPO} -k cispo_weights",
+    ),
+    Mutation(
+        "grpo.py",
+        "per_token = -torch.clamp(ratio, max=1.0 + eps_high)",
+        "per_token = torch.clamp(ratio, max=1.0 + eps_high)",
+        "CISPO: sign flipped (descends the objective)",
+        f"{GRPO} -k cispo_weights",
+    ),
+    Mutation(
+        "grpo.py",
+        '    if loss_type == "cispo":  # instead',
+        "    if False:  # instead",
+        "CISPO: PPO's clipped surrogate kept (clipped tokens lose their gradient)",
+        f"{GRPO} -k clipped_token",
+    ),
+    Mutation(
+        "grpo.py",
+        "args.kl_estimator,\n                        args.importance_level,\n                        args.loss_type,\n",
+        "args.kl_estimator,\n",
+        "GSPO/CISPO: options never reach the loss in the loop",
+        f"{GRPO} -k run_together",
+    ),
+    Mutation(
+        "grpo.py",
+        "return (per_reward * weights).sum(dim=1)",
+        "return per_reward.sum(dim=1)",
+        "weighted rewards: weights ignored",
+        f"{GRPO} -k weighted_rewards",
+    ),
+    Mutation(
+        "grpo.py",
+        "            per_reward, per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards))\n",
+        (
+            "            (per_reward - per_reward.mean(0)) / (per_reward.std(0, unbiased=False) + 1e-4),\n"
+            "            per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards)),\n"
+        ),
+        "weighted rewards: each reward normalised on its own before the sum",
+        f"{GRPO} -k weighted_rewards_in_the_loop",
+    ),
+    Mutation(
+        "grpo.py",
+        (
+            '            **{f"rewards/{name}/mean": per_reward[:,'
+            " k].mean().item() for k, name in enumerate(args.rewards)},\n"
+        ),
+        (
+            "            **{\n"
+            '                f"rewards/{name}/mean": per_reward[:, -1 - k].mean().item()\n'
+            "                for k, name in enumerate(args.rewards)\n"
+            "            },\n"
+        ),
+        "weighted rewards: rewards/<name>/mean logged under another reward's name",
+        f"{GRPO} -k weighted_rewards_in_the_loop",
+    ),
+    Mutation(
+        "grpo.py",
+        "    train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)",
+        "    pass",
+        "R1 prompt: --prompt-style r1 never applied in the loop",
+        f"{GRPO} -k run_together",
+    ),
+    Mutation(
+        "tasks.py",
+        "_R1_FORM.fullmatch(completion.strip())",
+        "_R1_FORM.search(completion.strip())",
+        "format reward: text outside the tags still pays",
+        f"{TASKS} -k format_reward",
+    ),
+    Mutation(
+        "tasks.py",
+        '_NO_TAG = r"(?:(?!</?(?:think|answer)>).)+"',
+        '_NO_TAG = r".+"',
+        "format reward: a tag inside the reasoning or the answer still pays",
+        f"{TASKS} -k format_reward",
+    ),
+    Mutation(
+        "tasks.py",
+        "return map(r1, train_stream), [r1(p) for p in heldout]",
+        "return map(r1, train_stream), heldout",
+        "R1 prompt: held-out questions not asked for the format",
+        f"{TASKS} -k r1_prompt",
+    ),
     # ---- ppo.py: per-token rewards, GAE, both losses, the KL controller, the loop -------------------------
-    Mutation("ppo.py", "rewards = -kl_coef * kl * mask", "rewards = kl_coef * kl * mask",
-             "KL enters the reward as a bonus, not a penalty", f"{PPO} -k kl_penalized"),
-    Mutation("ppo.py", "last = (mask.sum(1) - 1).clamp(min=0).long()",
-             "last = torch.full_like(mask[:, 0], mask.shape[1] - 1).long()",
-             "score put on the last column (padding), not the last real token", f"{PPO} -k kl_penalized"),
-    Mutation("ppo.py", "advantage = delta + gamma * lam * next_advantage", "advantage = delta + lam * next_advantage",
-             "GAE: γ left out of the γλ decay", f"{PPO} -k gae"),
-    Mutation("ppo.py", "next_value = values[:, t] * m", "next_value = values[:, t]",
-             "GAE: V after the last token read from padding instead of 0", f"{PPO} -k gae"),
-    Mutation("ppo.py", "pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)",
-             "pg_loss2 = -advantages * ratio",
-             "policy loss: clip dropped (plain ratio surrogate)", f"{PPO} -k policy_loss_both_clip"),
-    Mutation("ppo.py", "loss = 0.5 * masked_mean(torch.max(vf_loss1, vf_loss2), mask)",
-             "loss = 0.5 * masked_mean(torch.min(vf_loss1, vf_loss2), mask)",
-             "clipped value loss: min instead of max", f"{PPO} -k value_loss"),
-    Mutation("ppo.py", "clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)",
-             "clipped = torch.clamp(values, -clip_range, clip_range)",
-             "value clipped around 0 instead of around V_old", f"{PPO} -k 'value_loss or value_clip'"),
-    Mutation("ppo.py", "kl_coef = adaptive_kl_coef(kl_coef, kl_per_completion,",
-             "kl_coef = adaptive_kl_coef(kl_coef, -kl_per_completion,",
-             "adaptive KL controller fed -KL", f"{PPO} -k adaptive_kl"),
-    Mutation("ppo.py", "penalised = shaped - args.missing_eos_penalty * (~finished).float()",
-             "penalised = shaped + args.missing_eos_penalty * (~finished).float()",
-             "missing-EOS penalty added instead of subtracted", f"{PPO} -k missing_eos"),
-    Mutation("ppo.py", "finished, lengths = (completion_ids == eos).any(1)",
-             "finished, lengths = mask.sum(1) < args.max_new_tokens",
-             "a completion ending in EOS on the last allowed token counted as truncated", f"{PPO} -k missing_eos"),
-    Mutation("ppo.py", "completion_ids[rows], ones[rows], args.temperature,", "completion_ids[rows], ones[rows], 1.0,",
-             "log-probs recomputed at temperature 1 in the PPO epochs", f"{PPO} -k sampling_temperature"),
-    Mutation("ppo.py", "inner.score(hidden[:, S - 1 : S + T - 1])", "inner.score(hidden[:, S : S + T])",
-             "V(s_t) read after y_t instead of before it (off by one)", f"{PPO} -k value_of_the_first_token"),
-    Mutation("ppo.py", "rewards = masked_whiten(rewards, mask, shift_mean=False, all_sum=distributed.all_sum) * mask",
-             "rewards = masked_whiten(rewards, mask, all_sum=distributed.all_sum) * mask",
-             "--whiten-rewards also removes the rewards' mean", f"{PPO} -k whiten_rewards"),
-    Mutation("ppo.py", "policy_loss = pg_loss - args.entropy_coef * entropy_mean",
-             "policy_loss = pg_loss + args.entropy_coef * entropy_mean",
-             "entropy bonus with the wrong sign (a penalty)", f"{PPO} -k entropy_bonus"),
+    Mutation(
+        "ppo.py",
+        "rewards = -kl_coef * kl * mask",
+        "rewards = kl_coef * kl * mask",
+        "KL enters the reward as a bonus, not a penalty",
+        f"{PPO} -k kl_penalized",
+    ),
+    Mutation(
+        "ppo.py",
+        "last = (mask.sum(1) - 1).clamp(min=0).long()",
+        "last = torch.full_like(mask[:, 0], mask.shape[1] - 1).long()",
+        "score put on the last column (padding), not the last real token",
+        f"{PPO} -k kl_penalized",
+    ),
+    Mutation(
+        "ppo.py",
+        "advantage = delta + gamma * lam * next_advantage",
+        "advantage = delta + lam * next_advantage",
+        "GAE: γ left out of the γλ decay",
+        f"{PPO} -k gae",
+    ),
+    Mutation(
+        "ppo.py",
+        "next_value = values[:, t] * m",
+        "next_value = values[:, t]",
+        "GAE: V after the last token read from padding instead of 0",
+        f"{PPO} -k gae",
+    ),
+    Mutation(
+        "ppo.py",
+        "pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)",
+        "pg_loss2 = -advantages * ratio",
+        "policy loss: clip dropped (plain ratio surrogate)",
+        f"{PPO} -k policy_loss_both_clip",
+    ),
+    Mutation(
+        "ppo.py",
+        "loss = 0.5 * masked_mean(torch.max(vf_loss1, vf_loss2), mask)",
+        "loss = 0.5 * masked_mean(torch.min(vf_loss1, vf_loss2), mask)",
+        "clipped value loss: min instead of max",
+        f"{PPO} -k value_loss",
+    ),
+    Mutation(
+        "ppo.py",
+        "clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)",
+        "clipped = torch.clamp(values, -clip_range, clip_range)",
+        "value clipped around 0 instead of around V_old",
+        f"{PPO} -k 'value_loss or value_clip'",
+    ),
+    Mutation(
+        "ppo.py",
+        "                kl_coef, kl_per_completion, args.target_kl, args.kl_horizon, args.batch_size\n",
+        "                kl_coef, -kl_per_completion, args.target_kl, args.kl_horizon, args.batch_size\n",
+        "adaptive KL controller fed -KL",
+        f"{PPO} -k adaptive_kl",
+    ),
+    Mutation(
+        "ppo.py",
+        "penalised = shaped - args.missing_eos_penalty * (~finished).float()",
+        "penalised = shaped + args.missing_eos_penalty * (~finished).float()",
+        "missing-EOS penalty added instead of subtracted",
+        f"{PPO} -k missing_eos",
+    ),
+    Mutation(
+        "ppo.py",
+        "finished = (completion_ids == eos).any(1)",
+        "finished = mask.sum(1) < args.max_new_tokens",
+        "a completion ending in EOS on the last allowed token counted as truncated",
+        f"{PPO} -k missing_eos",
+    ),
+    Mutation(
+        "ppo.py",
+        "ones[rows],\n                    args.temperature,\n                    with_entropy=True,",
+        "ones[rows],\n                    1.0,\n                    with_entropy=True,",
+        "log-probs recomputed at temperature 1 in the PPO epochs",
+        f"{PPO} -k sampling_temperature",
+    ),
+    Mutation(
+        "ppo.py",
+        "inner.score(hidden[:, S - 1 : S + T - 1])",
+        "inner.score(hidden[:, S : S + T])",
+        "V(s_t) read after y_t instead of before it (off by one)",
+        f"{PPO} -k value_of_the_first_token",
+    ),
+    Mutation(
+        "ppo.py",
+        "rewards = masked_whiten(rewards, mask, shift_mean=False, all_sum=distributed.all_sum) * mask",
+        "rewards = masked_whiten(rewards, mask, all_sum=distributed.all_sum) * mask",
+        "--whiten-rewards also removes the rewards' mean",
+        f"{PPO} -k whiten_rewards",
+    ),
+    Mutation(
+        "ppo.py",
+        "policy_loss = pg_loss - args.entropy_coef * entropy_mean",
+        "policy_loss = pg_loss + args.entropy_coef * entropy_mean",
+        "entropy bonus with the wrong sign (a penalty)",
+        f"{PPO} -k entropy_bonus",
+    ),
     # ---- dpo.py ------------------------------------------------------------------------------------------
-    Mutation("dpo.py", "logits = chosen_logratios - rejected_logratios",
-             "logits = rejected_logratios - chosen_logratios",
-             "chosen and rejected swapped in h", f"{DPO} -k 'dpo_loss or beta_scales or pushes_chosen'"),
-    Mutation("dpo.py",
-             "-(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)",
-             "-(1 - label_smoothing) * beta * F.logsigmoid(logits) - label_smoothing * beta * F.logsigmoid(-logits)",
-             "β outside the sigmoid", f"{DPO} -k 'dpo_loss or beta_scales'"),
-    Mutation("dpo.py", "- label_smoothing * F.logsigmoid(-beta * logits)",
-             "+ label_smoothing * F.logsigmoid(-beta * logits)",
-             "label-smoothing (cDPO) term with the wrong sign", f"{DPO} -k label_smoothing"),
-    Mutation("dpo.py", "return logps[:, 0], logps[:, 1], tokens", "return logps[:, 1], logps[:, 0], tokens",
-             "concatenated forward returns rejected as chosen", f"{DPO} -k concatenated_forward"),
-    Mutation("dpo.py", "chosen, rejected = (2 * i, 2 * i + 1) if labels[0] > labels[1] else (2 * i + 1, 2 * i)",
-             "chosen, rejected = 2 * i, 2 * i + 1",
-             "online DPO: chosen by the sample's position, not by the verifier", f"{DPO} -k online"),
-    Mutation("dpo.py", "        if labels[0] != labels[1]:", "        if True:",
-             "online DPO: pairs with equal labels kept, not dropped", f"{DPO} -k online"),
-    Mutation("dpo.py", "with torch.no_grad(), common.reference(policy, ref_model) as ref:",
-             "with torch.no_grad(), common.reference(policy, policy) as ref:",
-             "online DPO: the reference is the current policy, not the starting model",
-             f"{DPO} -k online_loss_equals_offline"),
-    Mutation("dpo.py", "    for _ in range((run.first_step - 1) * args.batch_size if args.online else 0):",
-             "    for _ in range(0):",
-             "online DPO: a resumed run draws the problems of the steps before again", f"{DPO} -k online_resume"),
+    Mutation(
+        "dpo.py",
+        "logits = chosen_logratios - rejected_logratios",
+        "logits = rejected_logratios - chosen_logratios",
+        "chosen and rejected swapped in h",
+        f"{DPO} -k 'dpo_loss or beta_scales or pushes_chosen'",
+    ),
+    Mutation(
+        "dpo.py",
+        (
+            "    losses = -(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(\n"
+            "        -beta * logits\n"
+        ),
+        (
+            "    losses = -(1 - label_smoothing) * beta *"
+            " F.logsigmoid(logits) - label_smoothing * beta * F.logsigmoid(\n"
+            "        -logits\n"
+        ),
+        "β outside the sigmoid",
+        f"{DPO} -k 'dpo_loss or beta_scales'",
+    ),
+    Mutation(
+        "dpo.py",
+        "    losses = -(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(\n",
+        "    losses = -(1 - label_smoothing) * F.logsigmoid(beta * logits) + label_smoothing * F.logsigmoid(\n",
+        "label-smoothing (cDPO) term with the wrong sign",
+        f"{DPO} -k label_smoothing",
+    ),
+    Mutation(
+        "dpo.py",
+        "return logps[:, 0], logps[:, 1], tokens",
+        "return logps[:, 1], logps[:, 0], tokens",
+        "concatenated forward returns rejected as chosen",
+        f"{DPO} -k concatenated_forward",
+    ),
+    Mutation(
+        "dpo.py",
+        "chosen, rejected = (2 * i, 2 * i + 1) if labels[0] > labels[1] else (2 * i + 1, 2 * i)",
+        "chosen, rejected = 2 * i, 2 * i + 1",
+        "online DPO: chosen by the sample's position, not by the verifier",
+        f"{DPO} -k online",
+    ),
+    Mutation(
+        "dpo.py",
+        "        if labels[0] != labels[1]:",
+        "        if True:",
+        "online DPO: pairs with equal labels kept, not dropped",
+        f"{DPO} -k online",
+    ),
+    Mutation(
+        "dpo.py",
+        "with torch.no_grad(), common.reference(policy, ref_model) as ref:",
+        "with torch.no_grad(), common.reference(policy, policy) as ref:",
+        "online DPO: the reference is the current policy, not the starting model",
+        f"{DPO} -k online_loss_equals_offline",
+    ),
+    Mutation(
+        "dpo.py",
+        "    for _ in range((run.first_step - 1) * args.batch_size if args.online else 0):",
+        "    for _ in range(0):",
+        "online DPO: a resumed run draws the problems of the steps before again",
+        f"{DPO} -k online_resume",
+    ),
     # ---- sft.py -------------------------------------------------------------------------------------------
-    Mutation("sft.py", "return -masked_sum(logprobs, mask) / mask.sum().clamp(min=1)",
-             "return -(masked_sum(logprobs, mask, dim=1) / mask.sum(1)).mean()",
-             "SFT loss as a mean of per-sequence means, not a token mean over the batch", f"{SFT} -k token_mean"),
-    Mutation("sft.py", "logits_to_keep=T + 1).logits  # (B, T+1, V)", "logits_to_keep=T).logits  # (B, T+1, V)",
-             "SFT logits not shifted: each token predicts itself", f"{SFT} -k only_completion"),
-    Mutation("sft.py",
-             '[r["completion"] for r in rows], device,\n                                                      '
-             "max_completion_tokens)",
-             '[r["completion"] for r in rows], device,\n                                                      '
-             "max_completion_tokens, [False] * len(rows))",
-             "SFT never learns to end: no EOS target", f"{SFT} -k only_completion"),
-    Mutation("sft.py", "num_tokens += distributed.all_sum(tokens)", "num_tokens = distributed.all_sum(tokens)",
-             "num_tokens not cumulative", f"{SFT} -k fixed_mapping"),
+    Mutation(
+        "sft.py",
+        "return -masked_sum(logprobs, mask) / mask.sum().clamp(min=1)",
+        "return -(masked_sum(logprobs, mask, dim=1) / mask.sum(1)).mean()",
+        "SFT loss as a mean of per-sequence means, not a token mean over the batch",
+        f"{SFT} -k token_mean",
+    ),
+    Mutation(
+        "sft.py",
+        "logits_to_keep=T + 1,\n        ).logits",
+        "logits_to_keep=T,\n        ).logits",
+        "SFT logits not shifted: each token predicts itself",
+        f"{SFT} -k only_completion",
+    ),
+    Mutation(
+        "sft.py",
+        'tokenizer, [r["completion"] for r in rows], device, max_completion_tokens\n',
+        'tokenizer, [r["completion"] for r in rows], device, max_completion_tokens, [False] * len(rows)\n',
+        "SFT never learns to end: no EOS target",
+        f"{SFT} -k only_completion",
+    ),
+    Mutation(
+        "sft.py",
+        (
+            "        num_tokens += distributed.all_sum(\n"
+            "            tokens\n"
+            "        )  # prompt + completion tokens seen so far, as TRL counts them\n"
+        ),
+        (
+            "        num_tokens = distributed.all_sum(tokens)  # prompt"
+            " + completion tokens seen so far, as TRL counts them\n"
+        ),
+        "num_tokens not cumulative",
+        f"{SFT} -k fixed_mapping",
+    ),
     # ---- reward_model.py ---------------------------------------------------------------------------------
-    Mutation("reward_model.py", "diff = chosen_scores - rejected_scores", "diff = rejected_scores - chosen_scores",
-             "Bradley-Terry with chosen and rejected swapped", f"{RM} -k bradley_terry"),
-    Mutation("reward_model.py", "diff = diff - margin", "diff = diff + margin",
-             "margin added instead of subtracted", f"{RM} -k margin"),
+    Mutation(
+        "reward_model.py",
+        "diff = chosen_scores - rejected_scores",
+        "diff = rejected_scores - chosen_scores",
+        "Bradley-Terry with chosen and rejected swapped",
+        f"{RM} -k bradley_terry",
+    ),
+    Mutation(
+        "reward_model.py",
+        "diff = diff - margin",
+        "diff = diff + margin",
+        "margin added instead of subtracted",
+        f"{RM} -k margin",
+    ),
     # ---- common.py: log-probs, masks, whitening, positions -------------------------------------------------
-    Mutation("common.py", "return (positions <= first_eos[:, None]).long()",
-             "return (positions < first_eos[:, None]).long()",
-             "completion_mask excludes the EOS token", f"{COMMON} -k completion_mask"),
-    Mutation("common.py", "return (attention_mask.cumsum(-1) - 1).clamp(min=0)",
-             "return torch.arange(attention_mask.shape[-1], device=attention_mask.device).expand_as(attention_mask)",
-             "position ids from arange instead of the attention mask", f"{COMMON} -k padding_amount"),
-    Mutation("common.py", "log_p = torch.log_softmax(logits.float() / temperature, dim=-1)",
-             "log_p = torch.log_softmax(logits.float(), dim=-1)",
-             "log-probs ignore the temperature (plain path)", f"{COMMON} -k 'one_token_at_a_time or entropy_by_hand'"),
-    Mutation("common.py", "    rows = max(1, LOGPROB_PIECE // max(1, T * V))", "    rows = B",
-             "plain log-probs computed whole: float32 (B, T, V) temporaries", f"{COMMON} -k full_vocabulary"),
-    Mutation("common.py", "            labels[start : start + rows],", "            labels[:rows],",
-             "plain log-probs: every piece scored against the first piece's labels", f"{COMMON} -k full_vocabulary"),
-    Mutation("common.py", "return logprobs, -(log_p.exp() * log_p.clamp(min=-1e4)).sum(-1)",
-             "return logprobs, -(log_p.exp() * log_p).sum(-1)",
-             "entropy NaN where a logit is -inf (plain path)", f"{COMMON} -k minus_infinity"),
-    Mutation("infra/kernels.py", "z = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(temperature)",
-             "z = z_buffer[: t.stop - t.start].copy_(logits[b, t])",
-             "kernel log-probs ignore the temperature", "tests/test_kernels.py -k token_logprobs"),
-    Mutation("infra/kernels.py", "logprobs[b, t] = z.gather(-1, labels[b, t, None]).squeeze(-1) - lse[b, t]",
-             "logprobs[b, t] = z.gather(-1, labels[b, t, None]).squeeze(-1)",
-             "kernel returns logits, not log-probs", f"{COMMON} -k gather_logprobs"),
-    Mutation("infra/kernels.py", "grad[b, t] = dz.div_(ctx.temperature)", "grad[b, t] = dz",
-             "kernel log-prob gradient without the temperature's 1/τ", "tests/test_kernels.py -k token_logprobs"),
-    Mutation("infra/kernels.py", "weight = torch.add(log_p, entropy[b, t, None]",
-             "weight = torch.sub(log_p, entropy[b, t, None]",
-             "kernel entropy gradient -p (log p - H) instead of -p (log p + H)",
-             "tests/test_kernels.py -k token_logprobs"),
-    Mutation("infra/kernels.py", "dz.scatter_add_(-1, labels[b, t, None], g[b, t, None])", "pass",
-             "kernel log-prob gradient without the label's +1", "tests/test_kernels.py -k token_logprobs"),
-    Mutation("infra/kernels.py", "grad[:, T:] = 0  # positions past the labels predict nothing", "pass",
-             "kernel: positions past the labels get uninitialised gradient", f"{COMMON} -k past_the_labels"),
-    Mutation("common.py", "position_ids=positions[:, S - 1:],", "position_ids=positions[:, S - 1:] + 1,",
-             "shared-prompt forward: completion positions off by one",
-             f"{COMMON} -k 'shared_prompt or one_token_prompts'"),
-    Mutation("common.py",
-             "return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)",
-             "return masked_sum(x, mask, dim) / (mask.numel() if dim is None else mask.shape[dim])",
-             "masked_mean divides by the padded size", f"{COMMON} -k masked_mean"),
-    Mutation("common.py", "var = masked_mean((x - mean) ** 2, mask, all_sum=all_sum)",
-             "var = masked_mean((x - mean) ** 2, mask, all_sum=all_sum) * mask.sum() / (mask.sum() - 1)",
-             "masked_whiten with the sample variance (N-1)", f"{PPO} -k masked_whiten"),
-    Mutation("common.py", "last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)",
-             "last = attention_mask.sum(1) - 1",
-             "reward read at index (number of real tokens - 1): wrong with left padding",
-             f"{RM} -k 'score_does_not_depend or appended_eos'"),
-    Mutation("common.py", "        with policy.disable_adapter():\n            yield policy", "        yield policy",
-             "LoRA reference = the adapted policy itself (KL always 0)", "tests/test_lora.py -k reference_is"),
-    Mutation("common.py", 'modules_to_save=["score"] if hasattr(model, "score") else None)', "modules_to_save=None)",
-             "LoRA reward model / critic with a frozen random score head", "tests/test_lora.py -k only_adapters"),
+    Mutation(
+        "common.py",
+        "return (positions <= first_eos[:, None]).long()",
+        "return (positions < first_eos[:, None]).long()",
+        "completion_mask excludes the EOS token",
+        f"{COMMON} -k completion_mask",
+    ),
+    Mutation(
+        "common.py",
+        "return (attention_mask.cumsum(-1) - 1).clamp(min=0)",
+        "return torch.arange(attention_mask.shape[-1], device=attention_mask.device).expand_as(attention_mask)",
+        "position ids from arange instead of the attention mask",
+        f"{COMMON} -k padding_amount",
+    ),
+    Mutation(
+        "common.py",
+        "log_p = torch.log_softmax(logits.float() / temperature, dim=-1)",
+        "log_p = torch.log_softmax(logits.float(), dim=-1)",
+        "log-probs ignore the temperature (plain path)",
+        f"{COMMON} -k 'one_token_at_a_time or entropy_by_hand'",
+    ),
+    Mutation(
+        "common.py",
+        (
+            "    rows = max(\n"
+            "        1, LOGPROB_PIECE // max(1, T * V)\n"
+            "    )  # sequences a piece: about LOGPROB_PIECE logits, at least one\n"
+        ),
+        "    rows = B  # sequences a piece: about LOGPROB_PIECE logits, at least one\n",
+        "plain log-probs computed whole: float32 (B, T, V) temporaries",
+        f"{COMMON} -k full_vocabulary",
+    ),
+    Mutation(
+        "common.py",
+        "            labels[start : start + rows],",
+        "            labels[:rows],",
+        "plain log-probs: every piece scored against the first piece's labels",
+        f"{COMMON} -k full_vocabulary",
+    ),
+    Mutation(
+        "common.py",
+        "return logprobs, -(log_p.exp() * log_p.clamp(min=-1e4)).sum(-1)",
+        "return logprobs, -(log_p.exp() * log_p).sum(-1)",
+        "entropy NaN where a logit is -inf (plain path)",
+        f"{COMMON} -k minus_infinity",
+    ),
+    Mutation(
+        "infra/kernels.py",
+        "z = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(temperature)",
+        "z = z_buffer[: t.stop - t.start].copy_(logits[b, t])",
+        "kernel log-probs ignore the temperature",
+        "tests/test_kernels.py -k token_logprobs",
+    ),
+    Mutation(
+        "infra/kernels.py",
+        "logprobs[b, t] = z.gather(-1, labels[b, t, None]).squeeze(-1) - lse[b, t]",
+        "logprobs[b, t] = z.gather(-1, labels[b, t, None]).squeeze(-1)",
+        "kernel returns logits, not log-probs",
+        f"{COMMON} -k gather_logprobs",
+    ),
+    Mutation(
+        "infra/kernels.py",
+        "grad[b, t] = dz.div_(ctx.temperature)",
+        "grad[b, t] = dz",
+        "kernel log-prob gradient without the temperature's 1/τ",
+        "tests/test_kernels.py -k token_logprobs",
+    ),
+    Mutation(
+        "infra/kernels.py",
+        "weight = torch.add(log_p, entropy[b, t, None]",
+        "weight = torch.sub(log_p, entropy[b, t, None]",
+        "kernel entropy gradient -p (log p - H) instead of -p (log p + H)",
+        "tests/test_kernels.py -k token_logprobs",
+    ),
+    Mutation(
+        "infra/kernels.py",
+        "dz.scatter_add_(-1, labels[b, t, None], g[b, t, None])",
+        "pass",
+        "kernel log-prob gradient without the label's +1",
+        "tests/test_kernels.py -k token_logprobs",
+    ),
+    Mutation(
+        "infra/kernels.py",
+        "grad[:, T:] = 0  # positions past the labels predict nothing",
+        "pass",
+        "kernel: positions past the labels get uninitialised gradient",
+        f"{COMMON} -k past_the_labels",
+    ),
+    Mutation(
+        "common.py",
+        "position_ids=positions[:, S - 1 :],",
+        "position_ids=positions[:, S - 1 :] + 1,",
+        "shared-prompt forward: completion positions off by one",
+        f"{COMMON} -k 'shared_prompt or one_token_prompts'",
+    ),
+    Mutation(
+        "common.py",
+        "return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)",
+        "return masked_sum(x, mask, dim) / (mask.numel() if dim is None else mask.shape[dim])",
+        "masked_mean divides by the padded size",
+        f"{COMMON} -k masked_mean",
+    ),
+    Mutation(
+        "common.py",
+        "var = masked_mean((x - mean) ** 2, mask, all_sum=all_sum)",
+        "var = masked_mean((x - mean) ** 2, mask, all_sum=all_sum) * mask.sum() / (mask.sum() - 1)",
+        "masked_whiten with the sample variance (N-1)",
+        f"{PPO} -k masked_whiten",
+    ),
+    Mutation(
+        "common.py",
+        "last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)",
+        "last = attention_mask.sum(1) - 1",
+        "reward read at index (number of real tokens - 1): wrong with left padding",
+        f"{RM} -k 'score_does_not_depend or appended_eos'",
+    ),
+    Mutation(
+        "common.py",
+        "        with policy.disable_adapter():\n            yield policy",
+        "        yield policy",
+        "LoRA reference = the adapted policy itself (KL always 0)",
+        "tests/test_lora.py -k reference_is",
+    ),
+    Mutation(
+        "common.py",
+        'modules_to_save=["score"] if hasattr(model, "score") else None,',
+        "modules_to_save=None,",
+        "LoRA reward model / critic with a frozen random score head",
+        "tests/test_lora.py -k only_adapters",
+    ),
     # ---- tasks.py and preferences.py: the verifier, the data -------------------------------------------------------
-    Mutation("tasks.py", 'return float(matches[-1].replace(",", ""))', 'return float(matches[0].replace(",", ""))',
-             "verifier reads the first number, not the last", f"{TASKS} -k verifier"),
-    Mutation("tasks.py", ".input_ids + [tokenizer.eos_token_id] * done\n", ".input_ids + [tokenizer.eos_token_id]\n",
-             "truncated samples get an EOS appended", f"{TASKS} -k truncated"),
-    Mutation("preferences.py", '"chosen": c["completion"], "rejected": r["completion"]',
-             '"chosen": r["completion"], "rejected": c["completion"]',
-             "preference pairs with chosen and rejected swapped", f"{TASKS} -k pair_samples"),
-    Mutation("preferences.py", "return common.masked_sum(logprobs, mask, dim=1), mask.sum(1).float()",
-             "return common.masked_mean(logprobs, mask, dim=1), mask.sum(1).float()",
-             "sequence log-prob is the mean of token log-probs, not the sum", f"{DPO} -k concatenated_forward"),
+    Mutation(
+        "tasks.py",
+        '        float(matches[-1].replace(",", "")) if matches else None\n',
+        '        float(matches[0].replace(",", "")) if matches else None\n',
+        "verifier reads the first number, not the last",
+        f"{TASKS} -k verifier",
+    ),
+    Mutation(
+        "tasks.py",
+        ".input_ids + [tokenizer.eos_token_id] * done\n",
+        ".input_ids + [tokenizer.eos_token_id]\n",
+        "truncated samples get an EOS appended",
+        f"{TASKS} -k truncated",
+    ),
+    Mutation(
+        "preferences.py",
+        '"chosen": c["completion"],\n                "rejected": r["completion"],',
+        '"chosen": r["completion"],\n                "rejected": c["completion"],',
+        "preference pairs with chosen and rejected swapped",
+        f"{TASKS} -k pair_samples",
+    ),
+    Mutation(
+        "preferences.py",
+        "return common.masked_sum(logprobs, mask, dim=1), mask.sum(1).float()",
+        "return common.masked_mean(logprobs, mask, dim=1), mask.sum(1).float()",
+        "sequence log-prob is the mean of token log-probs, not the sum",
+        f"{DPO} -k concatenated_forward",
+    ),
     # ---- variants.py: IPO, KTO, SimPO, ORPO, RLOO, ReMax ----------------------------------------------------------
-    Mutation("variants.py", "losses = (h - 1.0 / (2.0 * tau)) ** 2", "losses = (h - 1.0 / tau) ** 2",
-             "IPO target 1/τ instead of 1/(2τ)", f"{VARIANTS} -k ipo_loss"),
-    Mutation("variants.py", "shifted, shifted_finished = texts[2:] + texts[:2], finished[2:] + finished[:2]",
-             "shifted, shifted_finished = texts, finished",
-             "KTO z0 from matched pairs, not mismatched ones", f"{VARIANTS} -k kto_reference_point_pairs"),
-    Mutation("variants.py", "undesirable_weight * (1 - torch.sigmoid(beta * (z0 - r)))",
-             "undesirable_weight * (1 - torch.sigmoid(beta * (r - z0)))",
-             "KTO undesirable term with the desirable sign", f"{VARIANTS} -k kto_loss"),
-    Mutation("variants.py", "losses = -F.logsigmoid(chosen_rewards - rejected_rewards - gamma)",
-             "losses = -F.logsigmoid(chosen_rewards - rejected_rewards + gamma)",
-             "SimPO margin γ added instead of subtracted", f"{VARIANTS} -k simpo_loss"),
-    Mutation("variants.py",
-             "log_odds = ((chosen_mean - torch.log(-torch.expm1(chosen_mean)))\n"
-             "                - (rejected_mean - torch.log(-torch.expm1(rejected_mean))))",
-             "log_odds = ((policy_chosen_logps - torch.log(-torch.expm1(policy_chosen_logps)))\n"
-             "                - (policy_rejected_logps - torch.log(-torch.expm1(policy_rejected_logps))))",
-             "ORPO odds from summed log-probs, not the mean", f"{VARIANTS} -k orpo_loss"),
-    Mutation("variants.py", "baseline = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)",
-             "baseline = grouped.mean(1, keepdim=True)",
-             "RLOO baseline is the plain group mean, not leave-one-out", f"{VARIANTS} -k rloo_leave"),
-    Mutation("variants.py", "advantages = remax_advantages(rewards, greedy_scores)", "advantages = rewards",
-             "ReMax greedy baseline dropped in the loop", f"{VARIANTS} -k baseline_cancels"),
-    Mutation("variants.py", "rewards = scores - beta * kl", "rewards = scores + beta * kl",
-             "RLOO/ReMax KL added to the reward as a bonus", f"{VARIANTS} -k kl_is_subtracted"),
-    Mutation("variants.py", "loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()",
-             "loss = (advantages * masked_sum(logprobs, mask, dim=1)).mean()",
-             "REINFORCE loss with the wrong sign (descends the reward)", f"{VARIANTS} -k rloo_raises"),
-    Mutation("variants.py", "    return masked_whiten(returns, mask, all_sum=distributed.all_sum) * mask",
-             "    return torch.cat([masked_whiten(r, m) for r, m in zip(returns.split(2), mask.split(2))]) * mask",
-             "REINFORCE++ advantages whitened per prompt, not over the whole batch",
-             f"{VARIANTS} -k 'reinforce_pp_whitens or reinforce_pp_baseline_subtracts'"),
-    Mutation("variants.py", "rewards = -beta * (logprobs - ref_logprobs) * mask",
-             "rewards = beta * (logprobs - ref_logprobs) * mask",
-             "REINFORCE++ KL added to the token rewards as a bonus",
-             f"{VARIANTS} -k 'reinforce_pp_whitens or reinforce_pp_baseline_subtracts'"),
-    Mutation("variants.py", "masked_whiten(returns, mask, all_sum=distributed.all_sum) * mask",
-             "masked_whiten(returns, torch.ones_like(mask), all_sum=distributed.all_sum) * mask",
-             "REINFORCE++ padding counted in the whitening",
-             f"{VARIANTS} -k 'reinforce_pp_whitens or reinforce_pp_baseline_subtracts'"),
-    Mutation("variants.py", "rewards = -beta * (logprobs - ref_logprobs) * mask",
-             "rewards = -beta * (logprobs - ref_logprobs)",
-             "REINFORCE++ KL of the padding in the reward to go",
-             f"{VARIANTS} -k 'reinforce_pp_whitens or reinforce_pp_baseline_subtracts'"),
-    Mutation("variants.py", "scores = (grouped - grouped.mean(1, keepdim=True)).reshape(-1)",
-             "scores = grouped.reshape(-1)",
-             "REINFORCE++-baseline without the prompt's mean score",
-             f"{VARIANTS} -k reinforce_pp_baseline_subtracts"),
-    Mutation("variants.py", "k if args.algo == \"reinforce_pp_baseline\" else None)", "None)",
-             "REINFORCE++-baseline run as plain REINFORCE++ in the loop", f"{VARIANTS} -k token_mean"),
-    Mutation("variants.py", "reinforce_pp_advantages(scores, logprobs.detach(), ref_logprobs, mask, reward_beta,",
-             "reinforce_pp_advantages(scores, ref_logprobs, logprobs.detach(), mask, reward_beta,",
-             "REINFORCE++ log π and log π_ref swapped in the loop", f"{VARIANTS} -k token_mean"),
-    Mutation("variants.py", "masked_mean(0.5 * (logprobs - ref_logprobs) ** 2, mask)",
-             "masked_mean(logprobs - ref_logprobs, mask)",
-             "REINFORCE++ KL loss with k1 instead of k2", f"{VARIANTS} -k reinforce_pp_loss_with_the_kl_in_the_loss"),
-    Mutation("variants.py", 'reward_beta = beta if kl_placement == "reward" else 0.0', "reward_beta = beta",
-             "REINFORCE++ KL also put in the reward when --kl-placement loss", f"{VARIANTS} -k in_the_loop_gets"),
-    Mutation("variants.py", "loss = loss + beta * masked_mean(0.5 * (logprobs - ref_logprobs) ** 2, mask)",
-             "loss = loss", "REINFORCE++ KL left out of the loss",
-             f"{VARIANTS} -k 'reinforce_pp_loss_with_the_kl_in_the_loss or in_the_loop_gets'"),
-    Mutation("variants.py",
-             'kl_placement = args.kl_placement or ("loss" if args.algo == "reinforce_pp_baseline" else "reward")',
-             'kl_placement = args.kl_placement or "reward"',
-             "REINFORCE++-baseline defaults to the KL in the reward", f"{VARIANTS} -k in_the_loop_gets"),
-    Mutation("variants.py", "loss = -masked_mean(advantages * logprobs, mask)",
-             "loss = -masked_sum(advantages * logprobs, mask, dim=1).mean()",
-             "REINFORCE++ loss a mean of sequence sums, not the token mean", f"{VARIANTS} -k token_mean"),
-    Mutation("variants.py", "loss = -masked_mean(advantages * logprobs, mask)",
-             "loss = masked_mean(advantages * logprobs, mask)",
-             "REINFORCE++ loss with the wrong sign (descends the reward)", f"{VARIANTS} -k reinforce_pp_raises"),
+    Mutation(
+        "variants.py",
+        "losses = (h - 1.0 / (2.0 * tau)) ** 2",
+        "losses = (h - 1.0 / tau) ** 2",
+        "IPO target 1/τ instead of 1/(2τ)",
+        f"{VARIANTS} -k ipo_loss",
+    ),
+    Mutation(
+        "variants.py",
+        "        shifted = texts[2:] + texts[:2]\n        shifted_finished = finished[2:] + finished[:2]\n",
+        "        shifted = texts\n        shifted_finished = finished\n",
+        "KTO z0 from matched pairs, not mismatched ones",
+        f"{VARIANTS} -k kto_reference_point_pairs",
+    ),
+    Mutation(
+        "variants.py",
+        "undesirable_weight * (1 - torch.sigmoid(beta * (z0 - r)))",
+        "undesirable_weight * (1 - torch.sigmoid(beta * (r - z0)))",
+        "KTO undesirable term with the desirable sign",
+        f"{VARIANTS} -k kto_loss",
+    ),
+    Mutation(
+        "variants.py",
+        "losses = -F.logsigmoid(chosen_rewards - rejected_rewards - gamma)",
+        "losses = -F.logsigmoid(chosen_rewards - rejected_rewards + gamma)",
+        "SimPO margin γ added instead of subtracted",
+        f"{VARIANTS} -k simpo_loss",
+    ),
+    Mutation(
+        "variants.py",
+        (
+            "log_odds = (chosen_mean - torch.log(-torch.expm1(chosen_mean))) - (\n"
+            "        rejected_mean - torch.log(-torch.expm1(rejected_mean))\n    )"
+        ),
+        (
+            "log_odds = (policy_chosen_logps - torch.log(-torch.expm1(policy_chosen_logps))) - (\n"
+            "        policy_rejected_logps - torch.log(-torch.expm1(policy_rejected_logps))\n    )"
+        ),
+        "ORPO odds from summed log-probs, not the mean",
+        f"{VARIANTS} -k orpo_loss",
+    ),
+    Mutation(
+        "variants.py",
+        "baseline = (grouped.sum(1, keepdim=True) - grouped) / (group_size - 1)",
+        "baseline = grouped.mean(1, keepdim=True)",
+        "RLOO baseline is the plain group mean, not leave-one-out",
+        f"{VARIANTS} -k rloo_leave",
+    ),
+    Mutation(
+        "variants.py",
+        "advantages = remax_advantages(rewards, greedy_scores)",
+        "advantages = rewards",
+        "ReMax greedy baseline dropped in the loop",
+        f"{VARIANTS} -k baseline_cancels",
+    ),
+    Mutation(
+        "variants.py",
+        "rewards = scores - beta * kl",
+        "rewards = scores + beta * kl",
+        "RLOO/ReMax KL added to the reward as a bonus",
+        f"{VARIANTS} -k kl_is_subtracted",
+    ),
+    Mutation(
+        "variants.py",
+        "loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()",
+        "loss = (advantages * masked_sum(logprobs, mask, dim=1)).mean()",
+        "REINFORCE loss with the wrong sign (descends the reward)",
+        f"{VARIANTS} -k rloo_raises",
+    ),
+    Mutation(
+        "variants.py",
+        "    return masked_whiten(returns, mask, all_sum=distributed.all_sum) * mask",
+        "    return torch.cat([masked_whiten(r, m) for r, m in zip(returns.split(2), mask.split(2))]) * mask",
+        "REINFORCE++ advantages whitened per prompt, not over the whole batch",
+        f"{VARIANTS} -k 'reinforce_pp_whitens or reinforce_pp_baseline_subtracts'",
+    ),
+    Mutation(
+        "variants.py",
+        "rewards = -beta * (logprobs - ref_logprobs) * mask",
+        "rewards = beta * (logprobs - ref_logprobs) * mask",
+        "REINFORCE++ KL added to the token rewards as a bonus",
+        f"{VARIANTS} -k 'reinforce_pp_whitens or reinforce_pp_baseline_subtracts'",
+    ),
+    Mutation(
+        "variants.py",
+        "masked_whiten(returns, mask, all_sum=distributed.all_sum) * mask",
+        "masked_whiten(returns, torch.ones_like(mask), all_sum=distributed.all_sum) * mask",
+        "REINFORCE++ padding counted in the whitening",
+        f"{VARIANTS} -k 'reinforce_pp_whitens or reinforce_pp_baseline_subtracts'",
+    ),
+    Mutation(
+        "variants.py",
+        "rewards = -beta * (logprobs - ref_logprobs) * mask",
+        "rewards = -beta * (logprobs - ref_logprobs)",
+        "REINFORCE++ KL of the padding in the reward to go",
+        f"{VARIANTS} -k 'reinforce_pp_whitens or reinforce_pp_baseline_subtracts'",
+    ),
+    Mutation(
+        "variants.py",
+        "scores = (grouped - grouped.mean(1, keepdim=True)).reshape(-1)",
+        "scores = grouped.reshape(-1)",
+        "REINFORCE++-baseline without the prompt's mean score",
+        f"{VARIANTS} -k reinforce_pp_baseline_subtracts",
+    ),
+    Mutation(
+        "variants.py",
+        'reward_beta,\n                    k if args.algo == "reinforce_pp_baseline" else None,',
+        "reward_beta,\n                    None,",
+        "REINFORCE++-baseline run as plain REINFORCE++ in the loop",
+        f"{VARIANTS} -k token_mean",
+    ),
+    Mutation(
+        "variants.py",
+        "scores,\n                    logprobs.detach(),\n                    ref_logprobs,\n                    mask,",
+        "scores,\n                    ref_logprobs,\n                    logprobs.detach(),\n                    mask,",
+        "REINFORCE++ log π and log π_ref swapped in the loop",
+        f"{VARIANTS} -k token_mean",
+    ),
+    Mutation(
+        "variants.py",
+        (
+            "        loss = loss + beta * masked_mean(\n"
+            "            0.5 * (logprobs - ref_logprobs) ** 2, mask\n"
+            "        )  # (B, T) k2, padding left out\n"
+        ),
+        "        loss = loss + beta * masked_mean(logprobs - ref_logprobs, mask)  # (B, T) k2, padding left out\n",
+        "REINFORCE++ KL loss with k1 instead of k2",
+        f"{VARIANTS} -k reinforce_pp_loss_with_the_kl_in_the_loss",
+    ),
+    Mutation(
+        "variants.py",
+        'reward_beta = beta if kl_placement == "reward" else 0.0',
+        "reward_beta = beta",
+        "REINFORCE++ KL also put in the reward when --kl-placement loss",
+        f"{VARIANTS} -k in_the_loop_gets",
+    ),
+    Mutation(
+        "variants.py",
+        (
+            "        loss = loss + beta * masked_mean(\n"
+            "            0.5 * (logprobs - ref_logprobs) ** 2, mask\n"
+            "        )  # (B, T) k2, padding left out\n"
+        ),
+        "        loss = loss  # (B, T) k2, padding left out\n",
+        "REINFORCE++ KL left out of the loss",
+        f"{VARIANTS} -k 'reinforce_pp_loss_with_the_kl_in_the_loss or in_the_loop_gets'",
+    ),
+    Mutation(
+        "variants.py",
+        'kl_placement = args.kl_placement or ("loss" if args.algo == "reinforce_pp_baseline" else "reward")',
+        'kl_placement = args.kl_placement or "reward"',
+        "REINFORCE++-baseline defaults to the KL in the reward",
+        f"{VARIANTS} -k in_the_loop_gets",
+    ),
+    Mutation(
+        "variants.py",
+        "loss = -masked_mean(advantages * logprobs, mask)",
+        "loss = -masked_sum(advantages * logprobs, mask, dim=1).mean()",
+        "REINFORCE++ loss a mean of sequence sums, not the token mean",
+        f"{VARIANTS} -k token_mean",
+    ),
+    Mutation(
+        "variants.py",
+        "loss = -masked_mean(advantages * logprobs, mask)",
+        "loss = masked_mean(advantages * logprobs, mask)",
+        "REINFORCE++ loss with the wrong sign (descends the reward)",
+        f"{VARIANTS} -k reinforce_pp_raises",
+    ),
     # ---- precision, resume and the NaN guard -------------------------------------------------------------------
-    Mutation("common.py", "return max(0.0, (decay_steps - step) / max(1, decay_steps - warmup_steps))",
-             "return max(0.0, (decay_steps - step - 1) / max(1, decay_steps - warmup_steps))",
-             "lr decay one update early (0 at the last step)", f"{COMMON} -k lr_warms"),
-    Mutation("grpo.py", "args.steps if args.lr_decay else 0)", "0)",
-             "GRPO's --lr-decay ignored (a constant rate)", f"{GRPO} -k lr_decay"),
-    Mutation("infra/models.py",
-             'fast_bf16 = device.type == "cuda" or (cpu_has_bf16_matmul() and model not in common.TINY_MODELS)',
-             'fast_bf16 = device.type == "cuda" or cpu_has_bf16_matmul()',
-             "auto precision: bf16-mixed for the tiny models on a bf16 CPU", f"{COMMON} -k auto_precision"),
-    Mutation("infra/models.py",
-             'fast_bf16 = device.type == "cuda" or (cpu_has_bf16_matmul() and model not in common.TINY_MODELS)',
-             'fast_bf16 = device.type == "cuda" or model not in common.TINY_MODELS',
-             "auto precision: bf16-mixed on a CPU that emulates bf16", f"{COMMON} -k auto_precision"),
-    Mutation("infra/models.py", 'model.bf16_mixed = precision == "bf16-mixed"', "model.bf16_mixed = False",
-             "bf16-mixed without autocast (float32 compute under the bf16 name)", f"{COMMON} -k bf16_mixed_computes"),
-    Mutation("infra/models.py", 'dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32',
-             'dtype = torch.bfloat16 if precision != "fp32" else torch.float32',
-             "bf16-mixed with bfloat16 weights (no float32 master copy)", f"{COMMON} -k small_update"),
-    Mutation("infra/runs.py", '            distributed.set_rng_states(self.resumed["rng"], generator)\n', "",
-             "GRPO resume without restoring the sampling generator", f"{GRPO} -k resume"),
-    Mutation("infra/runs.py", "                fsdp.load_state(obj, self.resumed[name], self.models)\n",
-             '                if name == "optimizer":\n                    continue\n'
-             "                fsdp.load_state(obj, self.resumed[name], self.models)\n",
-             "GRPO resume with a fresh AdamW", f"{GRPO} -k resume"),
-    Mutation("dpo.py", '        heldout_ref, train_ref = resumed["heldout_ref"].to(device), resumed["train_ref"]',
-             '        heldout_ref, train_ref = resumed["heldout_ref"].to(device), None',
-             "DPO resume scoring the reference with the trained policy", f"{DPO} -k resume"),
-    Mutation("ppo.py", 'kl_coef = resumed["kl_coef"] if resumed else args.kl_coef', "kl_coef = args.kl_coef",
-             "PPO resume restarting the adaptive KL coefficient", f"{PPO} -k resume"),
-    Mutation("grpo.py", '                run.check_finite(grad_norm, step, "gradient norm")\n', "",
-             "NaN guard on the loss only, not the gradient norm", f"{REL} -k nan_gradient"),
-    Mutation("tasks.py", "\n    finished = [True] * len(texts) if finished is None else finished",
-             "\n    finished = [True] * len(texts)",
-             "truncated preference samples given an EOS", f"{TASKS} -k truncated"),
+    Mutation(
+        "common.py",
+        "return max(0.0, (decay_steps - step) / max(1, decay_steps - warmup_steps))",
+        "return max(0.0, (decay_steps - step - 1) / max(1, decay_steps - warmup_steps))",
+        "lr decay one update early (0 at the last step)",
+        f"{COMMON} -k lr_warms",
+    ),
+    Mutation(
+        "grpo.py",
+        (
+            "    optimizer, scheduler = common.make_optimizer(\n"
+            "        policy, args.lr, args.weight_decay, args.warmup_steps, args.steps if args.lr_decay else 0\n"
+            "    )\n"
+        ),
+        "    optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps, 0)\n",
+        "GRPO's --lr-decay ignored (a constant rate)",
+        f"{GRPO} -k lr_decay",
+    ),
+    Mutation(
+        "infra/models.py",
+        'fast_bf16 = device.type == "cuda" or (cpu_has_bf16_matmul() and model not in common.TINY_MODELS)',
+        'fast_bf16 = device.type == "cuda" or cpu_has_bf16_matmul()',
+        "auto precision: bf16-mixed for the tiny models on a bf16 CPU",
+        f"{COMMON} -k auto_precision",
+    ),
+    Mutation(
+        "infra/models.py",
+        'fast_bf16 = device.type == "cuda" or (cpu_has_bf16_matmul() and model not in common.TINY_MODELS)',
+        'fast_bf16 = device.type == "cuda" or model not in common.TINY_MODELS',
+        "auto precision: bf16-mixed on a CPU that emulates bf16",
+        f"{COMMON} -k auto_precision",
+    ),
+    Mutation(
+        "infra/models.py",
+        'model.bf16_mixed = precision == "bf16-mixed"',
+        "model.bf16_mixed = False",
+        "bf16-mixed without autocast (float32 compute under the bf16 name)",
+        f"{COMMON} -k bf16_mixed_computes",
+    ),
+    Mutation(
+        "infra/models.py",
+        'dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32',
+        'dtype = torch.bfloat16 if precision != "fp32" else torch.float32',
+        "bf16-mixed with bfloat16 weights (no float32 master copy)",
+        f"{COMMON} -k small_update",
+    ),
+    Mutation(
+        "infra/runs.py",
+        '            distributed.set_rng_states(self.resumed["rng"], generator)\n',
+        "",
+        "GRPO resume without restoring the sampling generator",
+        f"{GRPO} -k resume",
+    ),
+    Mutation(
+        "infra/runs.py",
+        "                fsdp.load_state(obj, self.resumed[name], self.models)\n",
+        '                if name == "optimizer":\n                    continue\n'
+        "                fsdp.load_state(obj, self.resumed[name], self.models)\n",
+        "GRPO resume with a fresh AdamW",
+        f"{GRPO} -k resume",
+    ),
+    Mutation(
+        "dpo.py",
+        '        train_ref = resumed["train_ref"]',
+        "        train_ref = None",
+        "DPO resume scoring the reference with the trained policy",
+        f"{DPO} -k resume",
+    ),
+    Mutation(
+        "ppo.py",
+        'kl_coef = resumed["kl_coef"] if resumed else args.kl_coef',
+        "kl_coef = args.kl_coef",
+        "PPO resume restarting the adaptive KL coefficient",
+        f"{PPO} -k resume",
+    ),
+    Mutation(
+        "grpo.py",
+        '                run.check_finite(grad_norm, step, "gradient norm")\n',
+        "",
+        "NaN guard on the loss only, not the gradient norm",
+        f"{REL} -k nan_gradient",
+    ),
+    Mutation(
+        "tasks.py",
+        "\n    finished = [True] * len(texts) if finished is None else finished",
+        "\n    finished = [True] * len(texts)",
+        "truncated preference samples given an EOS",
+        f"{TASKS} -k truncated",
+    ),
     # ---- evaluation: pass@k and the strict verifier -----------------------------------------------------------
-    Mutation("tasks.py", "texts[i * k : (i + 1) * k]", "texts[i :: len(batch)]",
-             "pass@k scoring samples of other problems (interleaved rows)", f"{TASKS} -k pass_at_k_groups"),
-    Mutation("tasks.py", "range(n - c + 1, n + 1))", "range(n - c, n + 1))",
-             "pass@k estimator's product off by one", f"{TASKS} -k chens_unbiased"),
-    Mutation("tasks.py", "unearned += reward * (1.0 - verify_strict(text, p.answer))",
-             "unearned += 1.0 - verify_strict(text, p.answer)",
-             "unearned counting wrong answers too", f"{TASKS} -k unearned"),
-    Mutation("tasks.py", "        matches = _STATED_RESULT.findall(completion)",
-             "        matches = _NUMBER.findall(completion)",
-             "strict verifier paying any last number", f"{TASKS} -k strict"),
-    Mutation("tasks.py", "        completion = tagged", "        completion = completion",
-             "last-number verifier reading past the <answer> tag", f"{TASKS} -k answer_tag"),
-    Mutation("tasks.py", "        matches = [_TAGGED_NUMBER.fullmatch(tagged).group(1)]",
-             "        matches = _STATED_RESULT.findall(tagged)",
-             "strict verifier: <answer>24</answer> not read as a stated result", f"{TASKS} -k answer_tag"),
-    Mutation("tasks.py", "    tagged = tagged_answer(completion)\n    if tagged is None:",
-             "    tagged = None\n    if tagged is None:",
-             "strict verifier reading the reasoning, not the <answer> tag", f"{TASKS} -k answer_tag"),
-    Mutation("tasks.py", "    return tagged[-1]", "    return tagged[0]",
-             "verifiers reading the first <answer> tag, not the last", f"{TASKS} -k answer_tag"),
-    Mutation("tasks.py", "    return float(bool(reasoning.strip()) and bool(stated.strip()))",
-             "    return 1.0",
-             "format reward paying tags that hold only spaces", f"{TASKS} -k format_reward"),
-    Mutation("grpo.py", '"INT", "32")] = 32\n    """micro-batch in sequences',
-             '"INT", "32")] = None\n    """micro-batch in sequences',
-             "GRPO's default update holds the whole batch of 128 at once", f"{GRPO} -k micro_batches_of_32"),
-    Mutation("grpo.py", "    reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]",
-             "    reward_fn = reward_fn or tasks.verify",
-             "--verifier ignored in training", f"{GRPO} -k verifier_option"),
+    Mutation(
+        "tasks.py",
+        "texts[i * k : (i + 1) * k]",
+        "texts[i :: len(batch)]",
+        "pass@k scoring samples of other problems (interleaved rows)",
+        f"{TASKS} -k pass_at_k_groups",
+    ),
+    Mutation(
+        "tasks.py",
+        "range(n - c + 1, n + 1))",
+        "range(n - c, n + 1))",
+        "pass@k estimator's product off by one",
+        f"{TASKS} -k chens_unbiased",
+    ),
+    Mutation(
+        "tasks.py",
+        "unearned += reward * (1.0 - verify_strict(text, p.answer))",
+        "unearned += 1.0 - verify_strict(text, p.answer)",
+        "unearned counting wrong answers too",
+        f"{TASKS} -k unearned",
+    ),
+    Mutation(
+        "tasks.py",
+        "        matches = _STATED_RESULT.findall(completion)",
+        "        matches = _NUMBER.findall(completion)",
+        "strict verifier paying any last number",
+        f"{TASKS} -k strict",
+    ),
+    Mutation(
+        "tasks.py",
+        "        completion = tagged",
+        "        completion = completion",
+        "last-number verifier reading past the <answer> tag",
+        f"{TASKS} -k answer_tag",
+    ),
+    Mutation(
+        "tasks.py",
+        "        matches = [_TAGGED_NUMBER.fullmatch(tagged).group(1)]",
+        "        matches = _STATED_RESULT.findall(tagged)",
+        "strict verifier: <answer>24</answer> not read as a stated result",
+        f"{TASKS} -k answer_tag",
+    ),
+    Mutation(
+        "tasks.py",
+        "    tagged = tagged_answer(completion)\n    if tagged is None:",
+        "    tagged = None\n    if tagged is None:",
+        "strict verifier reading the reasoning, not the <answer> tag",
+        f"{TASKS} -k answer_tag",
+    ),
+    Mutation(
+        "tasks.py",
+        "    return tagged[-1]",
+        "    return tagged[0]",
+        "verifiers reading the first <answer> tag, not the last",
+        f"{TASKS} -k answer_tag",
+    ),
+    Mutation(
+        "tasks.py",
+        "    return float(bool(reasoning.strip()) and bool(stated.strip()))",
+        "    return 1.0",
+        "format reward paying tags that hold only spaces",
+        f"{TASKS} -k format_reward",
+    ),
+    Mutation(
+        "grpo.py",
+        '"INT", "32")] = 32\n    """micro-batch in sequences',
+        '"INT", "32")] = None\n    """micro-batch in sequences',
+        "GRPO's default update holds the whole batch of 128 at once",
+        f"{GRPO} -k micro_batches_of_32",
+    ),
+    Mutation(
+        "grpo.py",
+        "    reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]",
+        "    reward_fn = reward_fn or tasks.verify",
+        "--verifier ignored in training",
+        f"{GRPO} -k verifier_option",
+    ),
     # ---- ppo.py: mitigations of reward over-optimisation ---------------------------------------------------------
-    Mutation("ppo.py", "        return scores.mean(0) - std_coef * scores.std(0, unbiased=False)",
-             "        return scores.mean(0) - std_coef * scores.std(0)",
-             "ensemble mean − k·std with the sample std", f"{PPO} -k ensemble"),
-    Mutation("ppo.py", "    if len(scores) > 1 and mean is not None:", "    if False:",
-             "ensemble members combined on their raw, offset scores", f"{PPO} -k ensemble_standardises"),
-    Mutation("ppo.py", "last_step=stopped_at)", "last_step=args.steps)",
-             "--kl-budget stop checkpointed as if every step had trained", f"{PPO} -k kl_budget"),
-    Mutation("ppo.py", "shaped = ((shaped - start_score) / max(start_score_std, 1e-6)).clamp(",
-             "shaped = shaped.clamp(",
-             "reward clip on the raw score, not standardised", f"{PPO} -k reward_clip"),
-    Mutation("ppo.py", "return shaped + verifier_weight * verified - length_penalty * lengths",
-             "return shaped + verifier_weight * verified + length_penalty * lengths",
-             "length penalty as a bonus", f"{PPO} -k composite"),
-    Mutation("ppo.py", "        if args.kl_budget is not None and kl_per_completion > args.kl_budget:",
-             "        if args.kl_budget is not None and kl_per_completion > args.kl_budget and step > 2:",
-             "KL budget checked one update late", f"{PPO} -k kl_budget"),
+    Mutation(
+        "ppo.py",
+        "        return scores.mean(0) - std_coef * scores.std(0, unbiased=False)",
+        "        return scores.mean(0) - std_coef * scores.std(0)",
+        "ensemble mean − k·std with the sample std",
+        f"{PPO} -k ensemble",
+    ),
+    Mutation(
+        "ppo.py",
+        "    if len(scores) > 1 and mean is not None:",
+        "    if False:",
+        "ensemble members combined on their raw, offset scores",
+        f"{PPO} -k ensemble_standardises",
+    ),
+    Mutation(
+        "ppo.py",
+        "last_step=stopped_at,",
+        "last_step=args.steps,",
+        "--kl-budget stop checkpointed as if every step had trained",
+        f"{PPO} -k kl_budget",
+    ),
+    Mutation(
+        "ppo.py",
+        "shaped = ((shaped - start_score) / max(start_score_std, 1e-6)).clamp(",
+        "shaped = shaped.clamp(",
+        "reward clip on the raw score, not standardised",
+        f"{PPO} -k reward_clip",
+    ),
+    Mutation(
+        "ppo.py",
+        "return shaped + verifier_weight * verified - length_penalty * lengths",
+        "return shaped + verifier_weight * verified + length_penalty * lengths",
+        "length penalty as a bonus",
+        f"{PPO} -k composite",
+    ),
+    Mutation(
+        "ppo.py",
+        "        if args.kl_budget is not None and kl_per_completion > args.kl_budget:",
+        "        if args.kl_budget is not None and kl_per_completion > args.kl_budget and step > 2:",
+        "KL budget checked one update late",
+        f"{PPO} -k kl_budget",
+    ),
     # ---- scripts/compare.py ----------------------------------------------------------------------------------------
-    Mutation("scripts/compare.py", 'GRPO = ["grpo.py", "--prompts-per-step", "4"]', 'GRPO = ["grpo.py"]',
-             "compare.py's GRPO rows at grpo.py's default 16 prompts, counted as 32 completions a step",
-             "tests/test_compare.py -k completions_per_step"),
-    Mutation("scripts/compare.py", "kl += common.masked_sum(logprobs - ref_logprobs, completion_mask).item()",
-             "kl += common.masked_sum(ref_logprobs - logprobs, completion_mask).item()",
-             "comparison KL with the log-ratio reversed", "tests/test_compare.py -k sampled_kl"),
-    Mutation("scripts/compare.py",
-             'return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"',
-             'return f"{statistics.mean(values):.{digits}f} ± {statistics.pstdev(values):.{digits}f}"',
-             "comparison spread as the population std over seeds", "tests/test_compare.py -k mean_std"),
-    Mutation("scripts/compare.py", "        while i + 1 < len(options) and not options[i + 1].startswith(\"--\"):",
-             "        if i + 1 < len(options) and not options[i + 1].startswith(\"--\"):",
-             "comparison reads one value per option (--rewards correct format)",
-             "tests/test_compare.py -k command_settings"),
-    Mutation("scripts/compare.py", 'first = {r["seed"]: r for r in reversed(rows)}',
-             'first = {r["seed"]: r for r in rows}',
-             "comparison's starting model read from each seed's last run (another prompt's)",
-             "tests/test_compare.py -k table_rows"),
-    Mutation("scripts/compare.py", '    prompt_style = run_args.get("prompt_style", "question")',
-             '    prompt_style = "question"',
-             "compare.py's pass@k and KL of an R1 run measured on plain question prompts",
-             "tests/test_compare.py -k end_to_end"),
-    Mutation("scripts/compare.py",
-             "    _, problems = tasks.with_prompt_style(prompt_style, iter([]), tasks.heldout_problems(eval_size))",
-             "    problems = tasks.heldout_problems(eval_size)",
-             "compare.py's sampled measures ignore the prompt style", "tests/test_compare.py -k ask_the_questions"),
-    Mutation("scripts/compare.py", '            pass_cell += f" (from {mean_std(start_passes)})"',
-             "            pass_cell += ''",
-             "compare.py's R1 row without its own start's pass@k", "tests/test_compare.py -k table_rows"),
+    Mutation(
+        "scripts/compare.py",
+        'GRPO = ["grpo.py", "--prompts-per-step", "4"]',
+        'GRPO = ["grpo.py"]',
+        "compare.py's GRPO rows at grpo.py's default 16 prompts, counted as 32 completions a step",
+        "tests/test_compare.py -k completions_per_step",
+    ),
+    Mutation(
+        "scripts/compare.py",
+        "kl += common.masked_sum(logprobs - ref_logprobs, completion_mask).item()",
+        "kl += common.masked_sum(ref_logprobs - logprobs, completion_mask).item()",
+        "comparison KL with the log-ratio reversed",
+        "tests/test_compare.py -k sampled_kl",
+    ),
+    Mutation(
+        "scripts/compare.py",
+        'return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"',
+        'return f"{statistics.mean(values):.{digits}f} ± {statistics.pstdev(values):.{digits}f}"',
+        "comparison spread as the population std over seeds",
+        "tests/test_compare.py -k mean_std",
+    ),
+    Mutation(
+        "scripts/compare.py",
+        "        while i + 1 < len(options) and not options[i + 1].startswith(\n",
+        "        if i + 1 < len(options) and not options[i + 1].startswith(\n",
+        "comparison reads one value per option (--rewards correct format)",
+        "tests/test_compare.py -k command_settings",
+    ),
+    Mutation(
+        "scripts/compare.py",
+        'first = {r["seed"]: r for r in reversed(rows)}',
+        'first = {r["seed"]: r for r in rows}',
+        "comparison's starting model read from each seed's last run (another prompt's)",
+        "tests/test_compare.py -k table_rows",
+    ),
+    Mutation(
+        "scripts/compare.py",
+        '    prompt_style = run_args.get("prompt_style", "question")',
+        '    prompt_style = "question"',
+        "compare.py's pass@k and KL of an R1 run measured on plain question prompts",
+        "tests/test_compare.py -k end_to_end",
+    ),
+    Mutation(
+        "scripts/compare.py",
+        "    _, problems = tasks.with_prompt_style(prompt_style, iter([]), tasks.heldout_problems(eval_size))",
+        "    problems = tasks.heldout_problems(eval_size)",
+        "compare.py's sampled measures ignore the prompt style",
+        "tests/test_compare.py -k ask_the_questions",
+    ),
+    Mutation(
+        "scripts/compare.py",
+        '            pass_cell += f" (from {mean_std(start_passes)})"\n',
+        '            pass_cell += ""\n',
+        "compare.py's R1 row without its own start's pass@k",
+        "tests/test_compare.py -k table_rows",
+    ),
     # ---- scripts/prm_vs_orm.py: majority vote and the ORM's pairs ---------------------------------------------------
-    Mutation("scripts/prm_vs_orm.py", "votes.most_common(1)[0][0]", "votes.most_common()[-1][0]",
-             "majority vote picks the least frequent final number", "tests/test_compare.py -k majority"),
-    Mutation("scripts/prm_vs_orm.py", '"chosen": right[i % len(right)], "rejected": wrong[i % len(wrong)]',
-             '"chosen": wrong[i % len(wrong)], "rejected": right[i % len(right)]',
-             "ORM pairs with the wrong solution chosen", "tests/test_compare.py -k orm_pairs"),
-    Mutation("scripts/prm_vs_orm.py", "count = min(per_problem, max(len(right), len(wrong)))",
-             "count = max(len(right), len(wrong))", "ORM pairs not limited per problem",
-             "tests/test_compare.py -k orm_pairs"),
+    Mutation(
+        "scripts/prm_vs_orm.py",
+        "votes.most_common(1)[0][0]",
+        "votes.most_common()[-1][0]",
+        "majority vote picks the least frequent final number",
+        "tests/test_compare.py -k majority",
+    ),
+    Mutation(
+        "scripts/prm_vs_orm.py",
+        '"chosen": right[i % len(right)], "rejected": wrong[i % len(wrong)]',
+        '"chosen": wrong[i % len(wrong)], "rejected": right[i % len(right)]',
+        "ORM pairs with the wrong solution chosen",
+        "tests/test_compare.py -k orm_pairs",
+    ),
+    Mutation(
+        "scripts/prm_vs_orm.py",
+        "count = min(per_problem, max(len(right), len(wrong)))",
+        "count = max(len(right), len(wrong))",
+        "ORM pairs not limited per problem",
+        "tests/test_compare.py -k orm_pairs",
+    ),
     # ---- scripts/memory_plan.py: the memory plan ---------------------------------------------------------------------
-    Mutation("scripts/memory_plan.py", '"gradients_gb": trainable * width / ranks / 2**30',
-             '"gradients_gb": trainable * width / 2**30', "memory plan (--fsdp): gradients not split over the ranks",
-             f"{MEMORY} -k fsdp"),
-    Mutation("scripts/memory_plan.py", '"optimizer_gb": 2 * trainable * width / ranks / 2**30',
-             '"optimizer_gb": 2 * trainable * 4 / ranks / 2**30',
-             "memory plan: AdamW moments always float32 (bf16-true keeps them in bfloat16)",
-             f"{MEMORY} -k memory_plan_matches"),
-    Mutation("scripts/memory_plan.py", "    return total + adapters, adapters + score",
-             "    return total + adapters, adapters",
-             "memory plan: a LoRA reward model's score head not trained", f"{MEMORY} -k lora_trainable"),
-    Mutation("scripts/memory_plan.py",
-             "    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer",
-             "    kept = (layers * 2 * tokens * h * scale) if checkpointing else layers * per_layer",
-             "memory plan: checkpointing without the one recomputed layer", f"{MEMORY} -k activation_bytes"),
-    Mutation("scripts/memory_plan.py",
-             "    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer",
-             "    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else per_layer",
-             "memory plan: activations of one layer, not all", f"{MEMORY} -k allocators_live_bytes"),
+    Mutation(
+        "scripts/memory_plan.py",
+        '"gradients_gb": trainable * width / ranks / 2**30',
+        '"gradients_gb": trainable * width / 2**30',
+        "memory plan (--fsdp): gradients not split over the ranks",
+        f"{MEMORY} -k fsdp",
+    ),
+    Mutation(
+        "scripts/memory_plan.py",
+        '"optimizer_gb": 2 * trainable * width / ranks / 2**30',
+        '"optimizer_gb": 2 * trainable * 4 / ranks / 2**30',
+        "memory plan: AdamW moments always float32 (bf16-true keeps them in bfloat16)",
+        f"{MEMORY} -k memory_plan_matches",
+    ),
+    Mutation(
+        "scripts/memory_plan.py",
+        "    return total + adapters, adapters + score",
+        "    return total + adapters, adapters",
+        "memory plan: a LoRA reward model's score head not trained",
+        f"{MEMORY} -k lora_trainable",
+    ),
+    Mutation(
+        "scripts/memory_plan.py",
+        "    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer",
+        "    kept = (layers * 2 * tokens * h * scale) if checkpointing else layers * per_layer",
+        "memory plan: checkpointing without the one recomputed layer",
+        f"{MEMORY} -k activation_bytes",
+    ),
+    Mutation(
+        "scripts/memory_plan.py",
+        "    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer",
+        "    kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else per_layer",
+        "memory plan: activations of one layer, not all",
+        f"{MEMORY} -k allocators_live_bytes",
+    ),
     # ---- the KL-regularised optimum on a bandit: each algorithm must reach its closed form ------------------
-    Mutation("ppo.py", "rewards = -kl_coef * kl * mask", "rewards = -kl_coef * kl.clamp(min=0) * mask",
-             "PPO's k1 penalty clipped at 0 (a plausible 'KL is never negative' fix)", f"{BANDIT} -k ppo"),
-    Mutation("dpo.py",
-             "-(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(-beta * logits)",
-             "-(1 - label_smoothing) * beta * F.logsigmoid(logits) - label_smoothing * beta * F.logsigmoid(-logits)",
-             "DPO with β outside the log-sigmoid", f"{BANDIT} -k dpo"),
-    Mutation("grpo.py", "        return 0.5 * log_ratio**2", "        return torch.exp(log_ratio) - log_ratio - 1.0",
-             "k2 computed as k3 (the forward KL's gradient)", f"{BANDIT} -k k2"),
-    Mutation("grpo.py", "        centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)",
-             "        centered = centered / (rewards.std(unbiased=False) + eps)",
-             "std of the whole batch instead of each group's", f"{BANDIT} -k fixed_point"),
+    Mutation(
+        "ppo.py",
+        "rewards = -kl_coef * kl * mask",
+        "rewards = -kl_coef * kl.clamp(min=0) * mask",
+        "PPO's k1 penalty clipped at 0 (a plausible 'KL is never negative' fix)",
+        f"{BANDIT} -k ppo",
+    ),
+    Mutation(
+        "dpo.py",
+        (
+            "    losses = -(1 - label_smoothing) * F.logsigmoid(beta * logits) - label_smoothing * F.logsigmoid(\n"
+            "        -beta * logits\n"
+        ),
+        (
+            "    losses = -(1 - label_smoothing) * beta *"
+            " F.logsigmoid(logits) - label_smoothing * beta * F.logsigmoid(\n"
+            "        -logits\n"
+        ),
+        "DPO with β outside the log-sigmoid",
+        f"{BANDIT} -k dpo",
+    ),
+    Mutation(
+        "grpo.py",
+        "        return 0.5 * log_ratio**2",
+        "        return torch.exp(log_ratio) - log_ratio - 1.0",
+        "k2 computed as k3 (the forward KL's gradient)",
+        f"{BANDIT} -k k2",
+    ),
+    Mutation(
+        "grpo.py",
+        "        centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)",
+        "        centered = centered / (rewards.std(unbiased=False) + eps)",
+        "std of the whole batch instead of each group's",
+        f"{BANDIT} -k fixed_point",
+    ),
     # Gradients are freed right after each optimizer step; without it they pile up across steps.
-    Mutation("grpo.py", "                optimizer.zero_grad(set_to_none=True)  #", "                pass  #",
-             "gradients accumulate across steps (never zeroed)", f"{GRPO} -k resume_continues_exactly"),
-    Mutation("dpo.py", "        optimizer.zero_grad(set_to_none=True)  #", "        pass  #",
-             "gradients accumulate across steps (never zeroed)", f"{DPO} -k resume_continues_exactly"),
-    Mutation("sft.py", "        optimizer.zero_grad(set_to_none=True)\n", "        pass\n",
-             "gradients accumulate across steps (never zeroed)", f"{SFT} -k resume_continues_exactly"),
-    Mutation("reward_model.py", "        optimizer.zero_grad(set_to_none=True)  #", "        pass  #",
-             "gradients accumulate across steps (never zeroed)", f"{RM} -k resume_continues_exactly"),
-    Mutation("variants.py", "        optimizer.zero_grad(set_to_none=True)  #", "        pass  #",
-             "gradients accumulate across steps (never zeroed)", f"{VARIANTS} -k resume_continues_exactly"),
-    Mutation("ppo.py", "                policy_optimizer.zero_grad(set_to_none=True)  # now, not at the next backward",
-             "                pass  # now, not at the next backward",
-             "policy gradients accumulate across minibatches (never zeroed)", f"{PPO} -k resume_continues_exactly"),
-    Mutation("common.py", "    if fast_kernels(model):  # kernels.cpu_bf16_decoding",
-             "    if True:  # kernels.cpu_bf16_decoding",
-             "sampling's kernel used whatever --kernels says", "tests/test_kernels.py -k plain_path"),
-    Mutation("infra/models.py", '    return kernels == "on" or (kernels == "auto" and device.type == "cpu")',
-             '    return kernels != "off"',
-             "--kernels auto on for CUDA too", "tests/test_kernels.py -k auto_is_on"),
+    Mutation(
+        "grpo.py",
+        "                optimizer.zero_grad(set_to_none=True)  #",
+        "                pass  #",
+        "gradients accumulate across steps (never zeroed)",
+        f"{GRPO} -k resume_continues_exactly",
+    ),
+    Mutation(
+        "dpo.py",
+        "        optimizer.zero_grad(set_to_none=True)  #",
+        "        pass  #",
+        "gradients accumulate across steps (never zeroed)",
+        f"{DPO} -k resume_continues_exactly",
+    ),
+    Mutation(
+        "sft.py",
+        "        optimizer.zero_grad(set_to_none=True)\n",
+        "        pass\n",
+        "gradients accumulate across steps (never zeroed)",
+        f"{SFT} -k resume_continues_exactly",
+    ),
+    Mutation(
+        "reward_model.py",
+        "        optimizer.zero_grad(set_to_none=True)  #",
+        "        pass  #",
+        "gradients accumulate across steps (never zeroed)",
+        f"{RM} -k resume_continues_exactly",
+    ),
+    Mutation(
+        "variants.py",
+        "        optimizer.zero_grad(set_to_none=True)  #",
+        "        pass  #",
+        "gradients accumulate across steps (never zeroed)",
+        f"{VARIANTS} -k resume_continues_exactly",
+    ),
+    Mutation(
+        "ppo.py",
+        (
+            "                policy_optimizer.zero_grad(\n"
+            "                    set_to_none=True\n"
+            "                )  # now, not at the next backward: idle through sampling\n"
+        ),
+        "                pass  # now, not at the next backward: idle through sampling\n",
+        "policy gradients accumulate across minibatches (never zeroed)",
+        f"{PPO} -k resume_continues_exactly",
+    ),
+    Mutation(
+        "common.py",
+        "    if fast_kernels(model):  # kernels.cpu_bf16_decoding",
+        "    if True:  # kernels.cpu_bf16_decoding",
+        "sampling's kernel used whatever --kernels says",
+        "tests/test_kernels.py -k plain_path",
+    ),
+    Mutation(
+        "infra/models.py",
+        '    return kernels == "on" or (kernels == "auto" and device.type == "cpu")',
+        '    return kernels != "off"',
+        "--kernels auto on for CUDA too",
+        "tests/test_kernels.py -k auto_is_on",
+    ),
     # ---- no evaluated problem in training; a skipped batch still counts -----------------------------------
-    Mutation("tasks.py", "    return heldout_problems(max(eval_size, DEFAULT_EVAL_SIZE), make=make)",
-             "    return heldout_problems(make=make)",
-             "offline data excludes only the default 200 held-out problems", "tests/test_heldout.py"),
-    Mutation("sft.py", "tasks.training_exclusion(eval_size)", "tasks.heldout_problems()",
-             "SFT demonstrations exclude only the default 200 held-out problems", "tests/test_heldout.py -k sft"),
-    Mutation("grpo.py", "            scheduler.step()\n", "            scheduler.step() if update else None\n",
-             "a batch skipped by dynamic sampling does not count for the warm-up", f"{GRPO} -k skipped_batch"),
-    Mutation("grpo.py", "        run.evaluate(step, evaluate)\n",
-             "        run.evaluate(step, evaluate) if update else None\n",
-             "a skipped batch skips that step's evaluation", f"{GRPO} -k skipped_batch"),
+    Mutation(
+        "tasks.py",
+        "    return heldout_problems(max(eval_size, DEFAULT_EVAL_SIZE), make=make)",
+        "    return heldout_problems(make=make)",
+        "offline data excludes only the default 200 held-out problems",
+        "tests/test_heldout.py",
+    ),
+    Mutation(
+        "sft.py",
+        "tasks.training_exclusion(eval_size)",
+        "tasks.heldout_problems()",
+        "SFT demonstrations exclude only the default 200 held-out problems",
+        "tests/test_heldout.py -k sft",
+    ),
+    Mutation(
+        "grpo.py",
+        "            scheduler.step()\n",
+        "            scheduler.step() if update else None\n",
+        "a batch skipped by dynamic sampling does not count for the warm-up",
+        f"{GRPO} -k skipped_batch",
+    ),
+    Mutation(
+        "grpo.py",
+        "        run.evaluate(step, evaluate)\n",
+        "        run.evaluate(step, evaluate) if update else None\n",
+        "a skipped batch skips that step's evaluation",
+        f"{GRPO} -k skipped_batch",
+    ),
     # ---- loading, logging and sampling guards ---------------------------------------------------------------
-    Mutation("infra/models.py", "    switch_off_dropout(model)\n", "",
-             "dropout left on in loaded models (GPT-2's config has 0.1)", f"{COMMON} -k dropout"),
-    Mutation("infra/models.py", 'if isinstance(value, float) and ("dropout" in name or "pdrop" in name):', "if False:",
-             "dropout off only in nn.Dropout modules (Llama's attention reads a float)", f"{COMMON} -k dropout"),
-    Mutation("infra/kernels.py", "e.mul_(z.clamp_(min=torch.finfo(z.dtype).min))", "e.mul_(z)",
-             "kernel entropy NaN where a logit is -inf (0 · -inf)", f"{COMMON} -k minus_infinity"),
-    Mutation("infra/kernels.py", "log_p.clamp_(min=-1e4)", "log_p.clamp_(min=torch.finfo(log_p.dtype).min)",
-             "kernel entropy gradient overflows to NaN at a -inf logit", "tests/test_kernels.py -k minus_infinity"),
-    Mutation("tasks.py", "else 16 if tiny else DEFAULT_EVAL_SIZE", "else DEFAULT_EVAL_SIZE",
-             "a tiny model's smoke run evaluates 200 problems", f"{REL} -k scaled_to_the_model"),
-    Mutation("infra/runs.py", "evals_left = 1 + (", "evals_left = 0 + (",
-             "the expected duration leaves out the final evaluation", f"{REL} -k expected_duration"),
-    Mutation("reward_model.py", "best = [max(rows, key=", "best = [min(rows, key=",
-             "best-of-n picks each prompt's lowest-scored sample", f"{RM} -k agreement_by_hand"),
-    Mutation("reward_model.py", "[labels[rows].max() for rows", "[labels[rows].mean() for rows",
-             "the oracle is a random sample, not any right one", f"{RM} -k agreement_by_hand"),
-    Mutation("scripts/rm_agreement.py", "args.temperature, args.seed, desc=",
-             "args.temperature, args.seed + len(rows), desc=",
-             "each policy sampled with its own seed", "tests/test_compare.py -k rm_agreement"),
-    Mutation("scripts/policy_pairs.py", 'pairs = earlier + data["train"] + data["heldout"]',
-             'pairs = data["train"] + data["heldout"] + earlier', "the earlier rounds written after the policy's pairs",
-             "tests/test_compare.py -k policy_pairs"),
-    Mutation("infra/runs.py", "step_s, self.loop_start = time.time() - self.loop_start, time.time()",
-             "step_s = time.time() - self.loop_start", "step 2's pace measured from the loop's start (warm-up in it)",
-             f"{REL} -k counts_pass_at_k"),
-    Mutation("infra/runs.py", "step - self.first_step in (0, 1) and", "step == self.first_step and",
-             "the expected duration printed after the first step only", f"{REL} -k expected_duration"),
-    Mutation("infra/runs.py", "+ (self.eval_seconds - pass_k_s) * evals_left + pass_k_s",
-             "+ self.eval_seconds * evals_left",
-             "the expected duration counts pass@k in every evaluation", f"{REL} -k counts_pass_at_k"),
-    Mutation("tasks.py", '        result["pass_k_seconds"] = time.perf_counter() - started\n', "",
-             "pass@k's seconds not recorded (counted in every evaluation)", f"{TASKS} -k times_pass_at_k"),
-    Mutation("tasks.py", "        started = time.perf_counter()  # runs.Run", "        started = 0.0  # runs.Run",
-             "pass@k timed from the epoch, not from its start", f"{TASKS} -k times_pass_at_k"),
-    Mutation("infra/runs.py", 'float(f"{v:.6g}") if isinstance(v, float)', "round(v, 6) if isinstance(v, float)",
-             "metrics rounded to 6 decimals (an lr of 2e-7 logged as 0)", f"{COMMON} -k significant"),
-    Mutation("infra/runs.py", "        tempfile.TemporaryDirectory(dir=existing).cleanup()\n", "        pass\n",
-             "--output-dir trusted to os.access (root under /proc)", f"{REL} -k proc"),
-    Mutation("infra/runs.py", '        bar.close()\n    print(f"error: {message}"',
-             '        pass\n    print(f"error: {message}"',
-             "progress bar left open, redrawn below the error line", f"{REL} -k nan_stop"),
-    Mutation("infra/runs.py",
-             "    except (torch.OutOfMemoryError, MemoryError) as e:\n        _one_line_error(_out_of_memory(e))",
-             "    except MemoryError as e:\n        _one_line_error(_out_of_memory(e))",
-             "out of memory on CUDA ends in a traceback", f"{REL} -k out_of_memory"),
-    Mutation("infra/runs.py", "        if \"can't allocate memory\" not in str(e):", "        if True:",
-             "the CPU allocator's out of memory ends in a traceback", f"{REL} -k out_of_memory"),
-    Mutation("infra/runs.py", "            raise\n        _one_line_error(_out_of_memory(e))",
-             "            pass\n        _one_line_error(_out_of_memory(e))",
-             "any RuntimeError hidden behind an out-of-memory line", f"{REL} -k out_of_memory"),
-    Mutation("infra/kernels.py", "and (autocast_on or module.weight.dtype == torch.bfloat16))", ")",
-             "a float32 LoRA adapter packed into bf16 under bf16-true", "tests/test_kernels.py -k packs_weights"),
-    Mutation("infra/kernels.py",
-             'return (type(module).forward is torch.nn.Linear.forward and "forward" not in vars(module)',
-             "return (isinstance(module, torch.nn.Linear)",
-             "a Linear subclass or an installed forward packed over", "tests/test_kernels.py -k forward_of_their_own"),
-    Mutation("infra/models.py", "            torch.manual_seed(0)\n            model = make_tiny_model",
-             "            torch.manual_seed(seed)\n            model = make_tiny_model",
-             "the tiny base depends on --seed (a LoRA reward model reloads onto another base)",
-             "tests/test_lora.py -k own_base"),
-    Mutation("scripts/memory_plan.py", "    logits = 2 * logit_tokens * config.vocab_size * 2 * scale\n",
-             "    logits = 3 * logit_tokens * config.vocab_size * 4\n",
-             "memory plan: three float32 logits tensors (the code before token_logprobs)", f"{MEMORY} -k logits_term"),
-    Mutation("scripts/memory_plan.py",
-             '            rows.append(("reward model", model_config(args.reward_model, vocab_size), "score", False))\n',
-             "            pass\n",
-             "memory plan (grpo) leaves the reward model out", f"{MEMORY} -k counts_a_reward_model"),
-    Mutation("scripts/memory_plan.py",
-             'rows = [policy] + [reference] * (args.algo not in ("simpo", "orpo") and not lora)',
-             'rows = [policy] + [reference] * (args.algo in ("ipo", "kto", "rloo", "remax") and not lora)',
-             "memory plan (variants): REINFORCE++ planned without its reference model",
-             f"{MEMORY} -k variants_plan_holds"),
-    Mutation("scripts/memory_plan.py",
-             'per_prompt = 2 if offline else (1 if args.algo == "remax" else args.group_size)',
-             'per_prompt = 2 if offline else (args.group_size if args.algo == "rloo" else 1)',
-             "memory plan (variants): REINFORCE++ planned on one sample per prompt instead of k",
-             f"{MEMORY} -k variants_plan_holds"),
-    Mutation("scripts/memory_plan.py", '"reward_model", "variants", "prm")', '"reward_model", "variants")',
-             "memory plan: prm cannot be planned", f"{MEMORY} -k prm_plan_holds"),
-    Mutation("scripts/memory_plan.py", "        logits += 3 * rows * per_sequence * 4\n", "",
-             "memory plan: the plain log-prob path's float32 piece left out", f"{MEMORY} -k 'by_hand or logits_term'"),
+    Mutation(
+        "infra/models.py",
+        "    switch_off_dropout(model)\n",
+        "",
+        "dropout left on in loaded models (GPT-2's config has 0.1)",
+        f"{COMMON} -k dropout",
+    ),
+    Mutation(
+        "infra/models.py",
+        'if isinstance(value, float) and ("dropout" in name or "pdrop" in name):',
+        "if False:",
+        "dropout off only in nn.Dropout modules (Llama's attention reads a float)",
+        f"{COMMON} -k dropout",
+    ),
+    Mutation(
+        "infra/kernels.py",
+        "e.mul_(z.clamp_(min=torch.finfo(z.dtype).min))",
+        "e.mul_(z)",
+        "kernel entropy NaN where a logit is -inf (0 · -inf)",
+        f"{COMMON} -k minus_infinity",
+    ),
+    Mutation(
+        "infra/kernels.py",
+        "                min=-1e4\n",
+        "                min=torch.finfo(log_p.dtype).min\n",
+        "kernel entropy gradient overflows to NaN at a -inf logit",
+        "tests/test_kernels.py -k minus_infinity",
+    ),
+    Mutation(
+        "tasks.py",
+        "else 16 if tiny else DEFAULT_EVAL_SIZE",
+        "else DEFAULT_EVAL_SIZE",
+        "a tiny model's smoke run evaluates 200 problems",
+        f"{REL} -k scaled_to_the_model",
+    ),
+    Mutation(
+        "infra/runs.py",
+        "evals_left = 1 + (",
+        "evals_left = 0 + (",
+        "the expected duration leaves out the final evaluation",
+        f"{REL} -k expected_duration",
+    ),
+    Mutation(
+        "reward_model.py",
+        "best = [max(rows, key=",
+        "best = [min(rows, key=",
+        "best-of-n picks each prompt's lowest-scored sample",
+        f"{RM} -k agreement_by_hand",
+    ),
+    Mutation(
+        "reward_model.py",
+        "[labels[rows].max() for rows",
+        "[labels[rows].mean() for rows",
+        "the oracle is a random sample, not any right one",
+        f"{RM} -k agreement_by_hand",
+    ),
+    Mutation(
+        "scripts/rm_agreement.py",
+        "args.temperature,\n            args.seed,\n            desc=",
+        "args.temperature,\n            args.seed + len(rows),\n            desc=",
+        "each policy sampled with its own seed",
+        "tests/test_compare.py -k rm_agreement",
+    ),
+    Mutation(
+        "scripts/policy_pairs.py",
+        'pairs = earlier + data["train"] + data["heldout"]',
+        'pairs = data["train"] + data["heldout"] + earlier',
+        "the earlier rounds written after the policy's pairs",
+        "tests/test_compare.py -k policy_pairs",
+    ),
+    Mutation(
+        "infra/runs.py",
+        "            step_s = time.time() - self.loop_start\n            self.loop_start = time.time()\n",
+        "            step_s = time.time() - self.loop_start\n",
+        "step 2's pace measured from the loop's start (warm-up in it)",
+        f"{REL} -k counts_pass_at_k",
+    ),
+    Mutation(
+        "infra/runs.py",
+        (
+            "        if (\n"
+            "            self.main and step - self.first_step in (0, 1) and step < self.args.steps\n"
+            "        ):  # the expected duration, after\n"
+        ),
+        (
+            "        if self.main and step == self.first_step and"
+            " step < self.args.steps:  # the expected duration, after\n"
+        ),
+        "the expected duration printed after the first step only",
+        f"{REL} -k expected_duration",
+    ),
+    Mutation(
+        "infra/runs.py",
+        "+ (self.eval_seconds - pass_k_s) * evals_left + pass_k_s",
+        "+ self.eval_seconds * evals_left",
+        "the expected duration counts pass@k in every evaluation",
+        f"{REL} -k counts_pass_at_k",
+    ),
+    Mutation(
+        "tasks.py",
+        '        result["pass_k_seconds"] = time.perf_counter() - started\n',
+        "",
+        "pass@k's seconds not recorded (counted in every evaluation)",
+        f"{TASKS} -k times_pass_at_k",
+    ),
+    Mutation(
+        "tasks.py",
+        (
+            "        started = (\n"
+            "            time.perf_counter()\n"
+            "        )  # runs.Run's expected duration counts pass@k only in the last evaluation\n"
+        ),
+        "        started = 0.0  # runs.Run's expected duration counts pass@k only in the last evaluation\n",
+        "pass@k timed from the epoch, not from its start",
+        f"{TASKS} -k times_pass_at_k",
+    ),
+    Mutation(
+        "infra/runs.py",
+        (
+            '                json.dumps({k: float(f"{v:.6g}") if'
+            " isinstance(v, float) else v for k, v in row.items()})\n"
+            '                + "\\n"\n'
+        ),
+        '                json.dumps({k: round(v, 6) if isinstance(v, float) else v for k, v in row.items()}) + "\\n"\n',
+        "metrics rounded to 6 decimals (an lr of 2e-7 logged as 0)",
+        f"{COMMON} -k significant",
+    ),
+    Mutation(
+        "infra/runs.py",
+        "        tempfile.TemporaryDirectory(dir=existing).cleanup()\n",
+        "        pass\n",
+        "--output-dir trusted to os.access (root under /proc)",
+        f"{REL} -k proc",
+    ),
+    Mutation(
+        "infra/runs.py",
+        '        bar.close()\n    print(f"error: {message}"',
+        '        pass\n    print(f"error: {message}"',
+        "progress bar left open, redrawn below the error line",
+        f"{REL} -k nan_stop",
+    ),
+    Mutation(
+        "infra/runs.py",
+        "    except (torch.OutOfMemoryError, MemoryError) as e:\n        _one_line_error(_out_of_memory(e))",
+        "    except MemoryError as e:\n        _one_line_error(_out_of_memory(e))",
+        "out of memory on CUDA ends in a traceback",
+        f"{REL} -k out_of_memory",
+    ),
+    Mutation(
+        "infra/runs.py",
+        '        if "can\'t allocate memory" not in str(e):',
+        "        if True:",
+        "the CPU allocator's out of memory ends in a traceback",
+        f"{REL} -k out_of_memory",
+    ),
+    Mutation(
+        "infra/runs.py",
+        "            raise\n        _one_line_error(_out_of_memory(e))",
+        "            pass\n        _one_line_error(_out_of_memory(e))",
+        "any RuntimeError hidden behind an out-of-memory line",
+        f"{REL} -k out_of_memory",
+    ),
+    Mutation(
+        "infra/kernels.py",
+        (
+            "    return (\n"
+            "        type(module).forward is torch.nn.Linear.forward\n"
+            '        and "forward" not in vars(module)\n'
+            "        and (autocast_on or module.weight.dtype == torch.bfloat16)\n"
+            "    )\n"
+        ),
+        '    return type(module).forward is torch.nn.Linear.forward and "forward" not in vars(module)\n',
+        "a float32 LoRA adapter packed into bf16 under bf16-true",
+        "tests/test_kernels.py -k packs_weights",
+    ),
+    Mutation(
+        "infra/kernels.py",
+        (
+            "    return (\n"
+            "        type(module).forward is torch.nn.Linear.forward\n"
+            '        and "forward" not in vars(module)\n'
+            "        and (autocast_on or module.weight.dtype == torch.bfloat16)\n"
+            "    )\n"
+        ),
+        "    return isinstance(module, torch.nn.Linear) and (autocast_on or module.weight.dtype == torch.bfloat16)\n",
+        "a Linear subclass or an installed forward packed over",
+        "tests/test_kernels.py -k forward_of_their_own",
+    ),
+    Mutation(
+        "infra/models.py",
+        "            torch.manual_seed(0)\n            model = make_tiny_model",
+        "            torch.manual_seed(seed)\n            model = make_tiny_model",
+        "the tiny base depends on --seed (a LoRA reward model reloads onto another base)",
+        "tests/test_lora.py -k own_base",
+    ),
+    Mutation(
+        "scripts/memory_plan.py",
+        "    logits = 2 * logit_tokens * config.vocab_size * 2 * scale\n",
+        "    logits = 3 * logit_tokens * config.vocab_size * 4\n",
+        "memory plan: three float32 logits tensors (the code before token_logprobs)",
+        f"{MEMORY} -k logits_term",
+    ),
+    Mutation(
+        "scripts/memory_plan.py",
+        '            rows.append(("reward model", model_config(args.reward_model, vocab_size), "score", False))\n',
+        "            pass\n",
+        "memory plan (grpo) leaves the reward model out",
+        f"{MEMORY} -k counts_a_reward_model",
+    ),
+    Mutation(
+        "scripts/memory_plan.py",
+        '        args.algo not in ("simpo", "orpo") and not lora\n',
+        '        args.algo in ("ipo", "kto", "rloo", "remax") and not lora\n',
+        "memory plan (variants): REINFORCE++ planned without its reference model",
+        f"{MEMORY} -k variants_plan_holds",
+    ),
+    Mutation(
+        "scripts/memory_plan.py",
+        'per_prompt = 2 if offline else (1 if args.algo == "remax" else args.group_size)',
+        'per_prompt = 2 if offline else (args.group_size if args.algo == "rloo" else 1)',
+        "memory plan (variants): REINFORCE++ planned on one sample per prompt instead of k",
+        f"{MEMORY} -k variants_plan_holds",
+    ),
+    Mutation(
+        "scripts/memory_plan.py",
+        '"reward_model", "variants", "prm")',
+        '"reward_model", "variants")',
+        "memory plan: prm cannot be planned",
+        f"{MEMORY} -k prm_plan_holds",
+    ),
+    Mutation(
+        "scripts/memory_plan.py",
+        "        logits += 3 * rows * per_sequence * 4\n",
+        "",
+        "memory plan: the plain log-prob path's float32 piece left out",
+        f"{MEMORY} -k 'by_hand or logits_term'",
+    ),
     # ---- prm.py: steps, Math-Shepherd labels, the loss, where the score is read, aggregates, dense rewards ----------
-    Mutation("prm.py", "if start <= last - 1 < end]", "if start <= last < end]",
-             "PRM: a step's end read one character late (the newline's token)", f"{PRM} -k ragged"),
-    Mutation("prm.py", r'r"^[^\S\n]*(\S(?:[^\n]*\S)?)"', r'r"^([^\n]*)"',
-             "PRM: blank lines and edge whitespace cut as steps", f"{PRM} -k ragged"),
-    Mutation("prm.py", '(rollouts_correct > 0).float() if kind == "hard"',
-             '(rollouts_correct == num_rollouts).float() if kind == "hard"',
-             "PRM: hard label needs every rollout right (all, not any)", f"{PRM} -k fixed_rollouts"),
-    Mutation("prm.py", "else rollouts_correct.float() / num_rollouts", "else (rollouts_correct > 0).float()",
-             "PRM: soft label is the hard one", f"{PRM} -k fixed_rollouts"),
-    Mutation("prm.py", 'for _, end in split_steps(row["completion"])[:-1]]',
-             'for _, end in split_steps(row["completion"])[1:]]',
-             "PRM: rollouts from the next step's prefix (labels from the wrong step)", f"{PRM} -k fixed_rollouts"),
-    Mutation("prm.py", 'row["rollouts_correct"].append(num_rollouts * row["correct"])',
-             'row["rollouts_correct"].append(num_rollouts)',
-             "PRM: the last step labelled good whatever the solution's answer", f"{PRM} -k fixed_rollouts"),
-    Mutation("prm.py", "return common.masked_mean(losses, step_mask)", "return losses.mean()",
-             "PRM: BCE averaged over padding steps too", f"{PRM} -k loss_by_hand"),
-    Mutation("prm.py", "token_logits[:, prompt_ids.shape[1] :]", "token_logits[:, prompt_ids.shape[1] - 1 :]",
-             "PRM: step score read one token early", f"{PRM} -k whatever_the_padding"),
-    Mutation("prm.py",
-             "attention_mask=attention_mask,\n" + " " * 49 + "position_ids=common.position_ids(attention_mask))",
-             "attention_mask=attention_mask)",
-             "PRM: positions counted from the left padding", f"{PRM} -k whatever_the_padding"),
-    Mutation("prm.py", "return torch.where(step_mask.bool(), token_scores.gather(1, step_ends), 0.0)",
-             "return token_scores.gather(1, step_ends)",
-             "PRM: padded step slots read token 0's score", f"{PRM} -k step_ends_by_hand"),
-    Mutation("prm.py", 'score = filled.amin(1) if how == "min"', 'score = filled.mean(1) if how == "min"',
-             "PRM: mean instead of min over a solution's steps", f"{PRM} -k aggregation"),
-    Mutation("prm.py", "filled = step_probs.masked_fill(step_mask == 0, 1.0)", "filled = step_probs",
-             "PRM: padding steps enter the min and the product", f"{PRM} -k aggregation"),
-    Mutation("prm.py", "best = scores.view(-1, n).argmax(1)", "best = scores.view(-1, n).argmin(1)",
-             "PRM: best-of-N picks the lowest score", f"{PRM} -k aggregation"),
-    Mutation("prm.py", "    if step_probs.shape[1] == 0:", "    if False:",
-             "PRM: a batch with no step at all raises in min (amin over an empty axis)", f"{PRM} -k aggregation"),
-    Mutation("prm.py", "        ends.append(holding[-1])", "        ends.append(holding[0])",
-             "PRM: a step ending in a multi-byte character scored at its first byte token", f"{PRM} -k cutting"),
-    Mutation("prm.py", "rewards.scatter_add(1, step_ends, step_scores * step_mask)",
-             "rewards.scatter(1, step_ends, step_scores * step_mask)",
-             "PRM: dense reward by scatter (padding overwrites a step ending at token 0)", f"{PRM} -k dense"),
-    Mutation("tasks.py", "train_problems(seed, training_exclusion(eval_size, make=chain), make=chain)",
-             "train_problems(seed, training_exclusion(eval_size), make=chain)",
-             "multi-step chains trained on their held-out set (the sums' excluded instead)", f"{TASKS} -k multistep"),
-    Mutation("common.py", "    token = torch.searchsorted(cdf, u, right=True)",
-             "    token = torch.searchsorted(cdf, u)",
-             "sampling draws token 0 at u = 0 even where it has no mass", f"{COMMON} -k zero_mass"),
-    Mutation("common.py", "use_cache=True, **{CACHE: cache}).logits", "use_cache=True, removed_keyword=cache).logits",
-             "shared-prompt cache passed by a name transformers no longer reads (silently ignored)",
-             f"{COMMON} -k 'one_token_at_a_time or one_token_prompts'"),
-    Mutation("common.py", 'CACHE = "cache" if', 'CACHE = "past_key_values" if',
-             "the cache passed by the name transformers deprecated", f"{COMMON} -k installed_transformers"),
+    Mutation(
+        "prm.py",
+        "if start <= last - 1 < end]",
+        "if start <= last < end]",
+        "PRM: a step's end read one character late (the newline's token)",
+        f"{PRM} -k ragged",
+    ),
+    Mutation(
+        "prm.py",
+        r'r"^[^\S\n]*(\S(?:[^\n]*\S)?)"',
+        r'r"^([^\n]*)"',
+        "PRM: blank lines and edge whitespace cut as steps",
+        f"{PRM} -k ragged",
+    ),
+    Mutation(
+        "prm.py",
+        '    return (rollouts_correct > 0).float() if kind == "hard" else rollouts_correct.float() / num_rollouts\n',
+        (
+            "    return (\n"
+            "        (rollouts_correct == num_rollouts).float()\n"
+            '        if kind == "hard"\n'
+            "        else rollouts_correct.float() / num_rollouts\n"
+            "    )\n"
+        ),
+        "PRM: hard label needs every rollout right (all, not any)",
+        f"{PRM} -k fixed_rollouts",
+    ),
+    Mutation(
+        "prm.py",
+        "else rollouts_correct.float() / num_rollouts",
+        "else (rollouts_correct > 0).float()",
+        "PRM: soft label is the hard one",
+        f"{PRM} -k fixed_rollouts",
+    ),
+    Mutation(
+        "prm.py",
+        (
+            '        (row, row["completion"][:end] + "\\n")\n'
+            "        for row in rows\n"
+            '        for _, end in split_steps(row["completion"])[:-1]\n'
+        ),
+        (
+            '        (row, row["completion"][:end] + "\\n") for row in'
+            ' rows for _, end in split_steps(row["completion"])[1:]\n'
+        ),
+        "PRM: rollouts from the next step's prefix (labels from the wrong step)",
+        f"{PRM} -k fixed_rollouts",
+    ),
+    Mutation(
+        "prm.py",
+        'row["rollouts_correct"].append(num_rollouts * row["correct"])',
+        'row["rollouts_correct"].append(num_rollouts)',
+        "PRM: the last step labelled good whatever the solution's answer",
+        f"{PRM} -k fixed_rollouts",
+    ),
+    Mutation(
+        "prm.py",
+        "return common.masked_mean(losses, step_mask)",
+        "return losses.mean()",
+        "PRM: BCE averaged over padding steps too",
+        f"{PRM} -k loss_by_hand",
+    ),
+    Mutation(
+        "prm.py",
+        "token_logits[:, prompt_ids.shape[1] :]",
+        "token_logits[:, prompt_ids.shape[1] - 1 :]",
+        "PRM: step score read one token early",
+        f"{PRM} -k whatever_the_padding",
+    ),
+    Mutation(
+        "prm.py",
+        (
+            "            .base_model(\n"
+            "                input_ids=input_ids,\n"
+            "                attention_mask=attention_mask,\n"
+            "                position_ids=common.position_ids(attention_mask),\n"
+            "            )\n"
+        ),
+        "            .base_model(input_ids=input_ids, attention_mask=attention_mask)\n",
+        "PRM: positions counted from the left padding",
+        f"{PRM} -k whatever_the_padding",
+    ),
+    Mutation(
+        "prm.py",
+        "return torch.where(step_mask.bool(), token_scores.gather(1, step_ends), 0.0)",
+        "return token_scores.gather(1, step_ends)",
+        "PRM: padded step slots read token 0's score",
+        f"{PRM} -k step_ends_by_hand",
+    ),
+    Mutation(
+        "prm.py",
+        'score = filled.amin(1) if how == "min"',
+        'score = filled.mean(1) if how == "min"',
+        "PRM: mean instead of min over a solution's steps",
+        f"{PRM} -k aggregation",
+    ),
+    Mutation(
+        "prm.py",
+        "filled = step_probs.masked_fill(step_mask == 0, 1.0)",
+        "filled = step_probs",
+        "PRM: padding steps enter the min and the product",
+        f"{PRM} -k aggregation",
+    ),
+    Mutation(
+        "prm.py",
+        "best = scores.view(-1, n).argmax(1)",
+        "best = scores.view(-1, n).argmin(1)",
+        "PRM: best-of-N picks the lowest score",
+        f"{PRM} -k aggregation",
+    ),
+    Mutation(
+        "prm.py",
+        "    if step_probs.shape[1] == 0:",
+        "    if False:",
+        "PRM: a batch with no step at all raises in min (amin over an empty axis)",
+        f"{PRM} -k aggregation",
+    ),
+    Mutation(
+        "prm.py",
+        "        ends.append(holding[-1])",
+        "        ends.append(holding[0])",
+        "PRM: a step ending in a multi-byte character scored at its first byte token",
+        f"{PRM} -k cutting",
+    ),
+    Mutation(
+        "prm.py",
+        "rewards.scatter_add(1, step_ends, step_scores * step_mask)",
+        "rewards.scatter(1, step_ends, step_scores * step_mask)",
+        "PRM: dense reward by scatter (padding overwrites a step ending at token 0)",
+        f"{PRM} -k dense",
+    ),
+    Mutation(
+        "tasks.py",
+        "train_problems(seed, training_exclusion(eval_size, make=chain), make=chain)",
+        "train_problems(seed, training_exclusion(eval_size), make=chain)",
+        "multi-step chains trained on their held-out set (the sums' excluded instead)",
+        f"{TASKS} -k multistep",
+    ),
+    Mutation(
+        "common.py",
+        "    token = torch.searchsorted(cdf, u, right=True)",
+        "    token = torch.searchsorted(cdf, u)",
+        "sampling draws token 0 at u = 0 even where it has no mass",
+        f"{COMMON} -k zero_mass",
+    ),
+    Mutation(
+        "common.py",
+        "                use_cache=True,\n                **{CACHE: cache},\n            ).logits",
+        "                use_cache=True,\n                removed_keyword=cache,\n            ).logits",
+        "shared-prompt cache passed by a name transformers no longer reads (silently ignored)",
+        f"{COMMON} -k 'one_token_at_a_time or one_token_prompts'",
+    ),
+    Mutation(
+        "common.py",
+        'CACHE = "cache" if',
+        'CACHE = "past_key_values" if',
+        "the cache passed by the name transformers deprecated",
+        f"{COMMON} -k installed_transformers",
+    ),
     # ---- torchrun: the loss exact over the ranks, the logged numbers reduced, each rank's random states ----------
-    Mutation("grpo.py", "batch_tokens, batch_rows = distributed.all_sum(mask.sum()), distributed.all_sum(B)",
-             "batch_tokens, batch_rows = mask.sum(), B", "GRPO loss divided by each rank's own tokens and sequences",
-             f"{DIST} -k grpo_two_ranks"),
-    Mutation("grpo.py", '"entropy": distributed.all_sum(entropy_sum)', '"entropy": entropy_sum',
-             "GRPO entropy, a rank's part of the token mean, not summed over the ranks", f"{DIST} -k grpo_two_ranks"),
-    Mutation("grpo.py", "        stats = distributed.mean_over_ranks(stats)", "        pass",
-             "GRPO logs rank 0's numbers, not the batch's", f"{DIST} -k grpo_two_ranks"),
-    Mutation("grpo.py", "                distributed.all_reduce_grads(policy)", "                pass",
-             "GRPO gradients not summed over the ranks", f"{DIST} -k grpo_two_ranks"),
-    Mutation("dpo.py", "loss = losses.mean() * distributed.share_of(len(pairs))", "loss = losses.mean()",
-             "DPO loss a mean over each rank's pairs, then summed", f"{DIST} -k dpo_two_ranks"),
-    Mutation("sft.py", "share = distributed.share_of(mask.sum())", "share = 1.0 / distributed.world_size()",
-             "SFT the average of per-rank token means (DDP's averaging), not the batch's token mean",
-             f"{DIST} -k sft_two_ranks"),
-    Mutation("infra/fsdp.py", "            module.set_gradient_divide_factor(1.0)", "            pass",
-             "--fsdp: gradients averaged over the ranks, not summed", f"{DIST} -k grpo_sharded"),
-    Mutation("infra/fsdp.py", "            module.set_force_sum_reduction_for_comms(True)", "            pass",
-             "--fsdp with LoRA: the reduce-scatter left at FSDP's default op", f"{DIST} -k lora"),
-    Mutation("infra/fsdp.py", "for unit in (inner.base_model, inner.score) if hasattr(inner, \"score\")",
-             "for unit in (model.base_model, model.score) if hasattr(model, \"score\")",
-             "--fsdp with LoRA: a critic's backbone taken as peft's wrapper, not the transformer", f"{DIST} -k lora"),
-    Mutation("infra/fsdp.py", "require(eval_size % ranks == 0,", "require(True,",
-             "--fsdp: a held-out set that does not divide over the ranks let through (their forwards would hang)",
-             f"{DIST} -k fsdp_set_up"),
-    Mutation("infra/fsdp.py", "require(under_torchrun,", "require(True,",
-             "--fsdp in a plain run let through (no process group to shard over)", f"{DIST} -k fsdp_set_up"),
-    Mutation("infra/distributed.py", 'return "LOCAL_RANK" in os.environ', "return world_size() > 1",
-             "torchrun --nproc_per_node 1: the one rank never joins a group, so --fsdp cannot shard",
-             "tests/test_gpu_check.py -k dry_run"),
-    Mutation("infra/runs.py", ">= (5, 23),", ">= (5, 0),",
-             "a transformers without activation_checkpointing_enable let through (the first step fails)",
-             f"{REL} -k transformers_older"),
-    Mutation("infra/distributed.py", 'if world_size() == 1 or getattr(model, "sharded", False):',
-             "if world_size() == 1:",
-             "--fsdp: the reduce-scattered gradients all-reduced once more", f"{DIST} -k grpo_sharded"),
-    Mutation("infra/fsdp.py", "is_sharded(model := owner(obj, models)) and obj.state:  # not before", "False:",
-             "--fsdp: each rank's AdamW shard saved as rank 0's, resumed on every rank",
-             f"{DIST} -k 'resumes and grpo-fsdp'"),
-    Mutation("infra/fsdp.py", "return next(m for m in models.values() if any(p is optimizer.param_groups[0]",
-             "return next(iter(models.values())) or "
-             "next(m for m in models.values() if any(p is optimizer.param_groups[0]",
-             "--fsdp: the critic's AdamW gathered with the policy's shards",
-             f"{DIST} -k 'resumes and ppo'"),
-    Mutation("ppo.py", "((policy_loss + args.vf_coef * vf_loss) * share).backward()",
-             "(policy_loss + args.vf_coef * vf_loss).backward()",
-             "PPO losses token means over each rank's rows, then summed", f"{DIST} -k ppo_two_ranks"),
-    Mutation("ppo.py", "advantages = masked_whiten(advantages, mask, all_sum=distributed.all_sum) * mask",
-             "advantages = masked_whiten(advantages, mask) * mask",
-             "PPO advantages whitened over each rank's tokens, not the batch's", f"{DIST} -k ppo_two_ranks"),
-    Mutation("ppo.py", 'distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})["kl"]', "kl.sum(1).mean().item()",
-             "PPO's adaptive KL steered by each rank's own KL", f"{DIST} -k ppo_two_ranks"),
-    Mutation("ppo.py", "distributed.all_reduce_grads(policy), distributed.all_reduce_grads(critic)",
-             "distributed.all_reduce_grads(policy)", "PPO critic gradients not summed over the ranks",
-             f"{DIST} -k ppo_two_ranks"),
-    Mutation("ppo.py", "{k: v * share * distributed.world_size() for k, v in token_means.items()}", "token_means",
-             "PPO logs the mean of each rank's token means, not the minibatch's", f"{DIST} -k ppo_two_ranks"),
-    Mutation("ppo.py", "explained_variance(old_values, returns, mask, all_sum=distributed.all_sum)",
-             "explained_variance(old_values, returns, mask)",
-             "PPO explained variance of each rank's tokens, averaged", f"{DIST} -k ppo_two_ranks"),
-    Mutation("variants.py", "(loss * share).backward()", "loss.backward()",
-             "variants: each rank's loss a mean over its own share, then summed", f"{DIST} -k variants_two_ranks"),
-    Mutation("variants.py", "return masked_whiten(returns, mask, all_sum=distributed.all_sum) * mask",
-             "return masked_whiten(returns, mask) * mask",
-             "REINFORCE++ advantages whitened over each rank's tokens, not the batch's",
-             f"{DIST} -k variants_two_ranks"),
-    Mutation("variants.py", "        distributed.all_reduce_grads(policy)  # Σ over the ranks", "",
-             "variants: gradients not summed over the ranks", f"{DIST} -k variants_two_ranks"),
-    Mutation("prm.py", "        (loss * share).backward()", "        loss.backward()",
-             "PRM loss a mean over each rank's steps, then summed", f"{DIST} -k prm_two_ranks"),
-    Mutation("prm.py", "    distributed.barrier()\n", "",
-             "PRM: the other ranks read the labels before rank 0 has written them", f"{DIST} -k prm_two_ranks"),
-    Mutation("infra/distributed.py", "set_rng_state(states if world_size() == 1 else states[rank()], generator)",
-             "set_rng_state(states if world_size() == 1 else states[0], generator)",
-             "every rank resumed with rank 0's random states", f"{DIST} -k resumes"),
+    Mutation(
+        "grpo.py",
+        "            batch_tokens = distributed.all_sum(mask.sum())\n            batch_rows = distributed.all_sum(B)\n",
+        "            batch_tokens = mask.sum()\n            batch_rows = B\n",
+        "GRPO loss divided by each rank's own tokens and sequences",
+        f"{DIST} -k grpo_two_ranks",
+    ),
+    Mutation(
+        "grpo.py",
+        '"entropy": distributed.all_sum(entropy_sum)',
+        '"entropy": entropy_sum',
+        "GRPO entropy, a rank's part of the token mean, not summed over the ranks",
+        f"{DIST} -k grpo_two_ranks",
+    ),
+    Mutation(
+        "grpo.py",
+        (
+            "        stats = distributed.mean_over_ranks(\n"
+            "            stats\n"
+            "        )  # each rank's mean over an equal share: their mean is the batch's\n"
+        ),
+        "        pass  # each rank's mean over an equal share: their mean is the batch's\n",
+        "GRPO logs rank 0's numbers, not the batch's",
+        f"{DIST} -k grpo_two_ranks",
+    ),
+    Mutation(
+        "grpo.py",
+        (
+            "                distributed.all_reduce_grads(\n"
+            "                    policy\n"
+            "                )  # Σ over the ranks: each one's loss is its part of the batch's\n"
+        ),
+        "                pass  # Σ over the ranks: each one's loss is its part of the batch's\n",
+        "GRPO gradients not summed over the ranks",
+        f"{DIST} -k grpo_two_ranks",
+    ),
+    Mutation(
+        "dpo.py",
+        (
+            "        loss = losses.mean() * distributed.share_of(\n"
+            "            len(pairs)\n"
+            "        )  # this rank's part of the batch's mean; × 1.0 alone\n"
+        ),
+        "        loss = losses.mean()  # this rank's part of the batch's mean; × 1.0 alone\n",
+        "DPO loss a mean over each rank's pairs, then summed",
+        f"{DIST} -k dpo_two_ranks",
+    ),
+    Mutation(
+        "sft.py",
+        "share = distributed.share_of(mask.sum())",
+        "share = 1.0 / distributed.world_size()",
+        "SFT the average of per-rank token means (DDP's averaging), not the batch's token mean",
+        f"{DIST} -k sft_two_ranks",
+    ),
+    Mutation(
+        "infra/fsdp.py",
+        "            module.set_gradient_divide_factor(1.0)",
+        "            pass",
+        "--fsdp: gradients averaged over the ranks, not summed",
+        f"{DIST} -k grpo_sharded",
+    ),
+    Mutation(
+        "infra/fsdp.py",
+        "            module.set_force_sum_reduction_for_comms(True)",
+        "            pass",
+        "--fsdp with LoRA: the reduce-scatter left at FSDP's default op",
+        f"{DIST} -k lora",
+    ),
+    Mutation(
+        "infra/fsdp.py",
+        'for unit in (inner.base_model, inner.score) if hasattr(inner, "score")',
+        'for unit in (model.base_model, model.score) if hasattr(model, "score")',
+        "--fsdp with LoRA: a critic's backbone taken as peft's wrapper, not the transformer",
+        f"{DIST} -k lora",
+    ),
+    Mutation(
+        "infra/fsdp.py",
+        (
+            "        require(\n"
+            '            eval_size % ranks == 0, f"--fsdp: --eval-size'
+            ' {eval_size} must divide over {ranks} torchrun ranks"\n'
+            "        )\n"
+        ),
+        '        require(True, f"--fsdp: --eval-size {eval_size} must divide over {ranks} torchrun ranks")\n',
+        "--fsdp: a held-out set that does not divide over the ranks let through (their forwards would hang)",
+        f"{DIST} -k fsdp_set_up",
+    ),
+    Mutation(
+        "infra/fsdp.py",
+        (
+            "            under_torchrun,\n"
+            '            "--fsdp shards the model over torchrun\'s ranks: torchrun --nproc_per_node N script.py ...",\n'
+        ),
+        (
+            "            True, \"--fsdp shards the model over torchrun's"
+            ' ranks: torchrun --nproc_per_node N script.py ..."\n'
+        ),
+        "--fsdp in a plain run let through (no process group to shard over)",
+        f"{DIST} -k fsdp_set_up",
+    ),
+    Mutation(
+        "infra/distributed.py",
+        'return "LOCAL_RANK" in os.environ',
+        "return world_size() > 1",
+        "torchrun --nproc_per_node 1: the one rank never joins a group, so --fsdp cannot shard",
+        "tests/test_gpu_check.py -k dry_run",
+    ),
+    Mutation(
+        "infra/runs.py",
+        ">= (5, 23),",
+        ">= (5, 0),",
+        "a transformers without activation_checkpointing_enable let through (the first step fails)",
+        f"{REL} -k transformers_older",
+    ),
+    Mutation(
+        "infra/distributed.py",
+        'if world_size() == 1 or getattr(model, "sharded", False):',
+        "if world_size() == 1:",
+        "--fsdp: the reduce-scattered gradients all-reduced once more",
+        f"{DIST} -k grpo_sharded",
+    ),
+    Mutation(
+        "infra/fsdp.py",
+        (
+            "    if (\n"
+            "        isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and obj.state\n"
+            "    ):  # not before\n"
+        ),
+        "    if isinstance(obj, torch.optim.Optimizer) and False:\n",
+        "--fsdp: each rank's AdamW shard saved as rank 0's, resumed on every rank",
+        f"{DIST} -k 'resumes and grpo-fsdp'",
+    ),
+    Mutation(
+        "infra/fsdp.py",
+        "    return next(\n",
+        "    return next(iter(models.values())) or next(\n",
+        "--fsdp: the critic's AdamW gathered with the policy's shards",
+        f"{DIST} -k 'resumes and ppo'",
+    ),
+    Mutation(
+        "ppo.py",
+        (
+            "                (\n"
+            "                    (policy_loss + args.vf_coef * vf_loss) * share\n"
+            "                ).backward()  # the two models share no parameters\n"
+        ),
+        "                (policy_loss + args.vf_coef * vf_loss).backward()  # the two models share no parameters\n",
+        "PPO losses token means over each rank's rows, then summed",
+        f"{DIST} -k ppo_two_ranks",
+    ),
+    Mutation(
+        "ppo.py",
+        "advantages = masked_whiten(advantages, mask, all_sum=distributed.all_sum) * mask",
+        "advantages = masked_whiten(advantages, mask) * mask",
+        "PPO advantages whitened over each rank's tokens, not the batch's",
+        f"{DIST} -k ppo_two_ranks",
+    ),
+    Mutation(
+        "ppo.py",
+        (
+            '        kl_per_completion = distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})[\n'
+            '            "kl"\n'
+            "        ]  # the whole batch's\n"
+        ),
+        "        kl_per_completion = kl.sum(1).mean().item()  # the whole batch's\n",
+        "PPO's adaptive KL steered by each rank's own KL",
+        f"{DIST} -k ppo_two_ranks",
+    ),
+    Mutation(
+        "ppo.py",
+        "distributed.all_reduce_grads(policy), distributed.all_reduce_grads(critic)",
+        "distributed.all_reduce_grads(policy)",
+        "PPO critic gradients not summed over the ranks",
+        f"{DIST} -k ppo_two_ranks",
+    ),
+    Mutation(
+        "ppo.py",
+        "{k: v * share * distributed.world_size() for k, v in token_means.items()}",
+        "token_means",
+        "PPO logs the mean of each rank's token means, not the minibatch's",
+        f"{DIST} -k ppo_two_ranks",
+    ),
+    Mutation(
+        "ppo.py",
+        "explained_variance(old_values, returns, mask, all_sum=distributed.all_sum)",
+        "explained_variance(old_values, returns, mask)",
+        "PPO explained variance of each rank's tokens, averaged",
+        f"{DIST} -k ppo_two_ranks",
+    ),
+    Mutation(
+        "variants.py",
+        "(loss * share).backward()",
+        "loss.backward()",
+        "variants: each rank's loss a mean over its own share, then summed",
+        f"{DIST} -k variants_two_ranks",
+    ),
+    Mutation(
+        "variants.py",
+        "return masked_whiten(returns, mask, all_sum=distributed.all_sum) * mask",
+        "return masked_whiten(returns, mask) * mask",
+        "REINFORCE++ advantages whitened over each rank's tokens, not the batch's",
+        f"{DIST} -k variants_two_ranks",
+    ),
+    Mutation(
+        "variants.py",
+        "        distributed.all_reduce_grads(policy)  # Σ over the ranks",
+        "",
+        "variants: gradients not summed over the ranks",
+        f"{DIST} -k variants_two_ranks",
+    ),
+    Mutation(
+        "prm.py",
+        "        (loss * share).backward()",
+        "        loss.backward()",
+        "PRM loss a mean over each rank's steps, then summed",
+        f"{DIST} -k prm_two_ranks",
+    ),
+    Mutation(
+        "prm.py",
+        "    distributed.barrier()\n",
+        "",
+        "PRM: the other ranks read the labels before rank 0 has written them",
+        f"{DIST} -k prm_two_ranks",
+    ),
+    Mutation(
+        "infra/distributed.py",
+        "set_rng_state(states if world_size() == 1 else states[rank()], generator)",
+        "set_rng_state(states if world_size() == 1 else states[0], generator)",
+        "every rank resumed with rank 0's random states",
+        f"{DIST} -k resumes",
+    ),
 ]
 
 
@@ -762,8 +1925,13 @@ def repo_files() -> list[Path]:
     """Tracked and untracked (not ignored) .py and .sh files, everything under tests/, and pytest.ini; never runs/ or
     caches."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=REPO, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         names = [n for n in out.split("\0") if n]
     except (OSError, subprocess.CalledProcessError):  # not a git checkout: the same selection by walking
         names = [str(p.relative_to(REPO)) for p in REPO.rglob("*") if p.is_file()]
@@ -772,7 +1940,9 @@ def repo_files() -> list[Path]:
         parts = Path(name).parts
         if parts[0] in ("runs", ".git") or "__pycache__" in parts or any(p.startswith(".") for p in parts):
             continue
-        wanted = name.endswith((".py", ".sh")) or name == "pytest.ini" or parts[0] == "tests"  # .sh: dev/gpu_check.sh
+        wanted = (
+            name.endswith((".py", ".sh")) or name == "pytest.ini" or parts[0] == "tests"
+        )  # .sh: dev/gpu_check.sh
         if wanted and (REPO / name).is_file():
             keep.append(Path(name))
     return keep
@@ -806,16 +1976,34 @@ START_LOCK = threading.Lock()  # a pytest starts entirely before, or entirely af
 
 def run_pytest(root: Path, target: str, timeout: float):
     """(return code or None on time-out, seconds, output) of `pytest -x -q <target>` run inside `root`."""
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not embedded",
-           f"--basetemp={root / '.pytest_tmp'}", *shlex.split(target)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "not embedded",
+        f"--basetemp={root / '.pytest_tmp'}",
+        *shlex.split(target),
+    ]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.time()
     with START_LOCK:
         if STOPPING.is_set():
             return None, 0.0, "interrupted"
         # its own process group, so a time-out also ends the scripts it starts
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         RUNNING.add(proc)
     try:
         output, _ = proc.communicate(timeout=timeout)
@@ -866,7 +2054,9 @@ def baseline_targets(targets: list[str]) -> dict[str, str]:
         if None in exprs:  # one target runs the whole file
             combined[test_file] = test_file
         else:
-            combined[test_file] = f"{test_file} -k {shlex.quote(' or '.join(f'({e})' for e in sorted(set(exprs))))}"
+            combined[test_file] = (
+                f"{test_file} -k {shlex.quote(' or '.join(f'({e})' for e in sorted(set(exprs))))}"
+            )
     return combined
 
 
@@ -898,20 +2088,30 @@ def line(index: int, total: int, status: str, m: Mutation, seconds, detail: str 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", action="append", default=[], metavar="SUBSTRING",
-                        help="run only mutations whose 'file: description' contains SUBSTRING "
-                             "(case-insensitive; repeatable)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="SUBSTRING",
+        help="run only mutations whose 'file: description' contains SUBSTRING (case-insensitive; repeatable)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="mutations run at once (default 1)")
-    parser.add_argument("--list", action="store_true",
-                        help="print the mutations and whether each snippet is found, run nothing")
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="print the mutations and whether each snippet is found, run nothing",
+    )
     args = parser.parse_args()
 
     numbered = list(enumerate(MUTATIONS, 1))
     if args.only:
         wanted = [s.lower() for s in args.only]
-        numbered = [(i, m) for i, m in numbered if any(w in f"{m.file}: {m.description}".lower() for w in wanted)]
+        numbered = [
+            (i, m) for i, m in numbered if any(w in f"{m.file}: {m.description}".lower() for w in wanted)
+        ]
         if not numbered:
             print(f"no mutation matches {args.only}")
             return 0
@@ -953,7 +2153,9 @@ def main() -> int:
             print(f"  {'pass' if rc == 0 else 'FAIL':<4} {seconds:6.1f}s  pytest {target}", flush=True)
             if rc != 0:
                 why = "time-out" if rc is None else ("no test matched" if rc == 5 else f"exit status {rc}")
-                print(f"\nthe targets fail without any mutation ({why}); fix the tests or the targets first:\n")
+                print(
+                    f"\nthe targets fail without any mutation ({why}); fix the tests or the targets first:\n"
+                )
                 print("\n".join(output.splitlines()[-30:]))
                 return 1
 
@@ -989,11 +2191,15 @@ def main() -> int:
         finally:
             pool.shutdown()
 
-    counts = {s: sum(r["status"] == s for r in results.values()) for s in ("KILLED", "SURVIVED", "STALE", "ERROR")}
+    counts = {
+        s: sum(r["status"] == s for r in results.values()) for s in ("KILLED", "SURVIVED", "STALE", "ERROR")
+    }
     applied = len(results) - counts["STALE"]
     percent = 100.0 * counts["KILLED"] / applied if applied else 0.0
-    print(f"\nkilled {counts['KILLED']} of {applied} mutations ({percent:.0f}%)"
-          f"; {counts['SURVIVED']} survived, {counts['ERROR']} errors, {counts['STALE']} stale (not counted)")
+    print(
+        f"\nkilled {counts['KILLED']} of {applied} mutations ({percent:.0f}%)"
+        f"; {counts['SURVIVED']} survived, {counts['ERROR']} errors, {counts['STALE']} stale (not counted)"
+    )
     for status in ("SURVIVED", "ERROR", "STALE"):
         rows = [(i, MUTATIONS[i - 1]) for i in sorted(results) if results[i]["status"] == status]
         if rows:

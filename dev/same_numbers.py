@@ -46,13 +46,21 @@ def collect(out: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHF_CACHE": str(out / "cache")}
     for name, argv in RUNS.items():
         output_dir = out / name
-        proc = subprocess.run([sys.executable, *argv, "--output-dir", str(output_dir)], cwd=REPO, env=env,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, *argv, "--output-dir", str(output_dir)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             raise SystemExit(f"{name}: {proc.stderr[-2000:]}")
         (run_dir,) = list(output_dir.iterdir())
         rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-        numbers[name] = {"metrics": steady(rows), "eval": steady(json.loads((run_dir / "eval.json").read_text()))}
+        numbers[name] = {
+            "metrics": steady(rows),
+            "eval": steady(json.loads((run_dir / "eval.json").read_text())),
+        }
         print(f"{name}: {len(rows)} rows", flush=True)
     (out / "numbers.json").write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
 

@@ -52,7 +52,9 @@ def concat(items):
     if world_size() == 1:
         return items
     parts = gather(items)
-    return torch.cat([p.to(items.device) for p in parts]) if isinstance(items, torch.Tensor) else sum(parts, [])
+    return (
+        torch.cat([p.to(items.device) for p in parts]) if isinstance(items, torch.Tensor) else sum(parts, [])
+    )
 
 
 def all_sum(x):
@@ -76,8 +78,10 @@ def mean_over_ranks(stats: dict) -> dict:
         return stats
     values = torch.tensor([float(v) for v in stats.values()], dtype=torch.float64, device=_device())
     dist.all_reduce(values)
-    return {k: round(m) if isinstance(v, int) else m
-            for (k, v), m in zip(stats.items(), (values / world_size()).tolist())}
+    return {
+        k: round(m) if isinstance(v, int) else m
+        for (k, v), m in zip(stats.items(), (values / world_size()).tolist())
+    }
 
 
 def all_reduce_grads(model: torch.nn.Module) -> None:
@@ -95,7 +99,11 @@ def all_reduce_grads(model: torch.nn.Module) -> None:
 
 def _device() -> torch.device:
     """Where a collective's tensors live: the rank's GPU for nccl, the CPU for gloo."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )
 
 
 def from_main(obj):
@@ -118,7 +126,8 @@ def barrier(leave: bool = False) -> None:
 def gather(obj) -> list:
     """Every rank's `obj`, in rank order, on every rank. Sent as torch.save's bytes: all_gather_object cannot pickle
     the tensors inside random states, and torch.load(weights_only=True) reads back only plain data and tensors."""
-    buffer, objects = io.BytesIO(), [None] * world_size()
+    buffer = io.BytesIO()
+    objects = [None] * world_size()
     torch.save(obj, buffer)
     dist.all_gather_object(objects, buffer.getvalue())
     return [torch.load(io.BytesIO(data), weights_only=True) for data in objects]
@@ -130,9 +139,13 @@ def gather(obj) -> list:
 def rng_state(generator: Optional[torch.Generator] = None) -> dict:
     """Every random state a step draws from: python, numpy, torch (and CUDA), the sampling generator."""
     numpy_state = [torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in np.random.get_state()]
-    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "generator": generator.get_state() if generator is not None else None}
+    return {
+        "python": random.getstate(),
+        "numpy": numpy_state,
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "generator": generator.get_state() if generator is not None else None,
+    }
 
 
 def set_rng_state(state: dict, generator: Optional[torch.Generator] = None) -> None:

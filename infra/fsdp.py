@@ -20,11 +20,17 @@ Imports no module of the project.
 from __future__ import annotations
 
 import torch
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors on the CPU, gathered from the shards
+WHOLE = StateDictOptions(
+    full_state_dict=True, cpu_offload=True
+)  # whole tensors on the CPU, gathered from the shards
 
 
 def shard(on: bool, *models) -> None:
@@ -41,22 +47,33 @@ def shard(on: bool, *models) -> None:
         for unit in (inner.base_model, inner.score) if hasattr(inner, "score") else ():
             fully_shard(unit, reshard_after_forward=True)
         fully_shard(model, reshard_after_forward=True)
-        for module in filter(is_sharded, model.modules()):  # each unit's gradients: Σ over the ranks, not their mean
+        for module in filter(
+            is_sharded, model.modules()
+        ):  # each unit's gradients: Σ over the ranks, not their mean
             module.set_gradient_divide_factor(1.0)  # (each rank's loss is already its part of the batch's)
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no pre-multiplied sum
         model.fast_kernels = False  # common.fast_kernels: the plain code, which reads no whole weight itself
-        model.sharded = True  # read by common: no shared-prompt forward, and decoding until every rank's rows end
+        model.sharded = (
+            True  # read by common: no shared-prompt forward, and decoding until every rank's rows end
+        )
 
 
 def check_options(args, ranks: int, under_torchrun: bool, require) -> None:
     """--fsdp's checks: torchrun, no --merge-lora, a held-out set that divides over the ranks (a collective forward)."""
     if args.run.fsdp:
-        require(under_torchrun,
-                "--fsdp shards the model over torchrun's ranks: torchrun --nproc_per_node N script.py ...")
-        require(not args.lora.merge_lora, "--merge-lora does not run with --fsdp: merge the saved adapter afterwards "
-                "in one process (peft: PeftModel.from_pretrained(base, adapter).merge_and_unload())")
+        require(
+            under_torchrun,
+            "--fsdp shards the model over torchrun's ranks: torchrun --nproc_per_node N script.py ...",
+        )
+        require(
+            not args.lora.merge_lora,
+            "--merge-lora does not run with --fsdp: merge the saved adapter afterwards "
+            "in one process (peft: PeftModel.from_pretrained(base, adapter).merge_and_unload())",
+        )
         eval_size = getattr(args, "eval_size", None) or 0
-        require(eval_size % ranks == 0, f"--fsdp: --eval-size {eval_size} must divide over {ranks} torchrun ranks")
+        require(
+            eval_size % ranks == 0, f"--fsdp: --eval-size {eval_size} must divide over {ranks} torchrun ranks"
+        )
 
 
 def is_sharded(model) -> bool:
@@ -70,14 +87,18 @@ def whole_weights(model):
 
 def owner(optimizer: torch.optim.Optimizer, models: dict):
     """The one of `models` (name -> model: a policy, a critic) whose parameters `optimizer` updates."""
-    return next(m for m in models.values() if any(p is optimizer.param_groups[0]["params"][0] for p in m.parameters()))
+    return next(
+        m for m in models.values() if any(p is optimizer.param_groups[0]["params"][0] for p in m.parameters())
+    )
 
 
 def state_of(obj, models):
     """What a checkpoint keeps of an optimizer, scheduler or generator (a sharded model's optimizer: whole tensors)."""
     if isinstance(obj, torch.Generator):
         return obj.get_state()
-    if isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and obj.state:  # not before
+    if (
+        isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and obj.state
+    ):  # not before
         return get_optimizer_state_dict(model, obj, options=WHOLE)  # the first step
     return obj.state_dict()
 
@@ -86,7 +107,9 @@ def load_state(obj, state, models) -> None:
     """The inverse of state_of, on resume: a sharded model's optimizer takes each rank's shard of the whole state."""
     if isinstance(obj, torch.Generator):
         obj.set_state(state)
-    elif isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and state["state"]:
+    elif (
+        isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and state["state"]
+    ):
         set_optimizer_state_dict(model, obj, state, options=StateDictOptions(full_state_dict=True))
     else:
         obj.load_state_dict(state)

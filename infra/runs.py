@@ -77,18 +77,28 @@ class RunOptions:
     """also log to TensorBoard or Weights & Biases (pip install tensorboard / wandb; offline without a network)"""
 
 
-Shared = tyro.conf.OmitArgPrefixes  # a script's `run` and `lora`: flat flags (--device), a box of their own in --help
-shared = lambda group: dataclasses.field(default_factory=group)  # Args' `run` and `lora` fields
+FlatFlags = (
+    tyro.conf.OmitArgPrefixes
+)  # a script's `run` and `lora`: flat flags (--device), a box of their own in --help
+
+
+def option_group(group: type):
+    """An Args field holding one of the shared groups (`run`, `lora`), each script its own instance."""
+    return dataclasses.field(default_factory=group)
 
 
 def check_transformers(version: str) -> None:
     """The scripts call activation_checkpointing_enable and is_activation_checkpointing, which came in 5.23."""
     major, minor = (int(part) for part in version.split(".")[:2])
-    require((major, minor) >= (5, 23),
-            f"transformers {version} is older than the 5.23 these scripts need: pip install -U 'transformers>=5.23,<6'")
+    require(
+        (major, minor) >= (5, 23),
+        f"transformers {version} is older than the 5.23 these scripts need: pip install -U 'transformers>=5.23,<6'",
+    )
 
 
-def check_options(args, at_least_one: tuple[str, ...] = (), split: Optional[str] = None, alone: tuple = ()) -> None:
+def check_options(
+    args, at_least_one: tuple[str, ...] = (), split: Optional[str] = None, alone: tuple = ()
+) -> None:
     """The checks every script shares, made before anything loads: optimisation numbers, the counts that must be at
     least 1, LoRA, the tracker, the output folder; under torchrun, `split` over the ranks and no `alone` option on."""
     check_transformers(transformers.__version__)
@@ -97,35 +107,56 @@ def check_options(args, at_least_one: tuple[str, ...] = (), split: Optional[str]
     require(pass_k >= 0, f"--pass-k must be 0 (off) or a number of samples per problem, not {pass_k}")
     for name in at_least_one:
         require(getattr(args, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-    ranks, shared = distributed.world_size(), getattr(args, split) if split else 0  # shared: the batch size split
-    require(ranks == 1 or split is not None, f"{Path(sys.argv[0]).name} does not run under torchrun yet: run it alone")
-    require(shared % ranks == 0,
-            f"--{str(split).replace('_', '-')} {shared} does not divide over {ranks} torchrun ranks")
+    # shared: the batch size split
+    ranks = distributed.world_size()
+    shared = getattr(args, split) if split else 0
+    require(
+        ranks == 1 or split is not None,
+        f"{Path(sys.argv[0]).name} does not run under torchrun yet: run it alone",
+    )
+    require(
+        shared % ranks == 0,
+        f"--{str(split).replace('_', '-')} {shared} does not divide over {ranks} torchrun ranks",
+    )
     for name in alone:
-        require(ranks == 1 or not getattr(args, name), f"--{name.replace('_', '-')} does not run under torchrun yet")
+        require(
+            ranks == 1 or not getattr(args, name),
+            f"--{name.replace('_', '-')} does not run under torchrun yet",
+        )
     fsdp.check_options(args, ranks, distributed.under_torchrun(), require)
     require(args.lr is None or args.lr > 0, f"--lr must be > 0, not {args.lr}")  # `not >` refuses NaN too
-    require(args.max_grad_norm > 0, f"--max-grad-norm must be > 0 (a negative one flips the gradient), "
-                                    f"not {args.max_grad_norm}")
+    require(
+        args.max_grad_norm > 0,
+        f"--max-grad-norm must be > 0 (a negative one flips the gradient), not {args.max_grad_norm}",
+    )
     lora = args.lora
     if lora.lora_r:
         common.import_peft()
-        require(lora.lora_r > 0 and lora.lora_alpha > 0 and 0 <= lora.lora_dropout < 1,
-                f"LoRA needs --lora-r >= 1, --lora-alpha > 0 and --lora-dropout in [0, 1), not {lora.lora_r}, "
-                f"{lora.lora_alpha}, {lora.lora_dropout}")
+        require(
+            lora.lora_r > 0 and lora.lora_alpha > 0 and 0 <= lora.lora_dropout < 1,
+            f"LoRA needs --lora-r >= 1, --lora-alpha > 0 and --lora-dropout in [0, 1), not {lora.lora_r}, "
+            f"{lora.lora_alpha}, {lora.lora_dropout}",
+        )
     package = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(args.run.report_to)
-    require(not package or importlib.util.find_spec(package) is not None,
-            f"--report-to {args.run.report_to} needs the {package} package: pip install {package}")
+    require(
+        not package or importlib.util.find_spec(package) is not None,
+        f"--report-to {args.run.report_to} needs the {package} package: pip install {package}",
+    )
     existing = Path(args.run.output_dir).absolute()
-    while not existing.exists():  # created later, with the run folder; its nearest existing parent must take it
+    while (
+        not existing.exists()
+    ):  # created later, with the run folder; its nearest existing parent must take it
         existing = existing.parent
-    require(existing.is_dir(),
-            f"--output-dir {args.run.output_dir} is not a writable directory (a file is in the way: {existing})")
+    require(
+        existing.is_dir(),
+        f"--output-dir {args.run.output_dir} is not a writable directory (a file is in the way: {existing})",
+    )
     try:  # try it: os.access says yes to root on read-only mounts and /proc
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as e:
-        raise InputError(f"--output-dir {args.run.output_dir} is not a writable directory "
-                         f"({e.strerror}: {existing})") from None
+        raise InputError(
+            f"--output-dir {args.run.output_dir} is not a writable directory ({e.strerror}: {existing})"
+        ) from None
 
 
 def cli(main: Callable, args_class) -> dict:
@@ -161,8 +192,10 @@ def _one_line_error(message: str) -> None:
 
 def _out_of_memory(error: BaseException) -> str:
     where = "CUDA" if isinstance(error, torch.OutOfMemoryError) and "CUDA" in str(error) else "the machine"
-    return (f"out of memory on {where}; {_resume_hint()}. Lower --batch-size, add --gradient-checkpointing, "
-            "or lower --max-new-tokens")
+    return (
+        f"out of memory on {where}; {_resume_hint()}. Lower --batch-size, add --gradient-checkpointing, "
+        "or lower --max-new-tokens"
+    )
 
 
 def _resume_hint() -> str:
@@ -181,7 +214,9 @@ CACHE_DIR = Path(os.environ.get("RLHF_CACHE", Path.home() / ".cache" / "minimal-
 _RUN_DIR: Optional[Path] = None  # the current run's folder, for the one line printed on Ctrl-C
 
 
-def make_run_dir(output_dir: str, algo: str, model: str, seed: int, args, resume: Optional[str] = None) -> Path:
+def make_run_dir(
+    output_dir: str, algo: str, model: str, seed: int, args, resume: Optional[str] = None
+) -> Path:
     """A new folder runs/<algo>-<model>-<seed>-<time>/ with args.json; with `resume`, that run's folder."""
     global _RUN_DIR
     if resume:
@@ -194,9 +229,11 @@ def make_run_dir(output_dir: str, algo: str, model: str, seed: int, args, resume
     if name == "model":  # a checkpoint of this project: runs/sft-smollm2-0-<time>/model -> sft-smollm2
         name = re.sub(r"-\d+-\d{8}-\d{6}(-\d+)?$", "", Path(model).resolve().parent.name)
     base = Path(output_dir) / f"{algo}-{name}-{seed}-{stamp}"
-    run_dir, n = base, 1
+    run_dir = base
+    n = 1
     while run_dir.exists():  # two runs started in the same second
-        run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
+        run_dir = base.with_name(f"{base.name}-{n}")
+        n = n + 1
     run_dir.mkdir(parents=True)
     (run_dir / "args.json").write_text(json.dumps(asdict(args), indent=2) + "\n")
     _RUN_DIR = run_dir
@@ -208,14 +245,23 @@ def load_trainer_state(resume: Optional[str], steps: int) -> Optional[dict]:
     if not resume:
         return None
     path = Path(resume) / "model" / "trainer_state.pt"
-    require(path.is_file(),
-            f"--resume {resume}: no checkpoint there (expected {path}); it is written at each --save-every step")
+    require(
+        path.is_file(),
+        f"--resume {resume}: no checkpoint there (expected {path}); it is written at each --save-every step",
+    )
     state = torch.load(path, weights_only=True)
-    require(state["step"] < steps,
-            f"--resume {resume}: the run is already at step {state['step']}; pass a larger --steps to extend it")
-    saved_by = len(state["rng"]) if isinstance(state["rng"], list) else 1  # a list of each rank's (rng_states)
-    require(saved_by == distributed.world_size(), f"--resume {resume}: saved by {saved_by} process(es), resumed "
-            f"by {distributed.world_size()}; resume it with as many (torchrun --nproc_per_node {saved_by})")
+    require(
+        state["step"] < steps,
+        f"--resume {resume}: the run is already at step {state['step']}; pass a larger --steps to extend it",
+    )
+    saved_by = (
+        len(state["rng"]) if isinstance(state["rng"], list) else 1
+    )  # a list of each rank's (rng_states)
+    require(
+        saved_by == distributed.world_size(),
+        f"--resume {resume}: saved by {saved_by} process(es), resumed "
+        f"by {distributed.world_size()}; resume it with as many (torchrun --nproc_per_node {saved_by})",
+    )
     return state
 
 
@@ -228,27 +274,41 @@ class MetricsLog:
         self.path = path
         self.start = time.time()
         if resume_step and path.exists():
-            rows = [line for line in path.read_text().splitlines(True) if json.loads(line)["step"] <= resume_step]
+            rows = [
+                line for line in path.read_text().splitlines(True) if json.loads(line)["step"] <= resume_step
+            ]
             path.write_text("".join(rows))
         self.tensorboard = self.wandb = None
         if report_to == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
-            self.tensorboard = SummaryWriter(str(path.parent / "tensorboard"), purge_step=resume_step + 1 if resume_step
-                                             else None)
+
+            self.tensorboard = SummaryWriter(
+                str(path.parent / "tensorboard"), purge_step=resume_step + 1 if resume_step else None
+            )
         elif report_to == "wandb":
             import wandb
+
             # Offline (files in the run folder, `wandb sync` them later) unless WANDB_MODE says otherwise
             # and the service can be reached: a machine without a network must not hang or fail here.
             mode = os.environ.get("WANDB_MODE") or ("online" if reachable("api.wandb.ai") else "offline")
-            self.wandb = wandb.init(project="minimal-rlhf", name=path.parent.name, dir=str(path.parent), mode=mode,
-                                    id=re.sub(r"[^\w-]", "-", path.parent.name), resume="allow",
-                                    config=asdict(args) if args is not None else None)
+            self.wandb = wandb.init(
+                project="minimal-rlhf",
+                name=path.parent.name,
+                dir=str(path.parent),
+                mode=mode,
+                id=re.sub(r"[^\w-]", "-", path.parent.name),
+                resume="allow",
+                config=asdict(args) if args is not None else None,
+            )
 
     def write(self, step: int, metrics: dict) -> None:
         """metrics.jsonl gets 6 significant digits (an lr of 2e-7 stays 2e-7), the trackers the values as they are."""
         row = {"step": step, "time/elapsed": round(time.time() - self.start, 2), **metrics}
         with open(self.path, "a") as f:
-            f.write(json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in row.items()}) + "\n")
+            f.write(
+                json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in row.items()})
+                + "\n"
+            )
         self.track(step, {f"train/{k}": v for k, v in row.items() if k != "step"})
 
     def track(self, step: int, metrics: dict) -> None:
@@ -262,8 +322,10 @@ class MetricsLog:
 
     def write_eval(self, evaluation: dict) -> dict:
         """An evaluation's numbers to the tracker as eval/... (eval.json keeps them, not metrics.jsonl)."""
-        self.track(evaluation["step"], {k if k.startswith("eval/") else f"eval/{k}": v
-                                        for k, v in evaluation.items() if k != "step"})
+        self.track(
+            evaluation["step"],
+            {k if k.startswith("eval/") else f"eval/{k}": v for k, v in evaluation.items() if k != "step"},
+        )
         return evaluation
 
     def close(self) -> None:
@@ -277,6 +339,7 @@ def plot_curves(run_dir: Path, evals: list[dict], accuracy_key: str = "accuracy"
     """curves.png: reward (or loss), KL and held-out accuracy against step; skipped, with a note, without matplotlib."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -284,9 +347,11 @@ def plot_curves(run_dir: Path, evals: list[dict], accuracy_key: str = "accuracy"
         return
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     first = "reward" if any("reward" in r for r in rows) else "loss"
-    panels = [(first, [(r["step"], r[first]) for r in rows if first in r]),
-              ("kl", [(r["step"], r["kl"]) for r in rows if "kl" in r]),
-              (f"held-out {accuracy_key}", [(e["step"], e[accuracy_key]) for e in evals if accuracy_key in e])]
+    panels = [
+        (first, [(r["step"], r[first]) for r in rows if first in r]),
+        ("kl", [(r["step"], r["kl"]) for r in rows if "kl" in r]),
+        (f"held-out {accuracy_key}", [(e["step"], e[accuracy_key]) for e in evals if accuracy_key in e]),
+    ]
     panels = [(name, points) for name, points in panels if points]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
     for ax, (name, points) in zip(axes[0], panels):
@@ -310,8 +375,15 @@ def reachable(host: str) -> bool:
 
 
 def progress(steps: int, desc: str, initial: int = 0, leave: bool = True):
-    return tqdm(total=steps, desc=desc, initial=initial, leave=leave, dynamic_ncols=True, file=sys.stderr,
-                disable=not distributed.is_main())
+    return tqdm(
+        total=steps,
+        desc=desc,
+        initial=initial,
+        leave=leave,
+        dynamic_ncols=True,
+        file=sys.stderr,
+        disable=not distributed.is_main(),
+    )
 
 
 def peak_memory_gb(device: torch.device) -> float:
@@ -321,21 +393,38 @@ def peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def save_checkpoint(model, tokenizer, path: Path, state: Optional[dict] = None, others: Optional[dict] = None,
-                    weights: Optional[dict] = None) -> None:
+def save_checkpoint(
+    model,
+    tokenizer,
+    path: Path,
+    state: Optional[dict] = None,
+    others: Optional[dict] = None,
+    weights: Optional[dict] = None,
+) -> None:
     """`model` as a save_pretrained folder (`others`, e.g. a critic, in subfolders; `weights[name]`, if given, is one
     of them as whole tensors, gathered from a sharded model) and, for --resume, trainer_state.pt (optimizers,
     schedulers, RNG states, step, data position, evaluations). Written to a temporary folder, then swapped in: an
     interrupted save never replaces a good one, and non-finite weights are never written."""
-    models, weights = {"": model, **(others or {})}, weights or {}
-    tensors = [t for name, m in models.items() for t in (weights.get(name) or dict(m.named_parameters())).values()]
-    require(all(torch.isfinite(t).all() for t in tensors),
-            f"refusing to save non-finite weights to {path}; the previous checkpoint there is kept")
+    models = {"": model, **(others or {})}
+    weights = weights or {}
+    tensors = [
+        t for name, m in models.items() for t in (weights.get(name) or dict(m.named_parameters())).values()
+    ]
+    require(
+        all(torch.isfinite(t).all() for t in tensors),
+        f"refusing to save non-finite weights to {path}; the previous checkpoint there is kept",
+    )
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
-    for name, m in models.items():  # a LoRA model saves its adapter (and heads); never look up its base on the Hub
-        m.save_pretrained(tmp / name, **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}),
-                          **({"state_dict": weights[name]} if weights.get(name) else {}))
+    for (
+        name,
+        m,
+    ) in models.items():  # a LoRA model saves its adapter (and heads); never look up its base on the Hub
+        m.save_pretrained(
+            tmp / name,
+            **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}),
+            **({"state_dict": weights[name]} if weights.get(name) else {}),
+        )
     tokenizer.save_pretrained(tmp)
     if state is not None:
         torch.save(state, tmp / "trainer_state.pt")
@@ -354,16 +443,37 @@ class Run:
     check_finite, log, evaluate and save_if_due, and finish(...) at the end. `evaluate(step, pass_k)` returns a
     dict; `eval_row` picks its numbers that go into eval.json's list of evaluations."""
 
-    def __init__(self, args, algo: str, tokenizer, device: torch.device, resumed: Optional[dict] = None,
-                 eval_row: Callable[[dict], dict] = lambda result: {"accuracy": result["accuracy"]},
-                 accuracy_key: str = "accuracy"):
-        self.args, self.algo, self.tokenizer, self.device, self.resumed = args, algo, tokenizer, device, resumed
-        self.eval_row, self.accuracy_key, self.bar = eval_row, accuracy_key, None  # the bar: begin()'s
+    def __init__(
+        self,
+        args,
+        algo: str,
+        tokenizer,
+        device: torch.device,
+        resumed: Optional[dict] = None,
+        eval_row: Callable[[dict], dict] = lambda result: {"accuracy": result["accuracy"]},
+        accuracy_key: str = "accuracy",
+    ):
+        self.args = args
+        self.algo = algo
+        self.tokenizer = tokenizer
+        self.device = device
+        self.resumed = resumed
+        # the bar: begin()'s
+        self.eval_row = eval_row
+        self.accuracy_key = accuracy_key
+        self.bar = None
         self.main = distributed.is_main()  # under torchrun rank 0 alone writes; the others log to nowhere
-        made = self.main and make_run_dir(args.run.output_dir, algo, args.model, args.seed, args, args.run.resume)
+        made = self.main and make_run_dir(
+            args.run.output_dir, algo, args.model, args.seed, args, args.run.resume
+        )
         self.dir = Path(distributed.from_main(str(made)))  # rank 0's folder, known to every rank
-        self.metrics = MetricsLog(self.dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.run.report_to,
-                                  args) if self.main else MetricsLog(Path(os.devnull))
+        self.metrics = (
+            MetricsLog(
+                self.dir / "metrics.jsonl", resumed["step"] if resumed else 0, args.run.report_to, args
+            )
+            if self.main
+            else MetricsLog(Path(os.devnull))
+        )
         self.save_every = args.run.save_every or args.eval_every
         self.last_good = resumed["step"] if resumed else None  # the step of the last checkpoint written
         self.first_step = resumed["step"] + 1 if resumed else 1
@@ -371,12 +481,25 @@ class Run:
         self.before: Optional[dict] = resumed["before"] if resumed else None
         print(f"run folder: {self.dir}")  # rank 0's; under torchrun the others print to nowhere (join_ranks)
 
-    def keep(self, model, generator: Optional[torch.Generator] = None, others: Optional[dict] = None,
-             extra: Callable[[], dict] = dict, **stateful) -> None:
+    def keep(
+        self,
+        model,
+        generator: Optional[torch.Generator] = None,
+        others: Optional[dict] = None,
+        extra: Callable[[], dict] = dict,
+        **stateful,
+    ) -> None:
         """What a checkpoint holds: `model` (and `others`, e.g. a critic), every `stateful` object's state
         (optimizers, schedulers, generators), the RNG states, and `extra()`; restored now when resuming."""
-        self.model, self.generator, self.others, self.extra, self.stateful = model, generator, others, extra, stateful
-        self.models = {"": model, **(others or {})}  # an optimizer's state is gathered with its own model's (--fsdp)
+        self.model = model
+        self.generator = generator
+        self.others = others
+        self.extra = extra
+        self.stateful = stateful
+        self.models = {
+            "": model,
+            **(others or {}),
+        }  # an optimizer's state is gathered with its own model's (--fsdp)
         if self.resumed:
             for name, obj in stateful.items():
                 fsdp.load_state(obj, self.resumed[name], self.models)
@@ -388,7 +511,8 @@ class Run:
         if self.before is None:
             self.before = evaluate(0, getattr(self.args, "pass_k", 0))
             self.evals.append(self.metrics.write_eval({"step": 0, **self.eval_row(self.before)}))
-        self.eval_seconds, self.loop_start = time.time() - start, time.time()
+        self.eval_seconds = time.time() - start
+        self.loop_start = time.time()
         self.bar = progress(self.args.steps, self.algo, initial=self.first_step - 1)
         return self.before
 
@@ -399,23 +523,33 @@ class Run:
             where = "no checkpoint was saved"
             if self.last_good:
                 where = f"the last good checkpoint (step {self.last_good}) is in {self.dir / 'model'}"
-            raise InputError(f"{what} became {value.item()} at step {step}; stopped without saving it; {where}. "
-                             "Try a lower --lr")
+            raise InputError(
+                f"{what} became {value.item()} at step {step}; stopped without saving it; {where}. Try a lower --lr"
+            )
 
     def log(self, step: int, stats: dict, postfix: Optional[dict] = None) -> None:
         """One line of metrics.jsonl (and the trackers), and the progress bar."""
         self.metrics.write(step, {**stats, "memory/peak_gb": peak_memory_gb(self.device)})
         self.bar.update(1)
         self.bar.set_postfix(postfix or {})
-        if self.main and step - self.first_step in (0, 1) and step < self.args.steps:  # the expected duration, after
-            step_s, self.loop_start = time.time() - self.loop_start, time.time()  # the 1st step, and the 2nd alone
-            every, steps_left = self.args.eval_every, self.args.steps - step
+        if (
+            self.main and step - self.first_step in (0, 1) and step < self.args.steps
+        ):  # the expected duration, after
+            # the 1st step, and the 2nd alone
+            step_s = time.time() - self.loop_start
+            self.loop_start = time.time()
+            every = self.args.eval_every
+            steps_left = self.args.steps - step
             evals_left = 1 + ((self.args.steps - 1) // every - step // every if every else 0)
-            pass_k_s = min(self.before.get("pass_k_seconds", 0.0), self.eval_seconds)  # pass@k: again at the end only
+            pass_k_s = min(
+                self.before.get("pass_k_seconds", 0.0), self.eval_seconds
+            )  # pass@k: again at the end only
             left = step_s * steps_left + (self.eval_seconds - pass_k_s) * evals_left + pass_k_s  # seconds
-            self.bar.write(f"{self.algo}: step {step} took {step_s:.1f} s; about "
-                           f"{f'{left / 60:.1f} min' if left >= 60 else f'{left:.0f} s'} to go "
-                           f"(steps: {steps_left}, evaluations: {evals_left})")
+            self.bar.write(
+                f"{self.algo}: step {step} took {step_s:.1f} s; about "
+                f"{f'{left / 60:.1f} min' if left >= 60 else f'{left:.0f} s'} to go "
+                f"(steps: {steps_left}, evaluations: {evals_left})"
+            )
 
     def evaluate(self, step: int, evaluate: Callable) -> None:
         """The held-out evaluation every --eval-every steps (the last step's is finish's)."""
@@ -426,19 +560,39 @@ class Run:
 
     def save_if_due(self, step: int) -> None:
         """A full checkpoint every --save-every steps (default: at each evaluation)."""
-        if self.args.run.save_model and self.save_every and step % self.save_every == 0 and step < self.args.steps:
+        if (
+            self.args.run.save_model
+            and self.save_every
+            and step % self.save_every == 0
+            and step < self.args.steps
+        ):
             self.save(step)
 
     def save(self, step: int) -> None:
-        state = {"step": step, "rng": distributed.rng_states(self.generator), "evals": self.evals, **self.extra(),
-                 "before": self.before, **{name: fsdp.state_of(o, self.models) for name, o in self.stateful.items()}}
-        weights = {name: fsdp.whole_weights(m) for name, m in self.models.items()}  # --fsdp: from every rank's shard
+        state = {
+            "step": step,
+            "rng": distributed.rng_states(self.generator),
+            "evals": self.evals,
+            **self.extra(),
+            "before": self.before,
+            **{name: fsdp.state_of(o, self.models) for name, o in self.stateful.items()},
+        }
+        weights = {
+            name: fsdp.whole_weights(m) for name, m in self.models.items()
+        }  # --fsdp: from every rank's shard
         if self.main:
-            save_checkpoint(self.model, self.tokenizer, self.dir / "model", state, others=self.others, weights=weights)
+            save_checkpoint(
+                self.model, self.tokenizer, self.dir / "model", state, others=self.others, weights=weights
+            )
         self.last_good = step
 
-    def finish(self, evaluate: Callable, results: Callable[[dict, dict], dict], headline: Callable[[dict, dict], str],
-               last_step: Optional[int] = None) -> dict:
+    def finish(
+        self,
+        evaluate: Callable,
+        results: Callable[[dict, dict], dict],
+        headline: Callable[[dict, dict], str],
+        last_step: Optional[int] = None,
+    ) -> dict:
         """The final evaluation, eval.json, curves.png, the last checkpoint (after eval.json: a failed save, a full
         disk, never loses the results), the merged model with --merge-lora, and the summary. `results(before,
         after)` gives eval.json's own numbers; `last_step` is the last step trained (PPO's --kl-budget may stop
@@ -449,11 +603,20 @@ class Run:
         if self.evals[-1]["step"] == last_step:  # a stop right after an evaluation: the final one replaces it
             self.evals.pop()
         self.evals.append(self.metrics.write_eval({"step": last_step, **self.eval_row(after)}))
-        samples = {"samples_before": self.before["samples"], "samples_after": after["samples"]} if "samples" in after \
+        samples = (
+            {"samples_before": self.before["samples"], "samples_after": after["samples"]}
+            if "samples" in after
             else {}
-        result = {**results(self.before, after), "evals": self.evals, "steps": self.args.steps,
-                  "wall_time_s": round(time.time() - self.metrics.start, 1),
-                  "memory/peak_gb": peak_memory_gb(self.device), **samples, "run_dir": str(self.dir)}
+        )
+        result = {
+            **results(self.before, after),
+            "evals": self.evals,
+            "steps": self.args.steps,
+            "wall_time_s": round(time.time() - self.metrics.start, 1),
+            "memory/peak_gb": peak_memory_gb(self.device),
+            **samples,
+            "run_dir": str(self.dir),
+        }
         if self.main:
             (self.dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n")
             plot_curves(self.dir, self.evals, self.accuracy_key)
@@ -461,10 +624,17 @@ class Run:
             self.save(last_step)
             if self.main and self.args.lora.lora_r and self.args.lora.merge_lora:
                 merged = copy.deepcopy(self.model).merge_and_unload()  # a plain from_pretrained checkpoint
-                merged.save_pretrained(self.dir / "merged"), self.tokenizer.save_pretrained(self.dir / "merged")
+                (
+                    merged.save_pretrained(self.dir / "merged"),
+                    self.tokenizer.save_pretrained(self.dir / "merged"),
+                )
         self.metrics.close()
         minutes, seconds = divmod(round(result["wall_time_s"]), 60)
-        print(f"{headline(self.before, after)}\nwall time {minutes} min {seconds} s; "
-              f"peak memory {result['memory/peak_gb']:.2f} GiB\nrun folder {result['run_dir']}")
-        distributed.barrier(leave=True)  # under torchrun: every rank done, the group left, the process ended here
+        print(
+            f"{headline(self.before, after)}\nwall time {minutes} min {seconds} s; "
+            f"peak memory {result['memory/peak_gb']:.2f} GiB\nrun folder {result['run_dir']}"
+        )
+        distributed.barrier(
+            leave=True
+        )  # under torchrun: every rank done, the group left, the process ended here
         return result

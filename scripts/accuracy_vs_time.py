@@ -28,8 +28,12 @@ def curve(run_dir: Path) -> tuple[list[float], list[float]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="run folders (each with eval.json and metrics.jsonl)")
-    parser.add_argument("--label", action="append", default=[], help="one per run, in order (default: folder name)")
+    parser.add_argument(
+        "runs", nargs="+", type=Path, help="run folders (each with eval.json and metrics.jsonl)"
+    )
+    parser.add_argument(
+        "--label", action="append", default=[], help="one per run, in order (default: folder name)"
+    )
     parser.add_argument("--out", type=Path, default=Path("accuracy_vs_time.png"))
     parser.add_argument("--title", default="held-out accuracy against wall time")
     args = parser.parse_args(argv)
@@ -49,8 +53,14 @@ def main(argv: list[str] | None = None) -> None:
     drawn = set()
     for run, label in zip(args.runs, labels):
         minutes, accuracy = curve(run)
-        ax.plot(minutes, accuracy, marker="o", markersize=3, color=colours[label],
-                label=None if label in drawn else label)
+        ax.plot(
+            minutes,
+            accuracy,
+            marker="o",
+            markersize=3,
+            color=colours[label],
+            label=None if label in drawn else label,
+        )
         drawn.add(label)
     ax.set(xlabel="wall time (min)", ylabel="held-out accuracy", title=args.title)
     ax.grid(alpha=0.3)

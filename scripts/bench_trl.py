@@ -64,38 +64,88 @@ import preferences  # noqa: E402
 from infra import runs  # noqa: E402
 import tasks  # noqa: E402
 
-NO_TRL = ("error: scripts/bench_trl.py needs TRL, which is never a dependency of this project: "
-          "python -m venv --system-site-packages /tmp/trl && /tmp/trl/bin/pip install trl, "
-          "then run it with /tmp/trl/bin/python")
+NO_TRL = (
+    "error: scripts/bench_trl.py needs TRL, which is never a dependency of this project: "
+    "python -m venv --system-site-packages /tmp/trl && /tmp/trl/bin/pip install trl, "
+    "then run it with /tmp/trl/bin/python"
+)
 DEFAULT_STEPS = {"grpo": 12, "dpo": 22}  # the docs' runs
 # the settings printed before training, as the trainer holds them after its own defaults and checks
-SHOWN = {"grpo": ["per_device_train_batch_size", "num_generations", "generation_batch_size", "max_completion_length",
-                  "temperature", "top_p", "top_k", "learning_rate", "beta", "num_iterations", "epsilon", "loss_type",
-                  "scale_rewards"],
-         "dpo": ["per_device_train_batch_size", "beta", "learning_rate", "loss_type", "max_length",
-                 "precompute_ref_log_probs"]}
-SHOWN_BOTH = ["max_steps", "bf16", "use_cpu", "gradient_checkpointing", "optim", "weight_decay", "max_grad_norm",
-              "lr_scheduler_type", "warmup_steps", "gradient_accumulation_steps", "seed"]
+SHOWN = {
+    "grpo": [
+        "per_device_train_batch_size",
+        "num_generations",
+        "generation_batch_size",
+        "max_completion_length",
+        "temperature",
+        "top_p",
+        "top_k",
+        "learning_rate",
+        "beta",
+        "num_iterations",
+        "epsilon",
+        "loss_type",
+        "scale_rewards",
+    ],
+    "dpo": [
+        "per_device_train_batch_size",
+        "beta",
+        "learning_rate",
+        "loss_type",
+        "max_length",
+        "precompute_ref_log_probs",
+    ],
+}
+SHOWN_BOTH = [
+    "max_steps",
+    "bf16",
+    "use_cpu",
+    "gradient_checkpointing",
+    "optim",
+    "weight_decay",
+    "max_grad_norm",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "gradient_accumulation_steps",
+    "seed",
+]
 PAIRS = "tests/data/pairs.jsonl"
 SEED = 0  # the project scripts' default: which prompts and pairs; TRL's own seed (42) drives its sampling
 # what `python dpo.py --precision bf16-mixed` samples its own pairs with (dpo.Args' defaults)
-OWN_PAIRS = {"num_prompts": 512, "samples_per_prompt": 8, "max_new_tokens": 32, "temperature": 0.7,
-             "eval_size": 200}
+OWN_PAIRS = {
+    "num_prompts": 512,
+    "samples_per_prompt": 8,
+    "max_new_tokens": 32,
+    "temperature": 0.7,
+    "eval_size": 200,
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     trainers = parser.add_subparsers(dest="trainer", required=True, metavar="{grpo,dpo}")
     grpo = trainers.add_parser("grpo", help="TRL's GRPOTrainer, as `grpo.py --beta 0 --precision bf16-mixed`")
-    grpo.add_argument("--beta", type=float, default=0.0,
-                      help="KL coefficient (default 0, as in the docs' comparison; grpo.py's own default is 0.04)")
+    grpo.add_argument(
+        "--beta",
+        type=float,
+        default=0.0,
+        help="KL coefficient (default 0, as in the docs' comparison; grpo.py's own default is 0.04)",
+    )
     dpo = trainers.add_parser("dpo", help="TRL's DPOTrainer, as `dpo.py --precision bf16-mixed`")
-    dpo.add_argument("--dataset", default=PAIRS,
-                     help=f"pairs JSONL (default {PAIRS}, as in the docs), or `own`: the model's own cached pairs")
+    dpo.add_argument(
+        "--dataset",
+        default=PAIRS,
+        help=f"pairs JSONL (default {PAIRS}, as in the docs), or `own`: the model's own cached pairs",
+    )
     for name, sub in (("grpo", grpo), ("dpo", dpo)):
-        sub.add_argument("--steps", type=int, default=DEFAULT_STEPS[name],
-                         help=f"optimizer steps (default {DEFAULT_STEPS[name]}, as in the docs)")
+        sub.add_argument(
+            "--steps",
+            type=int,
+            default=DEFAULT_STEPS[name],
+            help=f"optimizer steps (default {DEFAULT_STEPS[name]}, as in the docs)",
+        )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, not {args.steps}")
@@ -108,21 +158,41 @@ def grpo_trainer(args, tokenizer, output_dir: str):
     from datasets import Dataset
 
     prompts_per_step, group_size = 4, 8
-    stream, _ = tasks.load_problems(None, SEED, eval_size=8, prompts_per_step=prompts_per_step)  # grpo.py's stream
+    stream, _ = tasks.load_problems(
+        None, SEED, eval_size=8, prompts_per_step=prompts_per_step
+    )  # grpo.py's stream
     problems = [next(stream) for _ in range(prompts_per_step * args.steps)]
-    dataset = Dataset.from_list([{"prompt": tasks.format_prompt(tokenizer, p.prompt), "answer": p.answer}
-                                 for p in problems])
+    dataset = Dataset.from_list(
+        [{"prompt": tasks.format_prompt(tokenizer, p.prompt), "answer": p.answer} for p in problems]
+    )
 
     def verifier(completions, answer, **_):
         return [tasks.verify(completion, a) for completion, a in zip(completions, answer)]
 
     config = trl.GRPOConfig(
-        output_dir=output_dir, max_steps=args.steps, per_device_train_batch_size=prompts_per_step * group_size,
-        num_generations=group_size, max_completion_length=32, temperature=1.0, learning_rate=1e-5,
-        beta=args.beta, num_iterations=1, bf16=True, use_cpu=True, logging_steps=1, save_strategy="no",
-        eval_strategy="no", report_to="none")
-    return trl.GRPOTrainer(model=models.model_path("smollm2"), reward_funcs=verifier, args=config,
-                           train_dataset=dataset, processing_class=tokenizer)
+        output_dir=output_dir,
+        max_steps=args.steps,
+        per_device_train_batch_size=prompts_per_step * group_size,
+        num_generations=group_size,
+        max_completion_length=32,
+        temperature=1.0,
+        learning_rate=1e-5,
+        beta=args.beta,
+        num_iterations=1,
+        bf16=True,
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+    )
+    return trl.GRPOTrainer(
+        model=models.model_path("smollm2"),
+        reward_funcs=verifier,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
 
 
 def dpo_trainer(args, tokenizer, output_dir: str):
@@ -134,17 +204,45 @@ def dpo_trainer(args, tokenizer, output_dir: str):
     # OWN_PAIRS is what they are sampled with, unused for a file)
     dataset = None if args.dataset == "own" else repo_file(args.dataset)
     train, _, _ = preferences.load_preference_pairs(
-        dataset, "smollm2", tokenizer, SEED, OWN_PAIRS["num_prompts"], OWN_PAIRS["samples_per_prompt"],
-        OWN_PAIRS["max_new_tokens"], OWN_PAIRS["temperature"], torch.device("cpu"), "bf16-mixed",
-        OWN_PAIRS["eval_size"])
-    dataset = Dataset.from_list([{"prompt": tasks.format_prompt(tokenizer, p["prompt"]), "chosen": p["chosen"],
-                                  "rejected": p["rejected"]} for p in train])
+        dataset,
+        "smollm2",
+        tokenizer,
+        SEED,
+        OWN_PAIRS["num_prompts"],
+        OWN_PAIRS["samples_per_prompt"],
+        OWN_PAIRS["max_new_tokens"],
+        OWN_PAIRS["temperature"],
+        torch.device("cpu"),
+        "bf16-mixed",
+        OWN_PAIRS["eval_size"],
+    )
+    dataset = Dataset.from_list(
+        [
+            {
+                "prompt": tasks.format_prompt(tokenizer, p["prompt"]),
+                "chosen": p["chosen"],
+                "rejected": p["rejected"],
+            }
+            for p in train
+        ]
+    )
     print(f"{len(train)} training pairs")
     config = trl.DPOConfig(
-        output_dir=output_dir, max_steps=args.steps, per_device_train_batch_size=8, beta=0.1, learning_rate=5e-6,
-        bf16=True, use_cpu=True, logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none")
-    return trl.DPOTrainer(model=models.model_path("smollm2"), args=config, train_dataset=dataset,
-                          processing_class=tokenizer)
+        output_dir=output_dir,
+        max_steps=args.steps,
+        per_device_train_batch_size=8,
+        beta=0.1,
+        learning_rate=5e-6,
+        bf16=True,
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+    )
+    return trl.DPOTrainer(
+        model=models.model_path("smollm2"), args=config, train_dataset=dataset, processing_class=tokenizer
+    )
 
 
 def repo_file(path: str) -> str:
@@ -155,6 +253,7 @@ def repo_file(path: str) -> str:
 def step_timer():
     """A callback keeping each optimizer step's wall time: from the previous step's end (the first: training's
     start) to this one's, so generation, forward, backward, the optimizer and the step's logging are all in it."""
+
     class StepTimer(transformers.TrainerCallback):
         def __init__(self):
             self.times: list[float] = []
@@ -178,8 +277,10 @@ def summary(name: str, times: list[float]) -> str:
     kept = times[skip:]
     steps = f"step {skip + 1}" if len(kept) == 1 else f"steps {skip + 1}-{len(times)}"
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    return (f"trl {name}: {statistics.median(kept):.2f} s/step (median of {steps} of {len(times)}), "
-            f"peak RSS {peak_gib:.2f} GiB")
+    return (
+        f"trl {name}: {statistics.median(kept):.2f} s/step (median of {steps} of {len(times)}), "
+        f"peak RSS {peak_gib:.2f} GiB"
+    )
 
 
 def main(argv=None) -> None:
@@ -189,10 +290,14 @@ def main(argv=None) -> None:
         raise SystemExit(2)
     import trl
 
-    print(f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
     tokenizer = models.load_tokenizer("smollm2")
-    with tempfile.TemporaryDirectory(prefix="bench-trl-") as output_dir:  # save_strategy="no": nothing is written
+    with tempfile.TemporaryDirectory(
+        prefix="bench-trl-"
+    ) as output_dir:  # save_strategy="no": nothing is written
         trainer = (grpo_trainer if args.trainer == "grpo" else dpo_trainer)(args, tokenizer, output_dir)
         shown = SHOWN[args.trainer] + SHOWN_BOTH
         print("settings: " + ", ".join(f"{key}={getattr(trainer.args, key)}" for key in shown))
@@ -201,8 +306,11 @@ def main(argv=None) -> None:
         trainer.train()
     print("step times (s): " + " ".join(f"{t:.2f}" for t in timer.times))
     if args.trainer == "grpo":  # the docs compare completion lengths too (tokens per step)
-        lengths = [row["completions/mean_length"] for row in trainer.state.log_history
-                   if "completions/mean_length" in row]
+        lengths = [
+            row["completions/mean_length"]
+            for row in trainer.state.log_history
+            if "completions/mean_length" in row
+        ]
         print("mean completion length per step (tokens): " + " ".join(f"{n:.1f}" for n in lengths))
     print(summary(args.trainer, timer.times))
 

@@ -40,13 +40,24 @@ BETA_FLAG = {"grpo": "--beta", "ppo": "--kl-coef"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("algo", choices=["grpo", "ppo"],
-                        help="grpo: the task's verifier; ppo: a learned reward model (--reward-model)")
-    parser.add_argument("--betas", nargs="+", type=float, default=None,
-                        help="the β values (default: grpo 0 0.01 0.04 0.1 0.4; ppo 0.005 0.02 0.05 0.2 0.5)")
-    parser.add_argument("--reward-model", default=None, help="ppo: a reward_model.py checkpoint (runs/rm-.../model)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "algo",
+        choices=["grpo", "ppo"],
+        help="grpo: the task's verifier; ppo: a learned reward model (--reward-model)",
+    )
+    parser.add_argument(
+        "--betas",
+        nargs="+",
+        type=float,
+        default=None,
+        help="the β values (default: grpo 0 0.01 0.04 0.1 0.4; ppo 0.005 0.02 0.05 0.2 0.5)",
+    )
+    parser.add_argument(
+        "--reward-model", default=None, help="ppo: a reward_model.py checkpoint (runs/rm-.../model)"
+    )
     parser.add_argument("--model", default="smollm2", help="the starting model (default: smollm2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: the script's own)")
@@ -67,41 +78,80 @@ def parse_args(argv=None) -> argparse.Namespace:
 def one_beta(args, beta: float) -> dict:
     folder = args.out / f"beta-{beta:g}"
     folder.mkdir(parents=True, exist_ok=True)
-    command = [f"{args.algo}.py", BETA_FLAG[args.algo], str(beta), "--model", args.model, "--seed", str(args.seed),
-               "--steps", str(args.steps), "--eval-every", "0", "--eval-size", str(args.eval_size), "--pass-k", "0",
-               "--device", args.device, "--output-dir", str(folder),
-               *(["--reward-model", args.reward_model] if args.algo == "ppo" else []), *args.extra.split()]
+    command = [
+        f"{args.algo}.py",
+        BETA_FLAG[args.algo],
+        str(beta),
+        "--model",
+        args.model,
+        "--seed",
+        str(args.seed),
+        "--steps",
+        str(args.steps),
+        "--eval-every",
+        "0",
+        "--eval-size",
+        str(args.eval_size),
+        "--pass-k",
+        "0",
+        "--device",
+        args.device,
+        "--output-dir",
+        str(folder),
+        *(["--reward-model", args.reward_model] if args.algo == "ppo" else []),
+        *args.extra.split(),
+    ]
     run_dir = compare.finished_run(folder, command)
     if run_dir is None:
         compare.run(command, folder / "log.txt")
         run_dir = compare.finished_run(folder, command)
     evaluation = json.loads((run_dir / "eval.json").read_text())
     max_new_tokens = json.loads((run_dir / "args.json").read_text())["max_new_tokens"]
-    kl = compare.measured(run_dir / "kl.json", lambda: {"kl": compare.sampled_measures(
-        str(run_dir / "model"), args.model, args.eval_size, args.seed, args.device, 1, max_new_tokens)["kl"]})["kl"]
+    kl = compare.measured(
+        run_dir / "kl.json",
+        lambda: {
+            "kl": compare.sampled_measures(
+                str(run_dir / "model"), args.model, args.eval_size, args.seed, args.device, 1, max_new_tokens
+            )["kl"]
+        },
+    )["kl"]
     shutil.rmtree(run_dir / "model", ignore_errors=True)
-    last = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][-10:]  # the diversity β keeps: last 10 steps
-    return {"beta": beta, "accuracy_before": evaluation["accuracy_before"], "accuracy": evaluation["accuracy_after"],
-            "score_before": evaluation.get("score_before"), "score": evaluation.get("score_after"), "kl": kl,
-            "distinct": sum(r["completions/distinct"] for r in last) / len(last),
-            "entropy": sum(r["entropy"] for r in last) / len(last),
-            "wall_time_s": evaluation["wall_time_s"]}
+    last = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][
+        -10:
+    ]  # the diversity β keeps: last 10 steps
+    return {
+        "beta": beta,
+        "accuracy_before": evaluation["accuracy_before"],
+        "accuracy": evaluation["accuracy_after"],
+        "score_before": evaluation.get("score_before"),
+        "score": evaluation.get("score_after"),
+        "kl": kl,
+        "distinct": sum(r["completions/distinct"] for r in last) / len(last),
+        "entropy": sum(r["entropy"] for r in last) / len(last),
+        "wall_time_s": evaluation["wall_time_s"],
+    }
 
 
 def table(rows: list[dict], args) -> str:
     learned = args.algo == "ppo"
-    lines = [f"{args.algo}.py, seed {args.seed}, {args.steps} steps; {args.eval_size} held-out problems; "
-             "distinct and entropy are means over the last 10 training steps.", "",
-             "| β | KL to start (per completion) | held-out accuracy |"
-             + (" learned score (held-out, greedy) |" if learned else "")
-             + " distinct completions | entropy (nats per token) |",
-             "| --- | --- | --- |" + (" --- |" if learned else "") + " --- | --- |",
-             f"| starting model | 0 | {rows[0]['accuracy_before']:.3f} |"
-             + (f" {rows[0]['score_before']:.3f} |" if learned else "") + " | |"]
+    lines = [
+        f"{args.algo}.py, seed {args.seed}, {args.steps} steps; {args.eval_size} held-out problems; "
+        "distinct and entropy are means over the last 10 training steps.",
+        "",
+        "| β | KL to start (per completion) | held-out accuracy |"
+        + (" learned score (held-out, greedy) |" if learned else "")
+        + " distinct completions | entropy (nats per token) |",
+        "| --- | --- | --- |" + (" --- |" if learned else "") + " --- | --- |",
+        f"| starting model | 0 | {rows[0]['accuracy_before']:.3f} |"
+        + (f" {rows[0]['score_before']:.3f} |" if learned else "")
+        + " | |",
+    ]
     for r in rows:
-        lines.append(f"| {r['beta']:g} | {r['kl']:.2f} | {r['accuracy']:.3f} |"
-                     + (f" {r['score']:.3f} |" if learned else "")
-                     + f" {r['distinct']:.2f} | {r['entropy']:.2f} |")
+        lines.append(
+            f"| {r['beta']:g} | {r['kl']:.2f} | {r['accuracy']:.3f} |"
+            + (f" {r['score']:.3f} |" if learned else "")
+            + f" {r['distinct']:.2f} | {r['entropy']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -109,8 +159,9 @@ def picture(rows: list[dict], args, path: Path) -> None:
     plt = compare.pyplot(path)
     if plt is None:
         return
-    panels = ([("held-out accuracy", "accuracy", "accuracy_before")]
-              + ([("learned score (held-out)", "score", "score_before")] if args.algo == "ppo" else []))
+    panels = [("held-out accuracy", "accuracy", "accuracy_before")] + (
+        [("learned score (held-out)", "score", "score_before")] if args.algo == "ppo" else []
+    )
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
     for ax, (title, key, start) in zip(axes[0], panels):
         # joined in order of KL, not of β
@@ -118,7 +169,9 @@ def picture(rows: list[dict], args, path: Path) -> None:
         ax.plot(*zip(*frontier), "o-")
         ax.annotate("start", (0, rows[0][start]), textcoords="offset points", xytext=(4, 4), fontsize=8)
         for r in rows:
-            ax.annotate(f"β={r['beta']:g}", (r["kl"], r[key]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.annotate(
+                f"β={r['beta']:g}", (r["kl"], r[key]), textcoords="offset points", xytext=(4, 4), fontsize=8
+            )
         ax.set(title=title, xlabel="KL to the starting model (per completion)")
         ax.grid(alpha=0.3)
     fig.suptitle(f"{args.algo}.py: the β trade-off", fontsize=10)

@@ -59,10 +59,16 @@ GRPO = ["grpo.py", "--prompts-per-step", "4"]
 ALGORITHMS = {
     "sft": ("SFT", ["sft.py"], 16),
     "grpo": ("GRPO", GRPO, 32),
-    "dapo": ("GRPO, DAPO settings",
-             [*GRPO, "--loss-agg", "token-mean", "--eps-high", "0.28", "--dynamic-sampling", "--beta", "0"], 32),
-    "dr-grpo": ("GRPO, Dr. GRPO settings",
-                [*GRPO, "--no-scale-by-std", "--loss-agg", "seq-mean-token-sum-norm"], 32),
+    "dapo": (
+        "GRPO, DAPO settings",
+        [*GRPO, "--loss-agg", "token-mean", "--eps-high", "0.28", "--dynamic-sampling", "--beta", "0"],
+        32,
+    ),
+    "dr-grpo": (
+        "GRPO, Dr. GRPO settings",
+        [*GRPO, "--no-scale-by-std", "--loss-agg", "seq-mean-token-sum-norm"],
+        32,
+    ),
     "rloo": ("RLOO", ["variants.py", "--algo", "rloo"], 32),
     "remax": ("ReMax", ["variants.py", "--algo", "remax"], 8),
     "ppo-verifier": ("PPO, verifier", ["ppo.py", "--reward", "verifier"], 8),
@@ -73,67 +79,134 @@ ALGORITHMS = {
     "simpo": ("SimPO", ["variants.py", "--algo", "simpo"], 16),
     "orpo": ("ORPO", ["variants.py", "--algo", "orpo"], 16),
     "reinforce-pp": ("REINFORCE++", ["variants.py", "--algo", "reinforce_pp"], 32),
-    "reinforce-pp-baseline": ("REINFORCE++, baseline", ["variants.py", "--algo", "reinforce_pp_baseline"], 32),
+    "reinforce-pp-baseline": (
+        "REINFORCE++, baseline",
+        ["variants.py", "--algo", "reinforce_pp_baseline"],
+        32,
+    ),
     "online-dpo": ("Online DPO", ["dpo.py", "--online"], 16),  # two samples per prompt, kept pairs or not
     # With μ = 1 the ratio is 1 and GSPO and CISPO are GRPO itself: they differ only with μ > 1.
     "grpo-mu2": ("GRPO, μ = 2", [*GRPO, "--num-iterations", "2"], 32),
-    "gspo": ("GSPO, μ = 2", [*GRPO, "--num-iterations", "2", "--importance-level", "sequence",
-                             "--eps-low", "3e-4", "--eps-high", "4e-4"], 32),
+    "gspo": (
+        "GSPO, μ = 2",
+        [
+            *GRPO,
+            "--num-iterations",
+            "2",
+            "--importance-level",
+            "sequence",
+            "--eps-low",
+            "3e-4",
+            "--eps-high",
+            "4e-4",
+        ],
+        32,
+    ),
     "cispo": ("CISPO, μ = 2", [*GRPO, "--num-iterations", "2", "--loss-type", "cispo"], 32),
-    "r1-rewards": ("GRPO, correct + 0.5 format, R1 prompt",
-                   [*GRPO, "--rewards", "correct", "format", "--reward-weights", "1", "0.5",
-                    "--prompt-style", "r1"], 32),
+    "r1-rewards": (
+        "GRPO, correct + 0.5 format, R1 prompt",
+        [*GRPO, "--rewards", "correct", "format", "--reward-weights", "1", "0.5", "--prompt-style", "r1"],
+        32,
+    ),
 }
 # Choices by name only: the default set is the one the README's comparison was run with.
-NOT_BY_DEFAULT = ("reinforce-pp", "reinforce-pp-baseline", "online-dpo", "grpo-mu2", "gspo", "cispo", "r1-rewards")
+NOT_BY_DEFAULT = (
+    "reinforce-pp",
+    "reinforce-pp-baseline",
+    "online-dpo",
+    "grpo-mu2",
+    "gspo",
+    "cispo",
+    "r1-rewards",
+)
 CPU_BUDGET, GPU_BUDGET = 160, 3200  # training completions per run
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     default = [slug for slug in ALGORITHMS if slug not in NOT_BY_DEFAULT]
-    parser.add_argument("--algos", nargs="+", default=default, choices=list(ALGORITHMS), metavar="ALGO",
-                        help=f"which algorithms (default: {', '.join(default)}; also {', '.join(NOT_BY_DEFAULT)})")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds, one run each (default: 0 1 2)")
-    parser.add_argument("--budget", type=int, default=None,
-                        help=f"training completions per run (default: {CPU_BUDGET}, or {GPU_BUDGET} with --full)")
-    parser.add_argument("--full", action="store_true",
-                        help=f"the GPU budget: {GPU_BUDGET} completions and 200 held-out problems")
-    parser.add_argument("--model", default="smollm2", help="the starting model of every run (default: smollm2)")
-    parser.add_argument("--eval-size", type=int, default=None,
-                        help="held-out problems (default: 50, or 200 with --full)")
-    parser.add_argument("--pass-k", type=int, default=8,
-                        help="k of pass@k, also the samples per problem of the KL (default 8)")
+    parser.add_argument(
+        "--algos",
+        nargs="+",
+        default=default,
+        choices=list(ALGORITHMS),
+        metavar="ALGO",
+        help=f"which algorithms (default: {', '.join(default)}; also {', '.join(NOT_BY_DEFAULT)})",
+    )
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds, one run each (default: 0 1 2)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help=f"training completions per run (default: {CPU_BUDGET}, or {GPU_BUDGET} with --full)",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help=f"the GPU budget: {GPU_BUDGET} completions and 200 held-out problems",
+    )
+    parser.add_argument(
+        "--model", default="smollm2", help="the starting model of every run (default: smollm2)"
+    )
+    parser.add_argument(
+        "--eval-size", type=int, default=None, help="held-out problems (default: 50, or 200 with --full)"
+    )
+    parser.add_argument(
+        "--pass-k",
+        type=int,
+        default=8,
+        help="k of pass@k, also the samples per problem of the KL (default 8)",
+    )
     parser.add_argument("--device", default="auto", help="passed to every script (default: auto)")
     parser.add_argument("--out", default="runs/compare", help="output folder (default: runs/compare)")
-    parser.add_argument("--keep-models", action="store_true",
-                        help="keep every run's model (about 0.5 GB each for SmolLM2-135M)")
-    parser.add_argument("--extra", default="",
-                        help="more options for every script, one string (e.g. \"--precision bf16-mixed\")")
+    parser.add_argument(
+        "--keep-models",
+        action="store_true",
+        help="keep every run's model (about 0.5 GB each for SmolLM2-135M)",
+    )
+    parser.add_argument(
+        "--extra",
+        default="",
+        help='more options for every script, one string (e.g. "--precision bf16-mixed")',
+    )
     args = parser.parse_args(argv)
     args.budget = args.budget or (GPU_BUDGET if args.full else CPU_BUDGET)
     args.eval_size = args.eval_size or (200 if args.full else 50)
-    shape = [flag for flag in ("--batch-size", "--prompts-per-step", "--group-size", "--minibatch-size")
-             if flag in args.extra.split()]
+    shape = [
+        flag
+        for flag in ("--batch-size", "--prompts-per-step", "--group-size", "--minibatch-size")
+        if flag in args.extra.split()
+    ]
     if shape:
-        parser.error(f"--extra {' '.join(shape)} changes the completions per step that the equal budget is counted in; "
-                     "leave it out")
+        parser.error(
+            f"--extra {' '.join(shape)} changes the completions per step that the equal budget is counted in; "
+            "leave it out"
+        )
     if args.pass_k < 1:
-        parser.error(f"--pass-k must be at least 1 (the samples per problem of pass@k and the KL), not {args.pass_k}")
+        parser.error(
+            f"--pass-k must be at least 1 (the samples per problem of pass@k and the KL), not {args.pass_k}"
+        )
     if "--pass-k" in args.extra.split():
         parser.error("--extra --pass-k: this script measures pass@k itself; give it as --pass-k")
     too_small = [slug for slug in args.algos if args.budget < ALGORITHMS[slug][2]]
     if too_small:
-        parser.error(f"--budget {args.budget} is less than one step of {', '.join(too_small)} "
-                     f"(needs {max(ALGORITHMS[s][2] for s in too_small)} completions)")
+        parser.error(
+            f"--budget {args.budget} is less than one step of {', '.join(too_small)} "
+            f"(needs {max(ALGORITHMS[s][2] for s in too_small)} completions)"
+        )
     return args
 
 
 def run(command: list[str], log_path: Path) -> None:
     """One script, its output kept in a log file; a failure stops the comparison with the log's tail."""
     with open(log_path, "w") as log:
-        code = subprocess.run([sys.executable, *command], cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(
+            [sys.executable, *command], cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+        ).returncode
     if code != 0:
         tail = "\n".join(log_path.read_text().splitlines()[-5:])
         raise SystemExit(f"`python {' '.join(command)}` failed (exit {code}); the end of {log_path}:\n{tail}")
@@ -147,7 +220,9 @@ def command_settings(command: list[str]) -> dict:
     options, settings, i = [a for a in command if not a.endswith(".py")], {}, 0
     while i < len(options):
         key, values = options[i][2:].replace("-", "_"), []
-        while i + 1 < len(options) and not options[i + 1].startswith("--"):  # values (negative numbers: one dash)
+        while i + 1 < len(options) and not options[i + 1].startswith(
+            "--"
+        ):  # values (negative numbers: one dash)
             values.append(options[i + 1])
             i += 1
         if values:
@@ -179,17 +254,32 @@ def finished_run(folder: Path, command: list[str]):
     done = sorted(p.parent for p in folder.glob("*/eval.json"))
     if not done:
         return None
-    saved = json.loads((done[-1] / "args.json").read_text())  # a script's own options, and its groups run and lora
+    saved = json.loads(
+        (done[-1] / "args.json").read_text()
+    )  # a script's own options, and its groups run and lora
     made = {k: v for group in (saved, saved.get("run", {}), saved.get("lora", {})) for k, v in group.items()}
-    differ = [f"{key}={made.get(key)} (not {value})" for key, value in command_settings(command).items()
-              if not same_setting(made.get(key), value)]
+    differ = [
+        f"{key}={made.get(key)} (not {value})"
+        for key, value in command_settings(command).items()
+        if not same_setting(made.get(key), value)
+    ]
     if differ:
-        raise SystemExit(f"error: {done[-1]} was run with {', '.join(differ)}; give another --out, or delete it")
+        raise SystemExit(
+            f"error: {done[-1]} was run with {', '.join(differ)}; give another --out, or delete it"
+        )
     return done[-1]
 
 
-def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: str, k: int,
-                     max_new_tokens: int = 32, prompt_style: str = "question") -> dict:
+def sampled_measures(
+    model: str,
+    base: str,
+    eval_size: int,
+    seed: int,
+    device: str,
+    k: int,
+    max_new_tokens: int = 32,
+    prompt_style: str = "question",
+) -> dict:
     """pass@k and KL(π ‖ π_ref) per completion, both from one draw of k completions per held-out problem
     at temperature 1 from `model` (a checkpoint folder, or `base` itself for the starting model), the problems
     asked as the run asked them (grpo.py --prompt-style: `r1` adds R1's instruction to each question).
@@ -207,8 +297,11 @@ def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: s
     tokenizer = models.load_tokenizer(str(model))
     kernels = models.resolve_kernels("auto", dev)
     policy = models.load_model(str(model), len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
-    reference = (models.load_model(base, len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
-                 if model != base else None)
+    reference = (
+        models.load_model(base, len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
+        if model != base
+        else None
+    )
     _, problems = tasks.with_prompt_style(prompt_style, iter([]), tasks.heldout_problems(eval_size))
     generator = torch.Generator(device=dev).manual_seed(seed)
     passed, kl, prompts_per_batch = 0.0, 0.0, max(1, 128 // k)
@@ -217,12 +310,24 @@ def sampled_measures(model: str, base: str, eval_size: int, seed: int, device: s
             batch = problems[start : start + prompts_per_batch]
             ids, mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in batch], dev)
             # completion_ids: (len(batch)·k, T)
-            completion_ids = common.sample_completions(policy, ids, mask, k, max_new_tokens, tokenizer.eos_token_id,
-                                                       tokenizer.pad_token_id, 1.0, 1.0, generator)
+            completion_ids = common.sample_completions(
+                policy,
+                ids,
+                mask,
+                k,
+                max_new_tokens,
+                tokenizer.eos_token_id,
+                tokenizer.pad_token_id,
+                1.0,
+                1.0,
+                generator,
+            )
             completion_mask = common.completion_mask(completion_ids, tokenizer.eos_token_id)
             texts = tasks.decode_completions(tokenizer, completion_ids, completion_mask)
             for i, p in enumerate(batch):
-                passed += tasks.pass_at_k(k, int(sum(tasks.verify(t, p.answer) for t in texts[i * k : (i + 1) * k])), k)
+                passed += tasks.pass_at_k(
+                    k, int(sum(tasks.verify(t, p.answer) for t in texts[i * k : (i + 1) * k])), k
+                )
             if reference is not None:
                 repeats = torch.full((len(batch),), k, dtype=torch.long, device=dev)
                 logprobs, _ = common.completion_logprobs(policy, ids, mask, completion_ids, repeats)
@@ -248,17 +353,44 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
     if slug == "ppo-rm":  # its reward model first, on the same seed
         rm_folder = out / "reward-model" / f"seed-{seed}"
         rm_folder.mkdir(parents=True, exist_ok=True)
-        rm_command = ["reward_model.py", "--model", args.model, "--seed", str(seed), "--device", args.device,
-                      "--output-dir", str(rm_folder), *args.extra.split()]
+        rm_command = [
+            "reward_model.py",
+            "--model",
+            args.model,
+            "--seed",
+            str(seed),
+            "--device",
+            args.device,
+            "--output-dir",
+            str(rm_folder),
+            *args.extra.split(),
+        ]
         if finished_run(rm_folder, rm_command) is None:
             run(rm_command, rm_folder / "log.txt")
         rm_run = finished_run(rm_folder, rm_command)
         setup_s = json.loads((rm_run / "eval.json").read_text())["wall_time_s"]
         command = [*command, "--reward-model", str(rm_run / "model")]
     # --pass-k 0: pass@k is measured here, with the KL
-    command = [*command, "--model", args.model, "--seed", str(seed), "--steps", str(steps), "--eval-every", "0",
-               "--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device,
-               "--output-dir", str(folder), *args.extra.split()]
+    command = [
+        *command,
+        "--model",
+        args.model,
+        "--seed",
+        str(seed),
+        "--steps",
+        str(steps),
+        "--eval-every",
+        "0",
+        "--eval-size",
+        str(args.eval_size),
+        "--pass-k",
+        "0",
+        "--device",
+        args.device,
+        "--output-dir",
+        str(folder),
+        *args.extra.split(),
+    ]
     run_dir = finished_run(folder, command)
     if run_dir is None:
         run(command, folder / "log.txt")
@@ -269,20 +401,45 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
     # every column on the prompts the run trained and was evaluated on, the start's pass@k too
     prompt_style = run_args.get("prompt_style", "question")
     k = args.pass_k
-    after = measured(run_dir / f"sampled-k{k}.json", lambda: sampled_measures(
-        str(run_dir / "model"), args.model, args.eval_size, seed, args.device, k, max_new_tokens, prompt_style))
+    after = measured(
+        run_dir / f"sampled-k{k}.json",
+        lambda: sampled_measures(
+            str(run_dir / "model"),
+            args.model,
+            args.eval_size,
+            seed,
+            args.device,
+            k,
+            max_new_tokens,
+            prompt_style,
+        ),
+    )
     style = "" if prompt_style == "question" else f"-{prompt_style}-prompts"
     start = measured(
-        out / "starting-model" / f"seed-{seed}-k{k}-{args.eval_size}-problems-{max_new_tokens}-tokens{style}.json",
-        lambda: sampled_measures(args.model, args.model, args.eval_size, seed, args.device, k, max_new_tokens,
-                                 prompt_style))
+        out
+        / "starting-model"
+        / f"seed-{seed}-k{k}-{args.eval_size}-problems-{max_new_tokens}-tokens{style}.json",
+        lambda: sampled_measures(
+            args.model, args.model, args.eval_size, seed, args.device, k, max_new_tokens, prompt_style
+        ),
+    )
     if not args.keep_models:
         shutil.rmtree(run_dir / "model", ignore_errors=True)
-    return {"algo": slug, "name": name, "seed": seed, "steps": steps, "completions": steps * per_step,
-            "accuracy_before": evaluation["accuracy_before"], "accuracy": evaluation["accuracy_after"],
-            f"pass@{k}_before": start[f"pass@{k}"], f"pass@{k}": after[f"pass@{k}"], "kl": after["kl"],
-            "wall_time_s": evaluation["wall_time_s"] + setup_s, "peak_gb": evaluation["memory/peak_gb"],
-            "run_dir": str(run_dir)}
+    return {
+        "algo": slug,
+        "name": name,
+        "seed": seed,
+        "steps": steps,
+        "completions": steps * per_step,
+        "accuracy_before": evaluation["accuracy_before"],
+        "accuracy": evaluation["accuracy_after"],
+        f"pass@{k}_before": start[f"pass@{k}"],
+        f"pass@{k}": after[f"pass@{k}"],
+        "kl": after["kl"],
+        "wall_time_s": evaluation["wall_time_s"] + setup_s,
+        "peak_gb": evaluation["memory/peak_gb"],
+        "run_dir": str(run_dir),
+    }
 
 
 def mean_std(values: list[float], digits: int = 3) -> str:
@@ -294,19 +451,24 @@ def mean_std(values: list[float], digits: int = 3) -> str:
 
 def table(rows: list[dict], args) -> str:
     k = args.pass_k
-    lines = [f"Budget {args.budget} training completions per run; "
-             f"{len(args.seeds)} seed(s) ({' '.join(map(str, args.seeds))}); "
-             f"{args.eval_size} held-out problems; mean ± sample std over seeds.", "",
-             f"| algorithm | steps | held-out accuracy | pass@{k} | KL to start (per completion) | wall time (min) | "
-             "peak memory (GiB) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"Budget {args.budget} training completions per run; "
+        f"{len(args.seeds)} seed(s) ({' '.join(map(str, args.seeds))}); "
+        f"{args.eval_size} held-out problems; mean ± sample std over seeds.",
+        "",
+        f"| algorithm | steps | held-out accuracy | pass@{k} | KL to start (per completion) | wall time (min) | "
+        "peak memory (GiB) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     # one row per seed: the starting model is measured once per seed, read from each seed's first run
     first = {r["seed"]: r for r in reversed(rows)}
     starts = list(first.values())
     if starts:
         passes = [r[f"pass@{k}_before"] for r in starts if r[f"pass@{k}_before"] is not None]
-        lines.append(f"| starting model | | {mean_std([r['accuracy_before'] for r in starts])} | "
-                     f"{mean_std(passes) if passes else ''} | 0 | | |")
+        lines.append(
+            f"| starting model | | {mean_std([r['accuracy_before'] for r in starts])} | "
+            f"{mean_std(passes) if passes else ''} | 0 | | |"
+        )
     for slug in args.algos:
         runs = [r for r in rows if r["algo"] == slug]
         if not runs:
@@ -319,10 +481,12 @@ def table(rows: list[dict], args) -> str:
         start_passes = [r[f"pass@{k}_before"] for r in runs if r[f"pass@{k}_before"] is not None]
         if own_start and passes and start_passes:
             pass_cell += f" (from {mean_std(start_passes)})"
-        lines.append(f"| {runs[0]['name']}{start} | {runs[0]['steps']} | {mean_std([r['accuracy'] for r in runs])} | "
-                     f"{pass_cell} | {mean_std([r['kl'] for r in runs], 2)} | "
-                     f"{mean_std([r['wall_time_s'] / 60 for r in runs], 1)} | "
-                     f"{mean_std([r['peak_gb'] for r in runs], 2)} |")
+        lines.append(
+            f"| {runs[0]['name']}{start} | {runs[0]['steps']} | {mean_std([r['accuracy'] for r in runs])} | "
+            f"{pass_cell} | {mean_std([r['kl'] for r in runs], 2)} | "
+            f"{mean_std([r['wall_time_s'] / 60 for r in runs], 1)} | "
+            f"{mean_std([r['peak_gb'] for r in runs], 2)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -330,6 +494,7 @@ def pyplot(path: Path):
     """matplotlib.pyplot drawing to files only, or None with a note that `path` is skipped (matplotlib is optional)."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -349,13 +514,26 @@ def picture(rows: list[dict], args, path: Path) -> None:
         if not runs:
             continue
         acc, minutes = [r["accuracy"] for r in runs], [r["wall_time_s"] / 60 for r in runs]
-        spread = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
+
+        def spread(v: list[float]) -> float:
+            return statistics.stdev(v) if len(v) > 1 else 0.0
+
         # 13 markers: colours repeat after 10
-        ax.errorbar(statistics.mean(minutes), statistics.mean(acc), xerr=spread(minutes), yerr=spread(acc),
-                    fmt="osD^vP*Xhp<>d"[i % 13], capsize=3, label=runs[0]["name"])
+        ax.errorbar(
+            statistics.mean(minutes),
+            statistics.mean(acc),
+            xerr=spread(minutes),
+            yerr=spread(acc),
+            fmt="osD^vP*Xhp<>d"[i % 13],
+            capsize=3,
+            label=runs[0]["name"],
+        )
     ax.axhline(rows[0]["accuracy_before"], color="grey", linestyle="--", linewidth=1, label="starting model")
-    ax.set(xlabel="wall time per run (min)", ylabel="held-out accuracy (greedy)",
-           title=f"{args.budget} training completions per run")
+    ax.set(
+        xlabel="wall time per run (min)",
+        ylabel="held-out accuracy (greedy)",
+        title=f"{args.budget} training completions per run",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: no point hidden
     fig.tight_layout()

@@ -32,6 +32,7 @@ from infra import models  # noqa: E402
 from infra import runs  # noqa: E402
 import tasks  # noqa: E402
 
+
 def model_config(name: str, vocab_size: int) -> transformers.PretrainedConfig:
     """The architecture of `name` without its weights: tiny, smollm2, a LoRA run's base, a local folder or a hub id."""
     if name in common.TINY_MODELS:
@@ -44,28 +45,44 @@ def model_config(name: str, vocab_size: int) -> transformers.PretrainedConfig:
     return models.from_pretrained(transformers.AutoConfig, path)
 
 
-def parameter_counts(config: transformers.PretrainedConfig, head: str, lora: common.LoraOptions) -> tuple[int, int]:
+def parameter_counts(
+    config: transformers.PretrainedConfig, head: str, lora: common.LoraOptions
+) -> tuple[int, int]:
     """(parameters, trainable parameters) of the model built on the meta device. With LoRA only the adapters,
     r·(in + out) for each targeted linear layer, and a score head train."""
     config = copy.deepcopy(config)
     config.num_labels = 1
-    auto = transformers.AutoModelForCausalLM if head == "lm" else transformers.AutoModelForSequenceClassification
+    auto = (
+        transformers.AutoModelForCausalLM if head == "lm" else transformers.AutoModelForSequenceClassification
+    )
     with torch.device("meta"):
         model = auto.from_config(config)
     total = sum(p.numel() for p in model.parameters())
     if not lora.lora_r:
         return total, total
     targets = None if lora.lora_targets == "all-linear" else set(lora.lora_targets.split(","))
-    adapters = sum(lora.lora_r * sum(m.weight.shape) for n, m in model.named_modules()  # GPT-2's Conv1D holds (in, out)
-                   if isinstance(m, (torch.nn.Linear, transformers.pytorch_utils.Conv1D))
-                   and n.split(".")[-1] not in ("lm_head", "score")
-                   and (targets is None or n.split(".")[-1] in targets))
-    score = sum(p.numel() for n, p in model.named_parameters() if n.startswith("score.")) if head != "lm" else 0
+    adapters = sum(
+        lora.lora_r * sum(m.weight.shape)
+        for n, m in model.named_modules()  # GPT-2's Conv1D holds (in, out)
+        if isinstance(m, (torch.nn.Linear, transformers.pytorch_utils.Conv1D))
+        and n.split(".")[-1] not in ("lm_head", "score")
+        and (targets is None or n.split(".")[-1] in targets)
+    )
+    score = (
+        sum(p.numel() for n, p in model.named_parameters() if n.startswith("score.")) if head != "lm" else 0
+    )
     return total + adapters, adapters + score
 
 
-def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, precision: str, checkpointing: bool,
-                     fast_kernels: bool = False) -> int:
+def activation_bytes(
+    config,
+    sequences: int,
+    tokens: int,
+    logit_tokens: int,
+    precision: str,
+    checkpointing: bool,
+    fast_kernels: bool = False,
+) -> int:
     """What one micro-batch's forward keeps for the backward. A transformer layer keeps s·b·h·(34 + 5·a·s/h)
     bytes of 16-bit activations (Korthikanti et al. 2022, arXiv:2205.05198, eq. 1; float32 doubles it);
     with checkpointing, only each layer's input (2·s·b·h bytes) and one layer's full set. tokens = s·b.
@@ -93,8 +110,17 @@ def activation_bytes(config, sequences: int, tokens: int, logit_tokens: int, pre
     return int(kept + logits)
 
 
-def memory_plan(held: list[tuple], precision: str, lora: common.LoraOptions, checkpointing: bool, sequences: int,
-                tokens: int, logit_tokens: int, fast_kernels: bool = False, ranks: int = 1) -> dict:
+def memory_plan(
+    held: list[tuple],
+    precision: str,
+    lora: common.LoraOptions,
+    checkpointing: bool,
+    sequences: int,
+    tokens: int,
+    logit_tokens: int,
+    fast_kernels: bool = False,
+    ranks: int = 1,
+) -> dict:
     """Print and return the plan: one row per model (name, config, head "lm" or "score", trained?) with its
     parameters and GiB of weights, and for a trained model its gradients, AdamW state (two moments in the
     weights' dtype) and one micro-batch's activations (`activation_bytes`; a score head has no vocabulary
@@ -107,33 +133,66 @@ def memory_plan(held: list[tuple], precision: str, lora: common.LoraOptions, che
         # a frozen model has no adapter
         params, trainable = parameter_counts(config, head, lora if trained else common.LoraOptions())
         trainable = trainable if trained else 0
-        activations = activation_bytes(config, sequences, tokens, logit_tokens if head == "lm" else 0, precision,
-                                       checkpointing, fast_kernels) if trained else 0
-        rows.append({"model": name, "parameters": params, "weights_gb": params * width / ranks / 2**30,
-                     "gradients_gb": trainable * width / ranks / 2**30,
-                     "optimizer_gb": 2 * trainable * width / ranks / 2**30, "activations_gb": activations / 2**30})
+        activations = (
+            activation_bytes(
+                config,
+                sequences,
+                tokens,
+                logit_tokens if head == "lm" else 0,
+                precision,
+                checkpointing,
+                fast_kernels,
+            )
+            if trained
+            else 0
+        )
+        rows.append(
+            {
+                "model": name,
+                "parameters": params,
+                "weights_gb": params * width / ranks / 2**30,
+                "gradients_gb": trainable * width / ranks / 2**30,
+                "optimizer_gb": 2 * trainable * width / ranks / 2**30,
+                "activations_gb": activations / 2**30,
+            }
+        )
     columns = ("weights_gb", "gradients_gb", "optimizer_gb", "activations_gb")
     total = sum(r[c] for r in rows for c in columns)
-    print(f"memory plan: precision {precision}, LoRA r = {lora.lora_r or 'off'}, "
-          f"gradient checkpointing {'on' if checkpointing else 'off'}, "
-          f"one micro-batch = {sequences} sequences, {tokens} token positions"
-          + (f"; one of {ranks} ranks (--fsdp): weights, gradients and AdamW state / {ranks}" if ranks > 1 else ""))
-    print(f"{'model':<16}{'parameters':>15}{'weights':>10}{'gradients':>11}"
-          f"{'AdamW state':>13}{'activations':>13}   (GiB)")
+    print(
+        f"memory plan: precision {precision}, LoRA r = {lora.lora_r or 'off'}, "
+        f"gradient checkpointing {'on' if checkpointing else 'off'}, "
+        f"one micro-batch = {sequences} sequences, {tokens} token positions"
+        + (
+            f"; one of {ranks} ranks (--fsdp): weights, gradients and AdamW state / {ranks}"
+            if ranks > 1
+            else ""
+        )
+    )
+    print(
+        f"{'model':<16}{'parameters':>15}{'weights':>10}{'gradients':>11}{'AdamW state':>13}{'activations':>13}   (GiB)"
+    )
     for r in rows:
-        print(f"{r['model']:<16}{r['parameters']:>15,}"
-              + "".join(f"{r[c]:>{w}.2f}" for c, w in zip(columns, (10, 11, 13, 13))))
-    print(f"{'total':<16}{total:>62.2f}\n(these are the tensors alive at the peak. The process adds its own: "
-          "on CPU about 0.25 GiB for Python, torch and transformers, and up to 2 GiB of freed memory that glibc keeps "
-          "(MALLOC_MMAP_THRESHOLD_=65536 returns it, at some speed); on CUDA the context and the caching allocator's "
-          "reserve)")
+        print(
+            f"{r['model']:<16}{r['parameters']:>15,}"
+            + "".join(f"{r[c]:>{w}.2f}" for c, w in zip(columns, (10, 11, 13, 13)))
+        )
+    print(
+        f"{'total':<16}{total:>62.2f}\n(these are the tensors alive at the peak. The process adds its own: "
+        "on CPU about 0.25 GiB for Python, torch and transformers, and up to 2 GiB of freed memory that glibc keeps "
+        "(MALLOC_MMAP_THRESHOLD_=65536 returns it, at some speed); on CUDA the context and the caching allocator's "
+        "reserve)"
+    )
     return {"memory_plan": rows, "total_gb": total}
 
 
 def offline_tokens(args) -> int:
     """The completion length bound of offline data: a --dataset's completions are cut at --max-completion-tokens,
     the model's own samples end within --max-new-tokens and an EOS."""
-    return args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens + 1)
+    return (
+        args.max_completion_tokens
+        if args.dataset
+        else min(args.max_completion_tokens, args.max_new_tokens + 1)
+    )
 
 
 def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[list[tuple], int, int, int]:
@@ -154,16 +213,29 @@ def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[l
         return [policy] + [reference] * (not args.precompute_ref_logprobs and not lora), B, B * (S + T), B * T
     if algo == "ppo":  # the policy and the critic train on the same minibatch
         m, T = args.minibatch_size, args.max_new_tokens
-        rm_configs = ([model_config(p, vocab_size) for p in (args.reward_model, *args.ensemble)]
-                      if args.reward_model else [])
+        rm_configs = (
+            [model_config(p, vocab_size) for p in (args.reward_model, *args.ensemble)]
+            if args.reward_model
+            else []
+        )
         critic = rm_configs[0] if rm_configs and args.critic_init != "policy" else config
-        names = [f"reward model {i + 1}" if len(rm_configs) > 1 else "reward model" for i in range(len(rm_configs))]
-        rows = [policy, *[reference] * (not lora), *[(n, c, "score", False) for n, c in zip(names, rm_configs)],
-                ("critic", critic, "score", True)]
+        names = [
+            f"reward model {i + 1}" if len(rm_configs) > 1 else "reward model" for i in range(len(rm_configs))
+        ]
+        rows = [
+            policy,
+            *[reference] * (not lora),
+            *[(n, c, "score", False) for n, c in zip(names, rm_configs)],
+            ("critic", critic, "score", True),
+        ]
         return rows, m, m * (S + T), m * T
     if algo == "sft":  # completions at their length bound
         B = args.batch_size
-        T = args.max_completion_tokens if args.dataset else min(args.max_completion_tokens, args.max_new_tokens)
+        T = (
+            args.max_completion_tokens
+            if args.dataset
+            else min(args.max_completion_tokens, args.max_new_tokens)
+        )
         return [policy], B, B * (S + T), B * T
     if algo == "reward_model":  # chosen and rejected in one forward, a score head: no vocabulary logits
         B = 2 * args.batch_size
@@ -175,21 +247,27 @@ def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[l
     offline = args.algo in ("ipo", "kto", "simpo", "orpo")
     per_prompt = 2 if offline else (1 if args.algo == "remax" else args.group_size)
     B, T = args.batch_size * per_prompt, offline_tokens(args) if offline else args.max_new_tokens
-    rows = [policy] + [reference] * (args.algo not in ("simpo", "orpo") and not lora)  # SimPO, ORPO: no reference
+    rows = [policy] + [reference] * (
+        args.algo not in ("simpo", "orpo") and not lora
+    )  # SimPO, ORPO: no reference
     return rows, B, args.batch_size * S * (per_prompt if offline else 1) + B * T, B * T
 
 
 def main(argv: list[str]) -> dict:
     scripts = ("grpo", "dpo", "ppo", "sft", "reward_model", "variants", "prm")
-    runs.require(bool(argv) and argv[0] in scripts, f"usage: scripts/memory_plan.py {{{','.join(scripts)}}} [options]")
+    runs.require(
+        bool(argv) and argv[0] in scripts, f"usage: scripts/memory_plan.py {{{','.join(scripts)}}} [options]"
+    )
     algo, rest = argv[0], argv[1:]
     numbers = {"--prompt-tokens": None, "--ranks": 1}  # this script's own options, the rest the script's
     for flag in numbers:
         if flag in rest:
             i = rest.index(flag)
-            runs.require(i + 1 < len(rest) and rest[i + 1].isdigit() and int(rest[i + 1]) >= 1,
-                         f"{flag} needs a whole number >= 1")
-            numbers[flag], rest = int(rest[i + 1]), rest[:i] + rest[i + 2:]
+            runs.require(
+                i + 1 < len(rest) and rest[i + 1].isdigit() and int(rest[i + 1]) >= 1,
+                f"{flag} needs a whole number >= 1",
+            )
+            numbers[flag], rest = int(rest[i + 1]), rest[:i] + rest[i + 2 :]
     prompt_tokens, ranks = numbers["--prompt-tokens"], numbers["--ranks"]
     module = __import__(algo)
     args = tyro.cli(module.Args, args=rest, prog=f"scripts/memory_plan.py {algo}")
@@ -201,8 +279,17 @@ def main(argv: list[str]) -> dict:
     S = prompt_tokens or tasks.longest_prompt(tokenizer, tasks.heldout_problems(eval_size, make=family))
     rows, sequences, tokens, logit_tokens = models_held(algo, args, len(tokenizer), S)
     checkpointing = getattr(args, "gradient_checkpointing", False)  # prm.py has no such option
-    return memory_plan(rows, precision, args.lora, checkpointing, sequences, tokens, logit_tokens,
-                       models.resolve_kernels(args.run.kernels, device), ranks)
+    return memory_plan(
+        rows,
+        precision,
+        args.lora,
+        checkpointing,
+        sequences,
+        tokens,
+        logit_tokens,
+        models.resolve_kernels(args.run.kernels, device),
+        ranks,
+    )
 
 
 def loaded_table(held: dict[str, torch.nn.Module], trainable: set[str]) -> list[dict]:
@@ -212,13 +299,16 @@ def loaded_table(held: dict[str, torch.nn.Module], trainable: set[str]) -> list[
     for name, model in held.items():
         params = sum(p.numel() for p in model.parameters())
         trained = [p for p in model.parameters() if p.requires_grad] if name in trainable else []
-        rows.append({
-            "model": name, "parameters": params,
-            "weights_gb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
-            "gradients_gb": sum(p.numel() * p.element_size() for p in trained) / 2**30,
-            # two moments in the weights' dtype
-            "optimizer_gb": 2 * sum(p.numel() * p.element_size() for p in trained) / 2**30,
-        })
+        rows.append(
+            {
+                "model": name,
+                "parameters": params,
+                "weights_gb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
+                "gradients_gb": sum(p.numel() * p.element_size() for p in trained) / 2**30,
+                # two moments in the weights' dtype
+                "optimizer_gb": 2 * sum(p.numel() * p.element_size() for p in trained) / 2**30,
+            }
+        )
     return rows
 
 

@@ -29,10 +29,18 @@ import tasks  # noqa: E402
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = rm_agreement.sampling_parser(__doc__.split("\n\n")[0])
-    parser.add_argument("--policy", required=True, default=argparse.SUPPRESS,
-                        help="the policy to sample: a checkpoint folder or a model name")
-    parser.add_argument("--out", required=True, default=argparse.SUPPRESS,
-                        help="the JSONL file to write (prompt, chosen, rejected, ...)")
+    parser.add_argument(
+        "--policy",
+        required=True,
+        default=argparse.SUPPRESS,
+        help="the policy to sample: a checkpoint folder or a model name",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        default=argparse.SUPPRESS,
+        help="the JSONL file to write (prompt, chosen, rejected, ...)",
+    )
     parser.add_argument("--add", nargs="*", default=[], help="earlier rounds' pair files, written first")
     parser.add_argument("--num-prompts", type=int, default=1024, help="training problems sampled")
     parser.add_argument("--seed", type=int, default=0, help="picks the problems and the samples")
@@ -41,8 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(args: argparse.Namespace) -> list[dict]:
     """The earlier pairs, then the policy's: every pair written to --out, returned too."""
-    runs.require(args.num_prompts >= 8 and args.samples_per_prompt >= 2 and args.max_new_tokens >= 1,
-                 "--num-prompts must be at least 8, --samples-per-prompt at least 2, --max-new-tokens at least 1")
+    runs.require(
+        args.num_prompts >= 8 and args.samples_per_prompt >= 2 and args.max_new_tokens >= 1,
+        "--num-prompts must be at least 8, --samples-per-prompt at least 2, --max-new-tokens at least 1",
+    )
     runs.require(args.temperature > 0, f"--temperature must be > 0, not {args.temperature}")
     for path in args.add:
         runs.require(Path(path).is_file(), f"--add {path}: no such file")
@@ -50,16 +60,28 @@ def main(args: argparse.Namespace) -> list[dict]:
     device = models.resolve_device(args.device)
     precision = models.resolve_precision(args.precision, device, args.policy)
     tokenizer = models.load_tokenizer(args.policy)
-    data, folder = preferences.preference_data(args.policy, tokenizer, args.seed, args.num_prompts,
-                                               args.samples_per_prompt, args.max_new_tokens, args.temperature,
-                                               device, precision)
+    data, folder = preferences.preference_data(
+        args.policy,
+        tokenizer,
+        args.seed,
+        args.num_prompts,
+        args.samples_per_prompt,
+        args.max_new_tokens,
+        args.temperature,
+        device,
+        precision,
+    )
     pairs = earlier + data["train"] + data["heldout"]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
-    samples = [s for split in tasks.read_splits(folder, ("train_samples", "heldout_samples")).values() for s in split]
-    print(f"{len(pairs)} pairs in {args.out}: {len(earlier)} from --add, {len(pairs) - len(earlier)} from "
-          f"{args.policy}'s {len(samples)} samples ({sum(s['label'] for s in samples) / len(samples):.3f} right; "
-          f"cached in {folder})")
+    samples = [
+        s for split in tasks.read_splits(folder, ("train_samples", "heldout_samples")).values() for s in split
+    ]
+    print(
+        f"{len(pairs)} pairs in {args.out}: {len(earlier)} from --add, {len(pairs) - len(earlier)} from "
+        f"{args.policy}'s {len(samples)} samples ({sum(s['label'] for s in samples) / len(samples):.3f} right; "
+        f"cached in {folder})"
+    )
     return pairs
 
 

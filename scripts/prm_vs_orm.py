@@ -43,7 +43,9 @@ def majority_pick(completions: list[str]) -> int:
     """The index of the first solution whose final number is the most frequent one among those with a number (a tie
     goes to the number seen first); 0 when none has a number."""
     answers = [tasks.extract_final_number(c) for c in completions]
-    votes = Counter(a for a in answers if a is not None)  # insertion-ordered: most_common keeps the first of a tie
+    votes = Counter(
+        a for a in answers if a is not None
+    )  # insertion-ordered: most_common keeps the first of a tie
     return answers.index(votes.most_common(1)[0][0]) if votes else 0
 
 
@@ -60,8 +62,10 @@ def right_wrong_pairs(rows: list[dict], per_problem: int) -> list[dict]:
         wrong = [s["completion"] for s in solutions if not s["correct"]]
         if right and wrong:
             count = min(per_problem, max(len(right), len(wrong)))
-            pairs += [{"prompt": prompt, "chosen": right[i % len(right)], "rejected": wrong[i % len(wrong)]}
-                      for i in range(count)]
+            pairs += [
+                {"prompt": prompt, "chosen": right[i % len(right)], "rejected": wrong[i % len(wrong)]}
+                for i in range(count)
+            ]
     return pairs
 
 
@@ -70,8 +74,12 @@ def run_stage(out: Path, name: str, command: list[str]) -> Path:
     done = sorted((out / name).glob("*/eval.json"))
     if not done:
         with open(out / f"{name}.log", "w") as log:
-            code = subprocess.run([sys.executable, *command, "--output-dir", str(out / name)], cwd=REPO,
-                                  stdout=log, stderr=subprocess.STDOUT).returncode
+            code = subprocess.run(
+                [sys.executable, *command, "--output-dir", str(out / name)],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            ).returncode
         done = sorted((out / name).glob("*/eval.json"))
         if code != 0 or not done:
             raise SystemExit(f"error: {' '.join(command[:1])} failed; see {out / name}.log")
@@ -79,7 +87,9 @@ def run_stage(out: Path, name: str, command: list[str]) -> Path:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2", help="the SFT start and the PRM's and ORM's backbone")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/prm-vs-orm", help="output folder (default: runs/prm-vs-orm)")
@@ -87,7 +97,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--eval-size", type=int, default=64, help="held-out chains (default: 64)")
     parser.add_argument("--num-solutions", type=int, default=8, help="N of best-of-N (default: 8)")
     parser.add_argument("--num-rollouts", type=int, default=4, help="k rollouts from each step (default: 4)")
-    parser.add_argument("--quick", action="store_true", help="3 steps a stage and few problems: the plumbing only")
+    parser.add_argument(
+        "--quick", action="store_true", help="3 steps a stage and few problems: the plumbing only"
+    )
     parser.add_argument("--device", default="auto")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -99,16 +111,41 @@ def main(argv=None) -> dict:
 
     # 1. SFT on the worked answers of training chains (never a held-out one: tasks.training_exclusion)
     demos, _ = tasks.multistep_problems(args.seed, 64 if args.quick else 2000, args.eval_size)
-    (out / "demos.jsonl").write_text("".join(json.dumps({"prompt": p.prompt, "completion":
-                                                         tasks.worked_demonstration(p)}) + "\n" for p in demos))
-    sft = run_stage(out, "sft", ["sft.py", "--model", args.model, "--dataset", str(out / "demos.jsonl"),
-                                 "--eval-size", "16" if args.quick else "50", "--pass-k", "0", *steps, *common_options])
+    (out / "demos.jsonl").write_text(
+        "".join(
+            json.dumps({"prompt": p.prompt, "completion": tasks.worked_demonstration(p)}) + "\n"
+            for p in demos
+        )
+    )
+    sft = run_stage(
+        out,
+        "sft",
+        [
+            "sft.py",
+            "--model",
+            args.model,
+            "--dataset",
+            str(out / "demos.jsonl"),
+            "--eval-size",
+            "16" if args.quick else "50",
+            "--pass-k",
+            "0",
+            *steps,
+            *common_options,
+        ],
+    )
     policy = str(sft / "model")
 
     # 2. the labels, timed; 3. the PRM on them
-    prm_args = prm.Args(model=args.model, policy=policy, seed=args.seed, eval_size=args.eval_size,
-                        num_problems=args.num_problems, num_solutions=args.num_solutions,
-                        num_rollouts=args.num_rollouts)
+    prm_args = prm.Args(
+        model=args.model,
+        policy=policy,
+        seed=args.seed,
+        eval_size=args.eval_size,
+        num_problems=args.num_problems,
+        num_solutions=args.num_solutions,
+        num_rollouts=args.num_rollouts,
+    )
     prm_args.run.device = args.device
     device = models.resolve_device(args.device)
     precision = models.resolve_precision(prm_args.run.precision, device, prm_args.model)
@@ -116,27 +153,64 @@ def main(argv=None) -> dict:
     t0 = time.time()
     data, _ = prm.step_label_data(prm_args, tokenizer, device, precision)  # read back when cached: then ~0 s
     label_minutes = (time.time() - t0) / 60
-    prm_run = run_stage(out, "prm", ["prm.py", "--model", args.model, "--policy", policy, "--eval-size",
-                                     str(args.eval_size), "--num-problems", str(args.num_problems), "--num-solutions",
-                                     str(args.num_solutions), "--num-rollouts", str(args.num_rollouts), *steps,
-                                     *common_options])
+    prm_run = run_stage(
+        out,
+        "prm",
+        [
+            "prm.py",
+            "--model",
+            args.model,
+            "--policy",
+            policy,
+            "--eval-size",
+            str(args.eval_size),
+            "--num-problems",
+            str(args.num_problems),
+            "--num-solutions",
+            str(args.num_solutions),
+            "--num-rollouts",
+            str(args.num_rollouts),
+            *steps,
+            *common_options,
+        ],
+    )
 
     # 4. the ORM on (right, wrong) pairs of the same training solutions
     pairs = right_wrong_pairs(data["train"], per_problem=4)
-    if args.quick and len(pairs) < 2:  # a random tiny policy is never right: its worked answers stand in (plumbing)
-        pairs = [{"prompt": r["prompt"], "chosen": tasks.worked_demonstration(tasks.Problem(r["prompt"], r["answer"])),
-                  "rejected": r["completion"]} for r in data["train"]]
+    if (
+        args.quick and len(pairs) < 2
+    ):  # a random tiny policy is never right: its worked answers stand in (plumbing)
+        pairs = [
+            {
+                "prompt": r["prompt"],
+                "chosen": tasks.worked_demonstration(tasks.Problem(r["prompt"], r["answer"])),
+                "rejected": r["completion"],
+            }
+            for r in data["train"]
+        ]
     (out / "orm-pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    orm_run = run_stage(out, "orm", ["reward_model.py", "--model", args.model, "--dataset",
-                                     str(out / "orm-pairs.jsonl"), *steps, *common_options])
+    orm_run = run_stage(
+        out,
+        "orm",
+        [
+            "reward_model.py",
+            "--model",
+            args.model,
+            "--dataset",
+            str(out / "orm-pairs.jsonl"),
+            *steps,
+            *common_options,
+        ],
+    )
 
     # 5. every way of choosing among each held-out chain's N solutions
     rows, n = data["heldout"], args.num_solutions
     prompts, completions = [r["prompt"] for r in rows], [r["completion"] for r in rows]
     correct = torch.tensor([r["correct"] for r in rows], dtype=torch.float)
     with torch.no_grad():
-        prm_model = models.load_model(str(prm_run / "model"), len(tokenizer), device, precision,
-                                      head="trained-score").eval()
+        prm_model = models.load_model(
+            str(prm_run / "model"), len(tokenizer), device, precision, head="trained-score"
+        ).eval()
         step_probs, step_mask = [], []
         orm_model = models.load_reward_model(str(orm_run / "model"), tokenizer, device, precision)
         orm_scores = []
@@ -144,14 +218,23 @@ def main(argv=None) -> dict:
             logits, mask = prm.score_steps(prm_model, tokenizer, prompts[i : i + 32], completions[i : i + 32])
             step_probs += list(torch.sigmoid(logits).float().cpu())
             step_mask += list(mask.float().cpu())
-            orm_scores.append(reward_model.score_texts(orm_model, tokenizer, prompts[i : i + 32],
-                                                       completions[i : i + 32], prm_args.max_new_tokens).cpu())
+            orm_scores.append(
+                reward_model.score_texts(
+                    orm_model,
+                    tokenizer,
+                    prompts[i : i + 32],
+                    completions[i : i + 32],
+                    prm_args.max_new_tokens,
+                ).cpu()
+            )
     probs = torch.nn.utils.rnn.pad_sequence(step_probs, batch_first=True)
     masks = torch.nn.utils.rnn.pad_sequence(step_mask, batch_first=True)
     majority = [i + majority_pick(completions[i : i + n]) for i in range(0, len(rows), n)]
     accuracy = {
         "PRM, min over steps": prm.best_of_n_accuracy(prm.aggregate_steps(probs, masks, "min"), correct, n),
-        "PRM, product of steps": prm.best_of_n_accuracy(prm.aggregate_steps(probs, masks, "product"), correct, n),
+        "PRM, product of steps": prm.best_of_n_accuracy(
+            prm.aggregate_steps(probs, masks, "product"), correct, n
+        ),
         "ORM": prm.best_of_n_accuracy(torch.cat(orm_scores).float(), correct, n),
         "majority vote": correct[majority].mean().item(),
         "random pick": correct.mean().item(),
@@ -159,18 +242,33 @@ def main(argv=None) -> dict:
     }
     train_rows = data["train"]
     rollouts = sum(max(0, len(r["rollouts_correct"]) - 1) * r["rollouts"] for r in train_rows)
-    cost = {"PRM, min over steps": f"{len(train_rows)} solutions + {rollouts} rollouts",
-            "PRM, product of steps": "the same labels", "ORM": f"{len(train_rows)} solutions ({len(pairs)} pairs)"}
+    cost = {
+        "PRM, min over steps": f"{len(train_rows)} solutions + {rollouts} rollouts",
+        "PRM, product of steps": "the same labels",
+        "ORM": f"{len(train_rows)} solutions ({len(pairs)} pairs)",
+    }
     steps_per_solution = sum(len(r["rollouts_correct"]) for r in rows) / len(rows)
-    lines = [f"{args.eval_size} held-out chains, N = {n} solutions each from the SFT policy ({policy}); "
-             f"{steps_per_solution:.2f} steps a solution; labels: {args.num_problems} training chains, "
-             f"k = {args.num_rollouts} rollouts a step, {label_minutes:.1f} min to sample (training and held-out "
-             f"solutions, and their rollouts; 0 when read from the cache).", "",
-             "| choice among the N | held-out accuracy | labels it needs |", "| --- | --- | --- |"]
+    lines = [
+        f"{args.eval_size} held-out chains, N = {n} solutions each from the SFT policy ({policy}); "
+        f"{steps_per_solution:.2f} steps a solution; labels: {args.num_problems} training chains, "
+        f"k = {args.num_rollouts} rollouts a step, {label_minutes:.1f} min to sample (training and held-out "
+        f"solutions, and their rollouts; 0 when read from the cache).",
+        "",
+        "| choice among the N | held-out accuracy | labels it needs |",
+        "| --- | --- | --- |",
+    ]
     lines += [f"| {name} | {value:.3f} | {cost.get(name, 'none')} |" for name, value in accuracy.items()]
     (out / "prm-vs-orm.md").write_text("\n".join(lines) + "\n")
-    result = {"accuracy": accuracy, "label_minutes": label_minutes, "rollouts": rollouts, "pairs": len(pairs),
-              "steps_per_solution": steps_per_solution, "sft": str(sft), "prm": str(prm_run), "orm": str(orm_run)}
+    result = {
+        "accuracy": accuracy,
+        "label_minutes": label_minutes,
+        "rollouts": rollouts,
+        "pairs": len(pairs),
+        "steps_per_solution": steps_per_solution,
+        "sft": str(sft),
+        "prm": str(prm_run),
+        "orm": str(orm_run),
+    }
     (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     print("\n".join(lines))
     return result

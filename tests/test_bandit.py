@@ -62,7 +62,9 @@ from grpo import group_advantages, grpo_loss  # noqa: E402
 from ppo import compute_gae, kl_penalized_rewards, ppo_policy_loss  # noqa: E402
 
 R = torch.tensor([1.0, 0.7, 0.2, 0.0], dtype=torch.float64)  # rewards of the K = 4 arms
-PI_REF = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)  # the reference puts most mass on the worst arm
+PI_REF = torch.tensor(
+    [0.1, 0.2, 0.3, 0.4], dtype=torch.float64
+)  # the reference puts most mass on the worst arm
 BETA, G = 0.5, 4
 
 
@@ -90,7 +92,9 @@ def ppo_expected_loss(theta, r, pi_ref, beta):
     logprobs = torch.log_softmax(theta, 0)[:, None]  # (K, 1) each arm is a one-token completion
     pi = logprobs.exp().detach()  # (K, 1) the arms' probabilities: the mask's weights
     ones = torch.ones_like(pi)  # (K, 1) every arm's one token is a completion token
-    rewards, _ = kl_penalized_rewards(r, logprobs.detach(), pi_ref.log()[:, None], ones, beta)  # (K, 1) r̃ = r − β k1
+    rewards, _ = kl_penalized_rewards(
+        r, logprobs.detach(), pi_ref.log()[:, None], ones, beta
+    )  # (K, 1) r̃ = r − β k1
     advantages, _ = compute_gae(rewards, torch.zeros_like(rewards), ones)  # (K, 1) r̃ itself: no baseline
     loss, _ = ppo_policy_loss(logprobs, logprobs.detach(), advantages, pi)  # E_π of the clipped surrogate
     return loss
@@ -102,22 +106,34 @@ def dpo_expected_loss(theta, r, pi_ref, beta):
     pairs = torch.tensor([(a, b) for a, b in itertools.permutations(range(len(r)), 2)])
     chosen, rejected = pairs[:, 0], pairs[:, 1]
     p_chosen = torch.sigmoid(r[chosen] - r[rejected])  # Bradley-Terry: how often a is preferred to b
-    losses, _, _ = dpo_loss(logprobs[chosen], logprobs[rejected], pi_ref.log()[chosen], pi_ref.log()[rejected], beta)
+    losses, _, _ = dpo_loss(
+        logprobs[chosen], logprobs[rejected], pi_ref.log()[chosen], pi_ref.log()[rejected], beta
+    )
     return (p_chosen * losses).sum() / p_chosen.sum()  # each unordered pair equally often, labelled by BT
 
 
 def grpo_expected_loss(theta, r, pi_ref, beta, group_size, kl_kind, scale_by_std):
     K = len(r)
     logprobs = torch.log_softmax(theta, 0)  # (K,)
-    groups = torch.tensor(list(itertools.product(range(K), repeat=group_size)))  # (K^G, G) every possible group
+    groups = torch.tensor(
+        list(itertools.product(range(K), repeat=group_size))
+    )  # (K^G, G) every possible group
     group_prob = logprobs.detach().exp()[groups].prod(1)  # (K^G,)
     arms = groups.reshape(-1)  # (K^G·G,) consecutive runs of G are one group
     advantages = group_advantages(r[arms], group_size, scale_by_std)  # (K^G·G,)
     # (K^G·G, 1) token-mean over these = E over groups of the group mean
     weights = group_prob.repeat_interleave(group_size)[:, None]
     lp = logprobs[arms][:, None]  # (K^G·G, 1)
-    loss, _ = grpo_loss(lp, lp.detach(), pi_ref.log()[arms][:, None], advantages, weights, beta=beta,
-                        loss_agg="token-mean", kl_kind=kl_kind)
+    loss, _ = grpo_loss(
+        lp,
+        lp.detach(),
+        pi_ref.log()[arms][:, None],
+        advantages,
+        weights,
+        beta=beta,
+        loss_agg="token-mean",
+        kl_kind=kl_kind,
+    )
     return loss
 
 
@@ -130,7 +146,9 @@ def reach(expected_loss, *args, steps: int = 1000, lr: float = 0.2) -> torch.Ten
         optimizer.zero_grad()
         expected_loss(theta, *args).backward()
         optimizer.step()
-    assert theta.grad.abs().max() < 1e-6, "not converged: the test would compare a point that is not stationary"
+    assert theta.grad.abs().max() < 1e-6, (
+        "not converged: the test would compare a point that is not stationary"
+    )
     return torch.softmax(theta.detach(), 0)
 
 
@@ -139,18 +157,27 @@ def cases() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     c = (G - 1) / G
     return {
         "PPO, k1 in the reward": (reach(ppo_expected_loss, R, PI_REF, BETA), kl_optimum(R, PI_REF, BETA)),
-        "DPO on Bradley-Terry preferences": (reach(dpo_expected_loss, R, PI_REF, BETA), kl_optimum(R, PI_REF, BETA)),
-        "GRPO, k2 in the loss, no std scaling": (reach(grpo_expected_loss, R, PI_REF, BETA, G, "k2", False),
-                                                 kl_optimum(c * R, PI_REF, BETA)),
-        "GRPO, k3 in the loss, no std scaling": (reach(grpo_expected_loss, R, PI_REF, BETA, G, "k3", False),
-                                                 forward_kl_optimum(c * R, PI_REF, BETA)),
+        "DPO on Bradley-Terry preferences": (
+            reach(dpo_expected_loss, R, PI_REF, BETA),
+            kl_optimum(R, PI_REF, BETA),
+        ),
+        "GRPO, k2 in the loss, no std scaling": (
+            reach(grpo_expected_loss, R, PI_REF, BETA, G, "k2", False),
+            kl_optimum(c * R, PI_REF, BETA),
+        ),
+        "GRPO, k3 in the loss, no std scaling": (
+            reach(grpo_expected_loss, R, PI_REF, BETA, G, "k3", False),
+            forward_kl_optimum(c * R, PI_REF, BETA),
+        ),
     }
 
 
 # ---- the closed forms themselves --------------------------------------------------------------
 def test_kl_optimum_by_hand():
     # π_ref·exp(r/β) = [0.1·e², 0.2·e^1.4, 0.3·e^0.4, 0.4] = [0.738906, 0.811040, 0.447547, 0.4], sum 2.397493
-    assert kl_optimum(R, PI_REF, BETA).tolist() == pytest.approx([0.308199, 0.338287, 0.186673, 0.166841], abs=1e-6)
+    assert kl_optimum(R, PI_REF, BETA).tolist() == pytest.approx(
+        [0.308199, 0.338287, 0.186673, 0.166841], abs=1e-6
+    )
 
 
 def test_forward_kl_optimum_satisfies_its_stationarity_condition():
@@ -188,7 +215,9 @@ def test_grpo_with_k3_reaches_the_forward_kl_optimum(reached):
     assert tv(policy, kl_optimum((G - 1) / G * R, PI_REF, BETA)) > 0.02  # not the reverse-KL optimum either
 
 
-def expected_standardised_advantage(pi: list[float], r: list[float], group_size: int, eps: float = 1e-4) -> list[float]:
+def expected_standardised_advantage(
+    pi: list[float], r: list[float], group_size: int, eps: float = 1e-4
+) -> list[float]:
     """ρ_a = E[Â_g | y_g = a] over all groups π samples, Â standardised within each group: a plain loop, by the
     definition."""
     joint = [0.0] * len(r)  # E[Â_g 1{y_g = a}], the same for every position g
@@ -206,7 +235,9 @@ def expected_standardised_advantage(pi: list[float], r: list[float], group_size:
 
 def test_grpo_with_std_scaling_lands_on_its_own_fixed_point():
     reached_r = reach(grpo_expected_loss, R, PI_REF, BETA, G, "k3", True)
-    rho = torch.tensor(expected_standardised_advantage(reached_r.tolist(), R.tolist(), G), dtype=torch.float64)
+    rho = torch.tensor(
+        expected_standardised_advantage(reached_r.tolist(), R.tolist(), G), dtype=torch.float64
+    )
     lam = rho + BETA * PI_REF / reached_r  # (b)'s stationarity with ρ(π) for c·r: the same λ for every arm
     assert (lam.max() - lam.min()).item() < 1e-6
     # Σ π λ = E[Â] + β Σ π_ref = β: each group's advantages sum to 0
@@ -219,7 +250,9 @@ def test_grpo_with_std_scaling_ignores_the_reward_scale():
     reached_r = reach(grpo_expected_loss, R, PI_REF, BETA, G, "k3", True)
     reached_10r = reach(grpo_expected_loss, 10 * R, PI_REF, BETA, G, "k3", True)
     assert tv(reached_r, reached_10r) < 1e-3  # eps = 1e-4 in the std is the only trace of the scale
-    assert tv(kl_optimum(R, PI_REF, BETA), kl_optimum(10 * R, PI_REF, BETA)) > 0.5  # π* depends on it strongly
+    assert (
+        tv(kl_optimum(R, PI_REF, BETA), kl_optimum(10 * R, PI_REF, BETA)) > 0.5
+    )  # π* depends on it strongly
 
 
 if __name__ == "__main__":
@@ -232,9 +265,13 @@ if __name__ == "__main__":
     print("| algorithm | closed form | reached | TV(reached, closed form) | TV(reached, π*) |")
     print("| --- | --- | --- | --- | --- |")
     for name, (policy, closed_form) in rows.items():
-        print(f"| {name} | {fmt(closed_form)} | {fmt(policy)} | {tv(policy, closed_form):.1e} "
-              f"| {tv(policy, star):.3f} |")
-    print(f"| GRPO, k3, std scaling, reward r | (none: depends on the policy) | {fmt(std_r)} | "
-          f"| {tv(std_r, star):.3f} |")
-    print(f"| GRPO, k3, std scaling, reward 10 r | | {fmt(std_10r)} | TV to the row above: {tv(std_10r, std_r):.1e} "
-          f"| {tv(std_10r, kl_optimum(10 * R, PI_REF, BETA)):.3f} (to π* of 10 r) |")
+        print(
+            f"| {name} | {fmt(closed_form)} | {fmt(policy)} | {tv(policy, closed_form):.1e} | {tv(policy, star):.3f} |"
+        )
+    print(
+        f"| GRPO, k3, std scaling, reward r | (none: depends on the policy) | {fmt(std_r)} | | {tv(std_r, star):.3f} |"
+    )
+    print(
+        f"| GRPO, k3, std scaling, reward 10 r | | {fmt(std_10r)} | TV to the row above: {tv(std_10r, std_r):.1e} "
+        f"| {tv(std_10r, kl_optimum(10 * R, PI_REF, BETA)):.3f} (to π* of 10 r) |"
+    )

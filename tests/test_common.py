@@ -32,7 +32,9 @@ def test_masked_mean_and_sum_by_hand():
 def test_gather_logprobs_by_hand(fast):
     # logits [0, ln 3]: softmax [1/4, 3/4]
     logits = torch.tensor([[[0.0, math.log(3.0)]]])
-    assert common.gather_logprobs(logits, torch.tensor([[1]]), fast=fast).item() == pytest.approx(math.log(0.75))
+    assert common.gather_logprobs(logits, torch.tensor([[1]]), fast=fast).item() == pytest.approx(
+        math.log(0.75)
+    )
 
 
 @pytest.mark.parametrize("fast", [False, True])
@@ -88,7 +90,9 @@ def test_completion_mask_when_pad_is_eos():
 
 
 # ---- completion log-probs ----------------------------------------------------------------------------
-def one_token_at_a_time(model, prompt: torch.Tensor, completion: torch.Tensor, temperature: float) -> torch.Tensor:
+def one_token_at_a_time(
+    model, prompt: torch.Tensor, completion: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """Reference: no padding, no cache, one growing sequence per token."""
     out = []
     for t in range(len(completion)):
@@ -99,11 +103,16 @@ def one_token_at_a_time(model, prompt: torch.Tensor, completion: torch.Tensor, t
 
 
 @pytest.mark.parametrize("share_prompt", [True, False])
-def test_completion_logprobs_equal_one_token_at_a_time_reference(tiny_model, tokenizer, prompts, share_prompt):
+def test_completion_logprobs_equal_one_token_at_a_time_reference(
+    tiny_model, tokenizer, prompts, share_prompt
+):
     ids, mask = prompts
-    completions = common.sample_completions(tiny_model, ids, mask, 3, 6, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    logprobs, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([3, 3]), 0.7,
-                                             share_prompt=share_prompt)
+    completions = common.sample_completions(
+        tiny_model, ids, mask, 3, 6, tokenizer.eos_token_id, tokenizer.pad_token_id
+    )
+    logprobs, _ = common.completion_logprobs(
+        tiny_model, ids, mask, completions, torch.tensor([3, 3]), 0.7, share_prompt=share_prompt
+    )
     for b in range(6):
         prompt = ids[b // 3][mask[b // 3].bool()]
         reference = one_token_at_a_time(tiny_model, prompt, completions[b], temperature=0.7)
@@ -116,7 +125,10 @@ def test_completion_logprobs_ignore_padding_amount(tiny_model, tokenizer, prompt
     completions = torch.randint(10, 60, (6, 5))
     base, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([3, 3]))
     pad = tokenizer.pad_token_id
-    more_left = torch.cat([torch.full((2, 7), pad), ids], 1), torch.cat([torch.zeros(2, 7, dtype=torch.long), mask], 1)
+    more_left = (
+        torch.cat([torch.full((2, 7), pad), ids], 1),
+        torch.cat([torch.zeros(2, 7, dtype=torch.long), mask], 1),
+    )
     more_right = torch.cat([completions, torch.full((6, 4), pad)], 1)
     padded, _ = common.completion_logprobs(tiny_model, *more_left, more_right, torch.tensor([3, 3]))
     assert torch.allclose(padded[:, :5], base, atol=1e-5)
@@ -126,12 +138,16 @@ def test_one_token_prompts_share_nothing_and_lose_nothing(tiny_model, tokenizer)
     # The shared forward runs each prompt but its last token once; a one-token prompt beside a longer
     # one is all padding there, and prompts of one token each (S = 1) skip that forward altogether.
     pad, completions = tokenizer.pad_token_id, torch.randint(10, 60, (4, 5))
-    for ids, mask in [(torch.tensor([[pad, pad, 17], [21, 22, 23]]), torch.tensor([[0, 0, 1], [1, 1, 1]])),
-                      (torch.tensor([[17], [23]]), torch.tensor([[1], [1]]))]:
-        shared, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]),
-                                               share_prompt=True)
-        concatenated, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]),
-                                                     share_prompt=False)
+    for ids, mask in [
+        (torch.tensor([[pad, pad, 17], [21, 22, 23]]), torch.tensor([[0, 0, 1], [1, 1, 1]])),
+        (torch.tensor([[17], [23]]), torch.tensor([[1], [1]])),
+    ]:
+        shared, _ = common.completion_logprobs(
+            tiny_model, ids, mask, completions, torch.tensor([2, 2]), share_prompt=True
+        )
+        concatenated, _ = common.completion_logprobs(
+            tiny_model, ids, mask, completions, torch.tensor([2, 2]), share_prompt=False
+        )
         reference = one_token_at_a_time(tiny_model, ids[0][mask[0].bool()], completions[0], temperature=1.0)
         assert torch.isfinite(shared).all() and torch.allclose(shared, concatenated, atol=1e-5)
         assert torch.allclose(shared[0], reference, atol=1e-5)
@@ -143,20 +159,25 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_reads(tiny_model,
     ids, mask = prompts
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        completions = common.sample_completions(tiny_model, ids, mask, 2, 3, tokenizer.eos_token_id,
-                                                tokenizer.pad_token_id)
-        common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]), share_prompt=True)
+        completions = common.sample_completions(
+            tiny_model, ids, mask, 2, 3, tokenizer.eos_token_id, tokenizer.pad_token_id
+        )
+        common.completion_logprobs(
+            tiny_model, ids, mask, completions, torch.tensor([2, 2]), share_prompt=True
+        )
 
 
 def test_right_padded_prompts_are_refused_not_silently_wrong(tiny_model, tokenizer, prompts):
     ids, mask = prompts
     right_ids, right_mask = ids.flip(1), mask.flip(1)  # row 0 is shorter: its padding now sits on the right
     with pytest.raises(ValueError, match="left-padded"):
-        common.completion_logprobs(tiny_model, right_ids, right_mask, torch.randint(10, 60, (2, 3)),
-                                   torch.tensor([1, 1]))
+        common.completion_logprobs(
+            tiny_model, right_ids, right_mask, torch.randint(10, 60, (2, 3)), torch.tensor([1, 1])
+        )
     with pytest.raises(ValueError, match="left-padded"):
-        common.sample_completions(tiny_model, right_ids, right_mask, 1, 3, tokenizer.eos_token_id,
-                                  tokenizer.pad_token_id)
+        common.sample_completions(
+            tiny_model, right_ids, right_mask, 1, 3, tokenizer.eos_token_id, tokenizer.pad_token_id
+        )
 
 
 def test_shared_prompt_and_concatenated_forward_give_the_same_gradient(tokenizer, prompts):
@@ -165,8 +186,9 @@ def test_shared_prompt_and_concatenated_forward_give_the_same_gradient(tokenizer
     grads = []
     for share in (True, False):
         model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
-        logprobs, _ = common.completion_logprobs(model, ids, mask, completions, torch.tensor([1, 3]),
-                                                 share_prompt=share)
+        logprobs, _ = common.completion_logprobs(
+            model, ids, mask, completions, torch.tensor([1, 3]), share_prompt=share
+        )
         logprobs.sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5)
@@ -177,7 +199,9 @@ def test_greedy_sampling_follows_argmax_and_pads_after_eos(tiny_model, tokenizer
     ids, mask = prompts
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     completions = common.sample_completions(tiny_model, ids, mask, 2, 8, eos, pad, temperature=0)
-    assert completions.shape[0] == 4 and torch.equal(completions[0], completions[1])  # greedy: both samples agree
+    assert completions.shape[0] == 4 and torch.equal(
+        completions[0], completions[1]
+    )  # greedy: both samples agree
     logprobs, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]))
     for b in range(4):
         prompt = ids[b // 2][mask[b // 2].bool()]
@@ -252,9 +276,14 @@ def test_dropout_is_off_in_a_loaded_model_whose_config_has_dropout(dropout_check
     # it can show the bug
     assert not torch.equal(as_transformers_loads_it(ids).logits, as_transformers_loads_it(ids).logits)
     for head in ("lm", "score"):  # a policy, and a reward model or critic
-        model = models.load_model(dropout_checkpoint, len(tokenizer), torch.device("cpu"), "fp32", head=head).train()
-        output = ((lambda: model(ids).logits) if head == "lm"
-                  else (lambda: common.reward_scores(model, ids, torch.ones_like(ids))))
+        model = models.load_model(
+            dropout_checkpoint, len(tokenizer), torch.device("cpu"), "fp32", head=head
+        ).train()
+        output = (
+            (lambda: model(ids).logits)
+            if head == "lm"
+            else (lambda: common.reward_scores(model, ids, torch.ones_like(ids)))
+        )
         first = output()
         assert torch.equal(first, output())
         model.eval()
@@ -264,7 +293,9 @@ def test_dropout_is_off_in_a_loaded_model_whose_config_has_dropout(dropout_check
 
 def test_dropout_is_off_in_llama_attention_which_reads_a_float(tmp_path, tokenizer):
     model = models.make_tiny_model(len(tokenizer), "llama")
-    model.config.attention_dropout = 0.5  # LlamaAttention has no nn.Dropout: it passes this float to attention
+    model.config.attention_dropout = (
+        0.5  # LlamaAttention has no nn.Dropout: it passes this float to attention
+    )
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     model = models.load_model(str(tmp_path), len(tokenizer), torch.device("cpu"), "fp32").train()
@@ -277,8 +308,15 @@ def test_one_token_completions_have_log_probs(tiny_model, tokenizer, prompts):
     ids, mask = prompts
     completion = torch.full((2, 1), tokenizer.eos_token_id)
     for share_prompt in (True, False):
-        logprobs, entropy = common.completion_logprobs(tiny_model, ids, mask, completion, torch.tensor([1, 1]),
-                                                       with_entropy=True, share_prompt=share_prompt)
+        logprobs, entropy = common.completion_logprobs(
+            tiny_model,
+            ids,
+            mask,
+            completion,
+            torch.tensor([1, 1]),
+            with_entropy=True,
+            share_prompt=share_prompt,
+        )
         assert logprobs.shape == (2, 1) and entropy.shape == (2, 1) and (logprobs < 0).all()
     assert common.gather_logprobs(torch.zeros(2, 0, 5), torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0)
 
@@ -288,10 +326,14 @@ def test_entropy_by_hand(fast):
     # logits [0, ln 3]: p = [1/4, 3/4], H = 1/4 ln 4 + 3/4 ln(4/3) = 0.346574 + 0.215762 = 0.562335
     logits = torch.tensor([[[0.0, math.log(3.0)]]])
     logprobs, entropy = common.token_logprobs(logits, torch.tensor([[1]]), with_entropy=True, fast=fast)
-    assert entropy.item() == pytest.approx(0.562335, abs=1e-6) and logprobs.item() == pytest.approx(math.log(0.75))
+    assert entropy.item() == pytest.approx(0.562335, abs=1e-6) and logprobs.item() == pytest.approx(
+        math.log(0.75)
+    )
     # at temperature 2 the logits are [0, ln 3 / 2]: p = [1/(1+√3), √3/(1+√3)] = [0.366025, 0.633975]
     # H = -(0.366025 ln 0.366025 + 0.633975 ln 0.633975) = 0.367875 + 0.288932 = 0.656806
-    _, entropy = common.token_logprobs(logits, torch.tensor([[1]]), temperature=2.0, with_entropy=True, fast=fast)
+    _, entropy = common.token_logprobs(
+        logits, torch.tensor([[1]]), temperature=2.0, with_entropy=True, fast=fast
+    )
     assert entropy.item() == pytest.approx(0.656806, abs=1e-6)
 
 
@@ -314,7 +356,12 @@ def test_lr_warms_up_then_stays_constant_or_decays_linearly_to_zero_at_the_last_
     # warm-up 2: (s + 1) / 2 = 0.5, 1; constant after. With decay over 6 updates: (6 - s) / (6 - 2) for s = 2..5
     assert [common.lr_factor(s, 2) for s in range(5)] == [0.5, 1.0, 1.0, 1.0, 1.0]
     assert [common.lr_factor(s, 2, 6) for s in range(6)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
-    assert [common.lr_factor(s, 0, 4) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]  # no warm-up: decays from 1
+    assert [common.lr_factor(s, 0, 4) for s in range(4)] == [
+        1.0,
+        0.75,
+        0.5,
+        0.25,
+    ]  # no warm-up: decays from 1
 
 
 def fraction_of_weights_changed(precision: str, tokenizer, prompts) -> float:
@@ -328,8 +375,9 @@ def fraction_of_weights_changed(precision: str, tokenizer, prompts) -> float:
         optimizer.zero_grad()
         (-logprobs.mean()).backward()
         optimizer.step()
-    return (sum((p.detach() != b).sum().item() for p, b in zip(model.parameters(), before))
-            / sum(b.numel() for b in before))
+    return sum((p.detach() != b).sum().item() for p, b in zip(model.parameters(), before)) / sum(
+        b.numel() for b in before
+    )
 
 
 def test_bf16_mixed_keeps_every_small_update_and_bf16_true_loses_most(tokenizer, prompts):
@@ -342,8 +390,10 @@ def test_bf16_mixed_keeps_every_small_update_and_bf16_true_loses_most(tokenizer,
 @pytest.mark.parametrize("fast", [False, True])
 def test_bf16_mixed_computes_in_bf16_and_returns_float32_log_probs(tokenizer, prompts, fast):
     completions = torch.randint(5, 90, (4, 6), generator=torch.Generator().manual_seed(1))
-    fp32, mixed = (models.load_model("tiny", len(tokenizer), torch.device("cpu"), p, seed=0, use_kernels=fast)
-                   for p in ("fp32", "bf16-mixed"))
+    fp32, mixed = (
+        models.load_model("tiny", len(tokenizer), torch.device("cpu"), p, seed=0, use_kernels=fast)
+        for p in ("fp32", "bf16-mixed")
+    )
     assert all(p.dtype == torch.float32 for p in mixed.parameters())  # master weights
     # With the kernels on a CPU the bf16-mixed model attends eagerly and the fp32 one with sdpa: float32 through the two
     # differs by ~5e-7. The same attention for both, so that only autocast can make them differ.
@@ -383,8 +433,12 @@ def test_a_minus_infinity_logit_gives_a_finite_entropy_and_gradient(fast):
     # a vocabulary masked with -inf: logits [0, -inf, ln 3] have p = [1/4, 0, 3/4], H = 0.562335 as without it
     logits = torch.tensor([[[0.0, -math.inf, math.log(3.0)]]], requires_grad=True)
     logprobs, entropy = common.token_logprobs(logits, torch.tensor([[2]]), with_entropy=True, fast=fast)
-    assert entropy.item() == pytest.approx(0.562335, abs=1e-6) and logprobs.item() == pytest.approx(math.log(0.75))
-    (logprobs + 3.0 * entropy).sum().backward()  # an entropy weight above 1 once overflowed a clamp at -3.4e38
+    assert entropy.item() == pytest.approx(0.562335, abs=1e-6) and logprobs.item() == pytest.approx(
+        math.log(0.75)
+    )
+    (
+        logprobs + 3.0 * entropy
+    ).sum().backward()  # an entropy weight above 1 once overflowed a clamp at -3.4e38
     finite = torch.tensor([[[0.0, math.log(3.0)]]], requires_grad=True)
     p = finite.softmax(-1)
     (p.log()[..., 1] - 3.0 * (p * p.log()).sum(-1)).sum().backward()

@@ -36,13 +36,22 @@ def test_completions_per_step_are_the_scripts_own_defaults():
 
     per_step = {slug: n for slug, (_, _, n) in compare.ALGORITHMS.items()}
     grpo_rows = [command for _, command, _ in compare.ALGORITHMS.values() if command[0] == "grpo.py"]
-    assert all(command[:3] == ["grpo.py", "--prompts-per-step", "4"] for command in grpo_rows)  # the table's shape
+    assert all(
+        command[:3] == ["grpo.py", "--prompts-per-step", "4"] for command in grpo_rows
+    )  # the table's shape
     assert per_step["grpo"] == 4 * args_of(grpo.Args).group_size
     assert per_step["ppo-verifier"] == per_step["ppo-rm"] == args_of(ppo.Args).batch_size
-    assert per_step["sft"] == args_of(sft.Args).batch_size and per_step["dpo"] == 2 * args_of(dpo.Args).batch_size
+    assert (
+        per_step["sft"] == args_of(sft.Args).batch_size
+        and per_step["dpo"] == 2 * args_of(dpo.Args).batch_size
+    )
     online = args_of(variants.Args, algo="rloo")
-    assert per_step["rloo"] == online.batch_size * online.group_size and per_step["remax"] == online.batch_size
-    assert all(per_step[a] == 2 * args_of(variants.Args, algo=a).batch_size for a in ("ipo", "kto", "simpo", "orpo"))
+    assert (
+        per_step["rloo"] == online.batch_size * online.group_size and per_step["remax"] == online.batch_size
+    )
+    assert all(
+        per_step[a] == 2 * args_of(variants.Args, algo=a).batch_size for a in ("ipo", "kto", "simpo", "orpo")
+    )
     with pytest.raises(SystemExit):
         compare.parse_args(["--extra", "--batch-size 16"])  # would break the equal budget silently
 
@@ -58,18 +67,40 @@ def test_every_algorithm_gets_the_same_budget_in_training_completions():
 def test_table_rows(tmp_path):
     args = compare.parse_args(["--algos", "grpo", "dpo", "--seeds", "0", "1", "--budget", "320"])
     row = dict(accuracy_before=0.2, steps=10, kl=1.0, wall_time_s=60.0, peak_gb=4.0, **{"pass@8_before": 0.5})
-    rows = [{**row, "algo": "grpo", "name": "GRPO", "seed": 0, "accuracy": 0.5, "pass@8": 0.75},
-            {**row, "algo": "grpo", "name": "GRPO", "seed": 1, "accuracy": 0.7, "pass@8": 0.75, "kl": 3.0,
-             "wall_time_s": 180.0,
-             "pass@8_before": 0.7},  # the starting model's pass@8 is sampled with each seed's random numbers
-            {**row, "algo": "dpo", "name": "DPO", "seed": 1, "accuracy": 0.4, "pass@8": 0.6, "pass@8_before": 0.7}]
+    rows = [
+        {**row, "algo": "grpo", "name": "GRPO", "seed": 0, "accuracy": 0.5, "pass@8": 0.75},
+        {
+            **row,
+            "algo": "grpo",
+            "name": "GRPO",
+            "seed": 1,
+            "accuracy": 0.7,
+            "pass@8": 0.75,
+            "kl": 3.0,
+            "wall_time_s": 180.0,
+            "pass@8_before": 0.7,
+        },  # the starting model's pass@8 is sampled with each seed's random numbers
+        {
+            **row,
+            "algo": "dpo",
+            "name": "DPO",
+            "seed": 1,
+            "accuracy": 0.4,
+            "pass@8": 0.6,
+            "pass@8_before": 0.7,
+        },
+    ]
     text = compare.table(rows, args)
-    assert "| starting model | | 0.200 ± 0.000 | 0.600 ± 0.141 | 0 | | |" in text  # one value per seed, not per run
+    assert (
+        "| starting model | | 0.200 ± 0.000 | 0.600 ± 0.141 | 0 | | |" in text
+    )  # one value per seed, not per run
     assert "| GRPO | 10 | 0.600 ± 0.141 | 0.750 ± 0.000 | 2.00 ± 1.41 | 2.0 ± 1.4 | 4.00 ± 0.00 |" in text
     assert "| DPO | 10 | 0.400 | 0.600 | 1.00 | 1.0 | 4.00 |" in text  # one seed: no spread
     # another prompt, another start: its accuracy and pass@8 before, measured on its own prompt, in its row
     r1 = {**rows[2], "algo": "r1-rewards", "name": "R1", "accuracy_before": 0.4, "pass@8_before": 0.3}
-    text = compare.table([*rows, r1], compare.parse_args(["--algos", "grpo", "dpo", "r1-rewards", "--seeds", "0", "1"]))
+    text = compare.table(
+        [*rows, r1], compare.parse_args(["--algos", "grpo", "dpo", "r1-rewards", "--seeds", "0", "1"])
+    )
     assert "| starting model | | 0.200 ± 0.000 | 0.600 ± 0.141 |" in text
     assert "| R1 (from 0.400) | 10 | 0.400 | 0.600 (from 0.300) | 1.00 |" in text
 
@@ -77,33 +108,73 @@ def test_table_rows(tmp_path):
 def test_command_settings_are_named_as_args_json_names_them():
     dapo = compare.ALGORITHMS["dapo"][1]  # grpo.py --prompts-per-step 4 --loss-agg token-mean ... --beta 0
     assert compare.command_settings([*dapo, "--no-scale-by-std", "--kl-coef", "-1", "--output-dir", "x"]) == {
-        "prompts_per_step": "4", "loss_agg": "token-mean", "eps_high": "0.28", "dynamic_sampling": True, "beta": "0",
-        "scale_by_std": False, "kl_coef": "-1"}
-    assert (compare.same_setting(0.0, "0") and compare.same_setting(0.28, "0.28")
-            and not compare.same_setting(0.04, "0.4"))
+        "prompts_per_step": "4",
+        "loss_agg": "token-mean",
+        "eps_high": "0.28",
+        "dynamic_sampling": True,
+        "beta": "0",
+        "scale_by_std": False,
+        "kl_coef": "-1",
+    }
+    assert (
+        compare.same_setting(0.0, "0")
+        and compare.same_setting(0.28, "0.28")
+        and not compare.same_setting(0.04, "0.4")
+    )
     assert compare.same_setting(False, False) and not compare.same_setting(None, "runs/rm/model")
     r1 = compare.command_settings(compare.ALGORITHMS["r1-rewards"][1])  # several values after one option
-    assert r1 == {"prompts_per_step": "4", "rewards": ["correct", "format"], "reward_weights": ["1", "0.5"],
-                  "prompt_style": "r1"}
-    assert compare.same_setting(["correct", "format"], r1["rewards"]) and compare.same_setting([1.0, 0.5], ["1", "0.5"])
-    assert compare.same_setting(["correct"], "correct") and not compare.same_setting(["correct", "format"], "correct")
+    assert r1 == {
+        "prompts_per_step": "4",
+        "rewards": ["correct", "format"],
+        "reward_weights": ["1", "0.5"],
+        "prompt_style": "r1",
+    }
+    assert compare.same_setting(["correct", "format"], r1["rewards"]) and compare.same_setting(
+        [1.0, 0.5], ["1", "0.5"]
+    )
+    assert compare.same_setting(["correct"], "correct") and not compare.same_setting(
+        ["correct", "format"], "correct"
+    )
 
 
 def test_a_finished_run_is_read_back_only_if_its_command_made_it(tmp_path):
     run_dir = tmp_path / "grpo-smollm2-0-20261122-000000"
     run_dir.mkdir()
-    made = {"model": "smollm2", "seed": 0, "steps": 5, "eval_size": 50, "beta": 0.04, "verifier": "last-number",
-            "scale_by_std": True, "output_dir": "elsewhere"}
+    made = {
+        "model": "smollm2",
+        "seed": 0,
+        "steps": 5,
+        "eval_size": 50,
+        "beta": 0.04,
+        "verifier": "last-number",
+        "scale_by_std": True,
+        "output_dir": "elsewhere",
+    }
     (run_dir / "args.json").write_text(json.dumps(made))
-    command = ["grpo.py", "--model", "smollm2", "--seed", "0", "--steps", "5", "--eval-size", "50", "--beta", "0.04",
-               "--output-dir", str(tmp_path)]
+    command = [
+        "grpo.py",
+        "--model",
+        "smollm2",
+        "--seed",
+        "0",
+        "--steps",
+        "5",
+        "--eval-size",
+        "50",
+        "--beta",
+        "0.04",
+        "--output-dir",
+        str(tmp_path),
+    ]
     assert compare.finished_run(tmp_path, command) is None  # not finished: no eval.json
     (run_dir / "eval.json").write_text("{}")
     assert compare.finished_run(tmp_path, command) == run_dir  # the folder it was written to does not matter
-    for other, wrong in [(["--steps", "10"], "steps=5 (not 10)"),  # another --budget into the same --out
-                         (["--verifier", "strict"], "verifier=last-number (not strict)"),  # another --extra
-                         (["--no-scale-by-std"], "scale_by_std=True (not False)"),
-                         (["--reward-model", "runs/rm/model"], "reward_model=None (not runs/rm/model)")]:
+    for other, wrong in [
+        (["--steps", "10"], "steps=5 (not 10)"),  # another --budget into the same --out
+        (["--verifier", "strict"], "verifier=last-number (not strict)"),  # another --extra
+        (["--no-scale-by-std"], "scale_by_std=True (not False)"),
+        (["--reward-model", "runs/rm/model"], "reward_model=None (not runs/rm/model)"),
+    ]:
         with pytest.raises(SystemExit, match=re.escape(wrong)):
             compare.finished_run(tmp_path, [*command, *other])
 
@@ -115,12 +186,19 @@ def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokeni
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)) * 0.5)
     runs.save_checkpoint(model, tokenizer, tmp_path / "model")
-    itself = compare.sampled_measures(str(tmp_path / "same"), "tiny", 8, seed=3, device="cpu", k=2, max_new_tokens=6)
-    assert itself == {"pass@2": 0.0, "kl": 0.0}  # the reference is scored too (a path is not the base name): exactly 0
-    one = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=1,
-                                   max_new_tokens=6)["kl"]
-    four = compare.sampled_measures(str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=4,
-                                    max_new_tokens=6)["kl"]
+    itself = compare.sampled_measures(
+        str(tmp_path / "same"), "tiny", 8, seed=3, device="cpu", k=2, max_new_tokens=6
+    )
+    assert itself == {
+        "pass@2": 0.0,
+        "kl": 0.0,
+    }  # the reference is scored too (a path is not the base name): exactly 0
+    one = compare.sampled_measures(
+        str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=1, max_new_tokens=6
+    )["kl"]
+    four = compare.sampled_measures(
+        str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=4, max_new_tokens=6
+    )["kl"]
     assert one > 0.05  # two different near-uniform random tiny models; the reversed sign would give < 0
     # a mean per completion: summed over k samples but divided by the prompts only, it would be ~4×
     assert 0.5 < four / one < 2
@@ -135,7 +213,9 @@ def test_sampled_measures_ask_the_questions_as_the_run_did(tmp_path, tokenizer, 
         return tokenize_prompts(tokenizer, questions, device)
 
     monkeypatch.setattr(tasks, "tokenize_prompts", recording)
-    compare.sampled_measures("tiny", "tiny", 4, seed=0, device="cpu", k=2, max_new_tokens=4, prompt_style="r1")
+    compare.sampled_measures(
+        "tiny", "tiny", 4, seed=0, device="cpu", k=2, max_new_tokens=4, prompt_style="r1"
+    )
     assert len(asked) == 4 and all(q.endswith(tasks.R1_INSTRUCTION) for q in asked)
     asked.clear()
     compare.sampled_measures("tiny", "tiny", 4, seed=0, device="cpu", k=2, max_new_tokens=4)
@@ -143,9 +223,25 @@ def test_sampled_measures_ask_the_questions_as_the_run_did(tmp_path, tokenizer, 
 
 
 def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
-    argv = ["--model", "tiny", "--algos", "grpo", "r1-rewards", "--seeds", "0", "--budget", "32", "--eval-size", "4",
-            "--pass-k", "2",
-            "--out", str(tmp_path), "--extra", "--max-new-tokens 6"]
+    argv = [
+        "--model",
+        "tiny",
+        "--algos",
+        "grpo",
+        "r1-rewards",
+        "--seeds",
+        "0",
+        "--budget",
+        "32",
+        "--eval-size",
+        "4",
+        "--pass-k",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--extra",
+        "--max-new-tokens 6",
+    ]
     proc = run_script("scripts/compare.py", *argv)
     assert proc.returncode == 0, proc.stderr
     row, r1_row = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
@@ -155,7 +251,9 @@ def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
     assert not list(run_dir.glob("*/model")) and list(run_dir.glob("*/sampled-k2.json"))
     # the script does not sample pass@k twice
     assert json.loads(next(run_dir.glob("*/args.json")).read_text())["pass_k"] == 0
-    assert list((tmp_path / "starting-model").glob("seed-0-k2-4-problems-6-tokens.json"))  # measured once per seed
+    assert list(
+        (tmp_path / "starting-model").glob("seed-0-k2-4-problems-6-tokens.json")
+    )  # measured once per seed
     # the R1 run's columns, its start's pass@k too, on R1 prompts (read from its args.json)
     assert list((tmp_path / "starting-model").glob("seed-0-k2-4-problems-6-tokens-r1-prompts.json"))
     assert r1_row["algo"] == "r1-rewards" and "pass@2" in r1_row
@@ -167,11 +265,25 @@ def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
 
 # ---- scripts/beta_sweep.py ------------------------------------------------------------------------------------------
 
+
 def test_beta_sweep_table_shows_the_learned_score_only_for_ppo():
-    rows = [{"beta": 0.04, "accuracy_before": 0.2, "accuracy": 0.6, "score_before": -1.0, "score": 2.5, "kl": 3.25,
-             "distinct": 0.5, "entropy": 0.75}]
+    rows = [
+        {
+            "beta": 0.04,
+            "accuracy_before": 0.2,
+            "accuracy": 0.6,
+            "score_before": -1.0,
+            "score": 2.5,
+            "kl": 3.25,
+            "distinct": 0.5,
+            "entropy": 0.75,
+        }
+    ]
     grpo = beta_sweep.table(rows, beta_sweep.parse_args(["grpo"]))
-    assert "| starting model | 0 | 0.200 | | |\n| 0.04 | 3.25 | 0.600 | 0.50 | 0.75 |" in grpo and "learned" not in grpo
+    assert (
+        "| starting model | 0 | 0.200 | | |\n| 0.04 | 3.25 | 0.600 | 0.50 | 0.75 |" in grpo
+        and "learned" not in grpo
+    )
     ppo = beta_sweep.table(rows, beta_sweep.parse_args(["ppo", "--reward-model", "x"]))
     assert "| starting model | 0 | 0.200 | -1.000 | | |\n| 0.04 | 3.25 | 0.600 | 2.500 | 0.50 | 0.75 |" in ppo
     with pytest.raises(SystemExit):
@@ -179,9 +291,23 @@ def test_beta_sweep_table_shows_the_learned_score_only_for_ppo():
 
 
 def test_a_tiny_grpo_beta_sweep_runs_each_beta_with_its_flag(tmp_path):
-    proc = run_script("scripts/beta_sweep.py", "grpo", "--model", "tiny", "--betas", "0", "0.5", "--steps", "1",
-                      "--eval-size", "4", "--out", str(tmp_path),
-                      "--extra", "--max-new-tokens 6 --prompts-per-step 2 --group-size 2")
+    proc = run_script(
+        "scripts/beta_sweep.py",
+        "grpo",
+        "--model",
+        "tiny",
+        "--betas",
+        "0",
+        "0.5",
+        "--steps",
+        "1",
+        "--eval-size",
+        "4",
+        "--out",
+        str(tmp_path),
+        "--extra",
+        "--max-new-tokens 6 --prompts-per-step 2 --group-size 2",
+    )
     assert proc.returncode == 0, proc.stderr
     for beta in ("0", "0.5"):
         run_args = json.loads(next((tmp_path / f"beta-{beta}").glob("*/args.json")).read_text())
@@ -192,13 +318,28 @@ def test_a_tiny_grpo_beta_sweep_runs_each_beta_with_its_flag(tmp_path):
 def test_accuracy_is_drawn_against_the_elapsed_time_of_its_step(tmp_path):
     run = tmp_path / "grpo-run"
     run.mkdir()
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "time/elapsed": 30.0 * s}) + "\n"
-                                               for s in (1, 2, 3, 4)))
-    (run / "eval.json").write_text(json.dumps({"evals": [{"step": 0, "accuracy": 0.2}, {"step": 2, "accuracy": 0.5},
-                                                         {"step": 4, "accuracy": 0.6}]}))
-    assert accuracy_vs_time.curve(run) == ([0.0, 1.0, 2.0], [0.2, 0.5, 0.6])  # 60 s at step 2, 120 s at step 4
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "time/elapsed": 30.0 * s}) + "\n" for s in (1, 2, 3, 4))
+    )
+    (run / "eval.json").write_text(
+        json.dumps(
+            {
+                "evals": [
+                    {"step": 0, "accuracy": 0.2},
+                    {"step": 2, "accuracy": 0.5},
+                    {"step": 4, "accuracy": 0.6},
+                ]
+            }
+        )
+    )
+    assert accuracy_vs_time.curve(run) == (
+        [0.0, 1.0, 2.0],
+        [0.2, 0.5, 0.6],
+    )  # 60 s at step 2, 120 s at step 4
     pytest.importorskip("matplotlib")
-    accuracy_vs_time.main([str(run), str(run), "--label", "a", "--label", "b", "--out", str(tmp_path / "c.png")])
+    accuracy_vs_time.main(
+        [str(run), str(run), "--label", "a", "--label", "b", "--out", str(tmp_path / "c.png")]
+    )
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit):
         accuracy_vs_time.main([str(run), "--label", "a", "--label", "b"])  # two labels for one run
@@ -213,42 +354,107 @@ def test_majority_vote_picks_the_first_solution_of_the_most_frequent_final_numbe
 
 
 def test_orm_pairs_put_a_right_solution_over_a_wrong_one_of_the_same_prompt():
-    rows = [{"prompt": "p", "completion": c, "correct": ok} for c, ok in (("r1", 1), ("w1", 0), ("w2", 0), ("w3", 0))]
+    rows = [
+        {"prompt": "p", "completion": c, "correct": ok}
+        for c, ok in (("r1", 1), ("w1", 0), ("w2", 0), ("w3", 0))
+    ]
     rows += [{"prompt": "q", "completion": c, "correct": 1} for c in ("r2", "r3")]  # all right: no pair
     pairs = prm_vs_orm.right_wrong_pairs(rows, per_problem=2)
-    assert pairs == [{"prompt": "p", "chosen": "r1", "rejected": "w1"},
-                     {"prompt": "p", "chosen": "r1", "rejected": "w2"}]
+    assert pairs == [
+        {"prompt": "p", "chosen": "r1", "rejected": "w1"},
+        {"prompt": "p", "chosen": "r1", "rejected": "w2"},
+    ]
     assert len(prm_vs_orm.right_wrong_pairs(rows, per_problem=8)) == 3  # at most max(rights, wrongs) pairs
 
 
 def test_rm_agreement_samples_every_policy_with_the_same_seed(tmp_path, digits_are_correct, capsys):
     import reward_model
 
-    trained = reward_model.main(args_of(reward_model.Args, model="tiny", dataset=PAIRS, steps=1, batch_size=4,
-                                        output_dir=str(tmp_path), save_model=True))
+    trained = reward_model.main(
+        args_of(
+            reward_model.Args,
+            model="tiny",
+            dataset=PAIRS,
+            steps=1,
+            batch_size=4,
+            output_dir=str(tmp_path),
+            save_model=True,
+        )
+    )
     out = tmp_path / "agreement.json"
-    rows = rm_agreement.main(rm_agreement.parse_args([
-        "--reward-model", f"{trained['run_dir']}/model", "--policies", "tiny", "tiny", "--eval-size", "6",
-        "--samples-per-prompt", "3", "--max-new-tokens", "4", "--out", str(out)]))
+    rows = rm_agreement.main(
+        rm_agreement.parse_args(
+            [
+                "--reward-model",
+                f"{trained['run_dir']}/model",
+                "--policies",
+                "tiny",
+                "tiny",
+                "--eval-size",
+                "6",
+                "--samples-per-prompt",
+                "3",
+                "--max-new-tokens",
+                "4",
+                "--out",
+                str(out),
+            ]
+        )
+    )
     first, second = ({k: v for k, v in row.items() if k != "policy"} for row in rows)
-    assert first == second and 0 < first["agreement/sample_accuracy"] < 1  # the same samples, labels of both kinds
+    assert (
+        first == second and 0 < first["agreement/sample_accuracy"] < 1
+    )  # the same samples, labels of both kinds
     assert json.loads(out.read_text()) == rows
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny |")]
     assert len(table) == 2 and f"| {first['agreement/auc']:.3f} |" in table[0]
-    missing = run_script("scripts/rm_agreement.py", "--reward-model", str(tmp_path / "none"), "--policies", "tiny")
+    missing = run_script(
+        "scripts/rm_agreement.py", "--reward-model", str(tmp_path / "none"), "--policies", "tiny"
+    )
     assert_one_line_error(missing, str(tmp_path / "none"))
 
 
-def test_policy_pairs_puts_the_earlier_rounds_first_then_the_policys_own(tmp_path, digits_are_correct, capsys):
+def test_policy_pairs_puts_the_earlier_rounds_first_then_the_policys_own(
+    tmp_path, digits_are_correct, capsys
+):
     out = tmp_path / "round2" / "pairs.jsonl"
-    pairs = policy_pairs.main(policy_pairs.parse_args([
-        "--policy", "tiny", "--num-prompts", "16", "--samples-per-prompt", "4", "--max-new-tokens", "6",
-        "--out", str(out), "--add", PAIRS]))
+    pairs = policy_pairs.main(
+        policy_pairs.parse_args(
+            [
+                "--policy",
+                "tiny",
+                "--num-prompts",
+                "16",
+                "--samples-per-prompt",
+                "4",
+                "--max-new-tokens",
+                "6",
+                "--out",
+                str(out),
+                "--add",
+                PAIRS,
+            ]
+        )
+    )
     earlier = [json.loads(line) for line in open(PAIRS)]
     assert [json.loads(line) for line in open(out)] == pairs and pairs[: len(earlier)] == earlier
-    own = pairs[len(earlier):]
-    assert own and all(any(c.isdigit() for c in p["chosen"]) and not any(c.isdigit() for c in p["rejected"])
-                       for p in own)  # digits_are_correct: a right answer holds a digit
-    assert f"{len(pairs)} pairs in {out}: {len(earlier)} from --add, {len(own)} from tiny" in capsys.readouterr().out
-    assert_one_line_error(run_script("scripts/policy_pairs.py", "--policy", "tiny", "--out", str(out), "--add",
-                                     str(tmp_path / "none.jsonl")), "--add")
+    own = pairs[len(earlier) :]
+    assert own and all(
+        any(c.isdigit() for c in p["chosen"]) and not any(c.isdigit() for c in p["rejected"]) for p in own
+    )  # digits_are_correct: a right answer holds a digit
+    assert (
+        f"{len(pairs)} pairs in {out}: {len(earlier)} from --add, {len(own)} from tiny"
+        in capsys.readouterr().out
+    )
+    assert_one_line_error(
+        run_script(
+            "scripts/policy_pairs.py",
+            "--policy",
+            "tiny",
+            "--out",
+            str(out),
+            "--add",
+            str(tmp_path / "none.jsonl"),
+        ),
+        "--add",
+    )

@@ -15,7 +15,9 @@ import sys
 import pytest
 import torch
 
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's deterministic mode, before its first handle
+os.environ.setdefault(
+    "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
+)  # cuBLAS's deterministic mode, before its first handle
 
 import common  # noqa: E402
 import dpo  # noqa: E402
@@ -26,7 +28,9 @@ import tasks  # noqa: E402
 from conftest import PAIRS, REPO, args_of, assert_resume_is_exact, digit_fraction, metrics_of, run_script  # noqa: E402
 
 DEVICE = os.environ.get("CUDA_TIER_DEVICE", "cuda")
-KERNELS = "auto" if DEVICE == "cuda" else "off"  # auto is off on CUDA: the CPU stand-in takes that plain path too
+KERNELS = (
+    "auto" if DEVICE == "cuda" else "off"
+)  # auto is off on CUDA: the CPU stand-in takes that plain path too
 BF16 = dict(device=DEVICE, precision="bf16-mixed", kernels=KERNELS)
 pytestmark = [
     pytest.mark.cuda,
@@ -69,7 +73,8 @@ def test_the_first_update_has_ratio_one_and_dpo_starts_at_ln_2(tmp_path, monkeyp
     # batch give the same numbers, so ρ = 1 and nothing clips
     calls = recorded_grpo_losses(monkeypatch)
     grpo.main(
-        grpo_args(tmp_path / "grpo", steps=1, beta=0.1, num_iterations=2, temperature=0.7), reward_fn=digit_fraction
+        grpo_args(tmp_path / "grpo", steps=1, beta=0.1, num_iterations=2, temperature=0.7),
+        reward_fn=digit_fraction,
     )
     log_ratio = calls[0]["logprobs"] - calls[0]["old"]
     assert log_ratio.abs().max().item() <= 1e-3, log_ratio.abs().max().item()
@@ -114,7 +119,8 @@ def test_one_micro_batch_of_8_and_8_of_1_give_the_same_gradient(tmp_path, monkey
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
     for batch_size in (None, 1):
         grpo.main(
-            grpo_args(tmp_path, steps=1, beta=0.1, batch_size=batch_size, save_model=False), reward_fn=digit_fraction
+            grpo_args(tmp_path, steps=1, beta=0.1, batch_size=batch_size, save_model=False),
+            reward_fn=digit_fraction,
         )
     assert grads[0].norm() > 1e-2  # a real policy gradient
     relative = ((grads[0] - grads[1]).norm() / grads[0].norm()).item()
@@ -145,7 +151,9 @@ def test_sampling_is_reproducible_for_a_seed(tokenizer):
 
 
 def test_resume_is_exact_with_deterministic_algorithms(tmp_path):
-    torch.use_deterministic_algorithms(True)  # warn_only would leave cuDNN attention's backward non-deterministic
+    torch.use_deterministic_algorithms(
+        True
+    )  # warn_only would leave cuDNN attention's backward non-deterministic
     try:
         assert_resume_is_exact(
             tmp_path,
@@ -175,7 +183,18 @@ def test_the_plain_log_prob_path_is_the_one_that_runs(tmp_path, monkeypatch):
     assert pieces and set(pieces) == {torch.device(DEVICE).type}
 
 
-TINY = ("--model", "tiny", "--steps", "2", "--device", DEVICE, "--precision", "bf16-mixed", "--kernels", KERNELS)
+TINY = (
+    "--model",
+    "tiny",
+    "--steps",
+    "2",
+    "--device",
+    DEVICE,
+    "--precision",
+    "bf16-mixed",
+    "--kernels",
+    KERNELS,
+)
 EVAL = ("--eval-size", "8")
 SMOKE_RUNS = {
     "grpo": ("grpo.py", *EVAL),

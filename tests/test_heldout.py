@@ -43,18 +43,33 @@ def prompts_trained_on(monkeypatch, run, module, name: str, prompts) -> set[str]
 
 
 def demonstration_prompts(monkeypatch, run) -> set[str]:
-    return prompts_trained_on(monkeypatch, run, sft, "load_demonstrations",
-                              lambda real, *args: [r["prompt"] for rows in real(*args) for r in rows])
+    return prompts_trained_on(
+        monkeypatch,
+        run,
+        sft,
+        "load_demonstrations",
+        lambda real, *args: [r["prompt"] for rows in real(*args) for r in rows],
+    )
 
 
 def preference_prompts(monkeypatch, run) -> set[str]:
-    return prompts_trained_on(monkeypatch, run, preferences, "label_samples",
-                              lambda real, model, tokenizer, problems, *args, **kwargs: [p.prompt for p in problems])
+    return prompts_trained_on(
+        monkeypatch,
+        run,
+        preferences,
+        "label_samples",
+        lambda real, model, tokenizer, problems, *args, **kwargs: [p.prompt for p in problems],
+    )
 
 
 def stream_prompts(monkeypatch, run) -> set[str]:
-    return prompts_trained_on(monkeypatch, run, tasks, "load_problems",
-                              lambda real, *args: [p.prompt for p in itertools.islice(real(*args)[0], STREAM)])
+    return prompts_trained_on(
+        monkeypatch,
+        run,
+        tasks,
+        "load_problems",
+        lambda real, *args: [p.prompt for p in itertools.islice(real(*args)[0], STREAM)],
+    )
 
 
 SCRIPTS = {  # name: (what it trains on, how many distinct problems at least, main, its Args beyond the defaults)
@@ -75,7 +90,9 @@ def test_no_evaluated_problem_is_trained_on(script, eval_size, monkeypatch, pref
     trained = training_prompts(monkeypatch, lambda: main(args))
     evaluated = {p.prompt for p in tasks.heldout_problems(eval_size)}
     assert len(trained) >= at_least and len(evaluated) == eval_size
-    assert not trained & evaluated, f"{len(trained & evaluated)} of {eval_size} evaluated problems are trained on"
+    assert not trained & evaluated, (
+        f"{len(trained & evaluated)} of {eval_size} evaluated problems are trained on"
+    )
 
 
 def test_the_reward_models_pairs_avoid_the_default_heldout_problems(monkeypatch, preference_cache, tmp_path):
@@ -91,7 +108,9 @@ def test_default_data_is_the_same_at_any_eval_size_up_to_200():
     default = tasks.heldout_problems()
     assert all(tasks.heldout_problems(n)[:200] == default for n in (201, 400, 1000))
     # the demonstrations as they were built before: the first distinct problems of the stream without the default 200
-    before = list(dict.fromkeys(p.prompt for p in itertools.islice(tasks.train_problems(0, default), 1000)))[:300]
+    before = list(dict.fromkeys(p.prompt for p in itertools.islice(tasks.train_problems(0, default), 1000)))[
+        :300
+    ]
     for n in (1, 8, 200):
         assert tasks.training_exclusion(n) == default
         train, heldout = sft.load_demonstrations(None, 300, 0, n)
@@ -99,17 +118,26 @@ def test_default_data_is_the_same_at_any_eval_size_up_to_200():
     assert tasks.training_exclusion(400) == tasks.heldout_problems(400)
 
 
-def test_preference_cache_names_eval_size_only_above_200(tokenizer, preference_cache, digits_are_correct, monkeypatch):
+def test_preference_cache_names_eval_size_only_above_200(
+    tokenizer, preference_cache, digits_are_correct, monkeypatch
+):
     def build(n: int):
-        return preferences.preference_data("tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), "fp32",
-                                            eval_size=n)
+        return preferences.preference_data(
+            "tiny", tokenizer, 0, 16, 4, 8, 1.0, torch.device("cpu"), "fp32", eval_size=n
+        )
 
     default, folder = build(200)
-    assert folder.name == "v2-tiny-seed0-prompts16-samples4-tokens8-temp1-fp32"  # the name caches were built under
-    monkeypatch.setattr(preferences, "label_samples", None)  # 8 evaluated problems: the same data, so no new sampling
+    assert (
+        folder.name == "v2-tiny-seed0-prompts16-samples4-tokens8-temp1-fp32"
+    )  # the name caches were built under
+    monkeypatch.setattr(
+        preferences, "label_samples", None
+    )  # 8 evaluated problems: the same data, so no new sampling
     assert build(8) == (default, folder)
     sampled = []
     monkeypatch.setattr(preferences, "label_samples", lambda *args, **kwargs: sampled.append(args) or [])
-    with pytest.raises(tasks.InputError, match="no train preference pairs"):  # the spy samples nothing: no pairs
+    with pytest.raises(
+        tasks.InputError, match="no train preference pairs"
+    ):  # the spy samples nothing: no pairs
         build(400)
     assert sampled and (preference_cache / "preference-data" / f"{folder.name}-eval400").is_dir()

@@ -55,9 +55,13 @@ def test_token_logprobs_kernel_is_the_same_across_slabs():
 def test_token_logprobs_kernel_with_a_minus_infinity_logit():
     logits = torch.tensor([[[0.0, -math.inf, math.log(3.0)], [1.0, 2.0, -math.inf]]], requires_grad=True)
     (plain_lp, plain_h, plain_grad), (fast_lp, fast_h, fast_grad) = plain_and_fast(
-        logits, torch.tensor([[2, 0]]), torch.tensor([[0.5, -1.0]]), torch.tensor([[2.0, 1.0]]))
-    assert (torch.allclose(fast_lp, plain_lp) and torch.allclose(fast_h, plain_h)
-            and torch.allclose(fast_grad, plain_grad))
+        logits, torch.tensor([[2, 0]]), torch.tensor([[0.5, -1.0]]), torch.tensor([[2.0, 1.0]])
+    )
+    assert (
+        torch.allclose(fast_lp, plain_lp)
+        and torch.allclose(fast_h, plain_h)
+        and torch.allclose(fast_grad, plain_grad)
+    )
     assert torch.isfinite(fast_grad).all()
 
 
@@ -69,9 +73,13 @@ NO_BF16_MATMUL = not torch.ops.mkldnn._is_mkldnn_bf16_supported()
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
 def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer, prompts, precision, lora):
-    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, seed=0, use_kernels=True)
+    model = models.load_model(
+        "tiny", len(tokenizer), torch.device("cpu"), precision, seed=0, use_kernels=True
+    )
     assert model.config._attn_implementation == "eager"  # training and scoring (kernels.choose_attention)
-    if lora:  # peft keeps the adapter in float32; under bf16-true it computes in float32, so it must not be packed
+    if (
+        lora
+    ):  # peft keeps the adapter in float32; under bf16-true it computes in float32, so it must not be packed
         pytest.importorskip("peft")
         model = common.add_lora(model, "tiny", common.LoraOptions(lora_r=4, lora_alpha=8.0))
         with torch.no_grad():
@@ -84,8 +92,18 @@ def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer
     with torch.no_grad(), common.autocast(model):
         model.set_attn_implementation("sdpa")
         plain = model(input_ids=ids, attention_mask=mask).logits
-        sampled_plain = common._sample(model, ids, mask, 3, 8, tokenizer.eos_token_id, tokenizer.pad_token_id, 1.0, 1.0,
-                                       torch.Generator().manual_seed(0))
+        sampled_plain = common._sample(
+            model,
+            ids,
+            mask,
+            3,
+            8,
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+            1.0,
+            1.0,
+            torch.Generator().manual_seed(0),
+        )
         model.set_attn_implementation("eager")
         with kernels.cpu_bf16_decoding(model, rows=2):
             packed_layers = [m for m in model.modules() if "forward" in vars(m)]
@@ -94,16 +112,29 @@ def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer
             assert model.config._attn_implementation == "sdpa"
             packed = model(input_ids=ids, attention_mask=mask).logits
     assert torch.equal(packed, plain)
-    sampled = common.sample_completions(model, ids, mask, 3, 8, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                                        generator=torch.Generator().manual_seed(0))
+    sampled = common.sample_completions(
+        model,
+        ids,
+        mask,
+        3,
+        8,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert torch.equal(sampled, sampled_plain)
     with pytest.raises(RuntimeError), kernels.cpu_bf16_decoding(model, rows=2):
         raise RuntimeError("sampling failed")
-    assert not any("forward" in m.__dict__ for m in model.modules())  # nn.Linear.forward again, even after an error
+    assert not any(
+        "forward" in m.__dict__ for m in model.modules()
+    )  # nn.Linear.forward again, even after an error
     assert model.config._attn_implementation == "eager"
     fp32 = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, use_kernels=True)
     with kernels.cpu_bf16_decoding(fp32, rows=2):  # float32: nothing to gain, nothing changed
-        assert not any("forward" in m.__dict__ for m in fp32.modules()) and fp32.config._attn_implementation == "sdpa"
+        assert (
+            not any("forward" in m.__dict__ for m in fp32.modules())
+            and fp32.config._attn_implementation == "sdpa"
+        )
 
 
 @pytest.mark.skipif(NO_BF16_MATMUL, reason="this CPU has no oneDNN bfloat16 matmul")
@@ -112,24 +143,33 @@ def test_cpu_bf16_decoding_leaves_layers_with_a_forward_of_their_own_alone(token
         def forward(self, x):
             return super().forward(x) * 2
 
-    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "bf16-true", seed=0, use_kernels=True)
+    model = models.load_model(
+        "tiny", len(tokenizer), torch.device("cpu"), "bf16-true", seed=0, use_kernels=True
+    )
     mlp = model.model.layers[0].mlp
-    mlp.down_proj = QuantizedLinear(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False,
-                                    dtype=torch.bfloat16)
+    mlp.down_proj = QuantizedLinear(
+        mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False, dtype=torch.bfloat16
+    )
     hook = lambda x: torch.nn.Linear.forward(mlp.up_proj, x)  # noqa: E731 - as accelerate installs one
     mlp.up_proj.forward = hook
     mlp.gate_proj.float()  # kept in float32 on purpose: it computes in float32
     with kernels.cpu_bf16_decoding(model, rows=2):
-        assert ("forward" not in vars(mlp.down_proj) and mlp.up_proj.forward is hook
-                and "forward" not in vars(mlp.gate_proj))
+        assert (
+            "forward" not in vars(mlp.down_proj)
+            and mlp.up_proj.forward is hook
+            and "forward" not in vars(mlp.gate_proj)
+        )
         assert "forward" in vars(model.model.layers[0].self_attn.q_proj)
     assert mlp.up_proj.forward is hook  # restored as it was, not popped
 
 
 def test_kernels_auto_is_on_for_a_cpu_and_off_for_cuda():
-    assert (models.resolve_kernels("auto", torch.device("cpu"))
-            and not models.resolve_kernels("auto", torch.device("cuda")))
-    assert models.resolve_kernels("on", torch.device("cuda")) and not models.resolve_kernels("off", torch.device("cpu"))
+    assert models.resolve_kernels("auto", torch.device("cpu")) and not models.resolve_kernels(
+        "auto", torch.device("cuda")
+    )
+    assert models.resolve_kernels("on", torch.device("cuda")) and not models.resolve_kernels(
+        "off", torch.device("cpu")
+    )
     with pytest.raises(runs.InputError, match="--kernels must be auto, on or off"):
         models.resolve_kernels("fast", torch.device("cpu"))
 
@@ -141,9 +181,13 @@ def test_a_model_loaded_without_kernels_takes_the_plain_path(tokenizer, prompts,
     monkeypatch.setattr(kernels, "token_logprobs", refuse)
     monkeypatch.setattr(kernels, "cpu_bf16_decoding", refuse)
     model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "bf16-mixed")
-    assert model.config._attn_implementation == "sdpa"  # transformers' default, not kernels.choose_attention's eager
+    assert (
+        model.config._attn_implementation == "sdpa"
+    )  # transformers' default, not kernels.choose_attention's eager
     ids, mask = prompts
-    completions = common.sample_completions(model, ids, mask, 2, 4, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    completions = common.sample_completions(
+        model, ids, mask, 2, 4, tokenizer.eos_token_id, tokenizer.pad_token_id
+    )
     common.completion_logprobs(model, ids, mask, completions, torch.tensor([2, 2]), with_entropy=True)
 
 
@@ -153,12 +197,24 @@ def test_in_float32_the_kernels_change_no_number(tokenizer, prompts):
     ids, mask = prompts
     results = []
     for use_kernels in (False, True):
-        model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, use_kernels=use_kernels)
+        model = models.load_model(
+            "tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, use_kernels=use_kernels
+        )
         generator = torch.Generator().manual_seed(0)
-        completions = common.sample_completions(model, ids, mask, 2, 6, tokenizer.eos_token_id,
-                                                tokenizer.pad_token_id, temperature=1.0, generator=generator)
-        logprobs, entropy = common.completion_logprobs(model, ids, mask, completions, torch.tensor([2, 2]),
-                                                       with_entropy=True, temperature=0.7)
+        completions = common.sample_completions(
+            model,
+            ids,
+            mask,
+            2,
+            6,
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
+            temperature=1.0,
+            generator=generator,
+        )
+        logprobs, entropy = common.completion_logprobs(
+            model, ids, mask, completions, torch.tensor([2, 2]), with_entropy=True, temperature=0.7
+        )
         results.append((completions, logprobs, entropy))
     (plain_tokens, plain_logprobs, plain_entropy), (fast_tokens, fast_logprobs, fast_entropy) = results
     assert torch.equal(plain_tokens, fast_tokens)

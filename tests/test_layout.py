@@ -17,14 +17,35 @@ ALGORITHMS = ("grpo", "dpo", "ppo", "reward_model", "sft", "variants", "prm")
 # A budget is a reader's time: a file a newcomer reads top to bottom in one go. It counts code tokens (names,
 # operators, numbers and strings outside docstrings and comments), so joining or widening lines gains nothing:
 # let the code breathe. When new code would break one, find its right room rather than raising the number.
-BUDGETS = {"grpo": 3570, "dpo": 2480, "ppo": 4140, "reward_model": 2120, "sft": 1690, "variants": 3420,
-           "prm": 3060, "preferences": 1340, "tasks": 3380, "infra/models": 2090, "common": 2920, "infra/runs": 3990,
-           "infra/kernels": 1160, "infra/distributed": 950, "infra/fsdp": 520}
+BUDGETS = {
+    "grpo": 3570,
+    "dpo": 2480,
+    "ppo": 4140,
+    "reward_model": 2120,
+    "sft": 1690,
+    "variants": 3420,
+    "prm": 3060,
+    "preferences": 1340,
+    "tasks": 3380,
+    "infra/models": 2090,
+    "common": 2920,
+    "infra/runs": 3990,
+    "infra/kernels": 1160,
+    "infra/distributed": 950,
+    "infra/fsdp": 520,
+}
 # Imports run one way, down these layers: a module imports only from layers below its own. common.py is the leaf
 # (the mechanics: it imports nothing of the project, but for infra/kernels inside the kernels' two seams); the
 # plumbing in infra/ sits on it, the task and its preference data on that, the algorithm files on top.
-LAYERS = [["common"], ["infra/fsdp", "infra/kernels", "infra/distributed"], ["infra/runs"], ["infra/models"],
-          ["tasks"], ["preferences"], list(ALGORITHMS)]
+LAYERS = [
+    ["common"],
+    ["infra/fsdp", "infra/kernels", "infra/distributed"],
+    ["infra/runs"],
+    ["infra/models"],
+    ["tasks"],
+    ["preferences"],
+    list(ALGORITHMS),
+]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
@@ -54,11 +75,17 @@ def code_tokens(text: str) -> int:
     is a statement of its own: a module's, a function's, a dataclass field's). Comments and line breaks are free."""
     docstrings = set()
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
             docstrings.add((node.lineno, node.col_offset))
     counted = {tokenize.NAME, tokenize.OP, tokenize.NUMBER, tokenize.STRING}
     tokens = tokenize.generate_tokens(io.StringIO(text).readline)
-    return sum(1 for t in tokens if t.type in counted and not (t.type == tokenize.STRING and t.start in docstrings))
+    return sum(
+        1 for t in tokens if t.type in counted and not (t.type == tokenize.STRING and t.start in docstrings)
+    )
 
 
 def test_code_tokens_by_hand():
@@ -93,8 +120,13 @@ def test_common_is_a_leaf_that_imports_alone(tmp_path):
     assert project_imports("common") == set()
     assert project_imports("common", top_level_only=False) == {"infra/kernels"}  # inside the seams only
     shutil.copy(REPO / "common.py", tmp_path / "common.py")
-    proc = subprocess.run([sys.executable, "-c", "import common"], cwd=tmp_path, capture_output=True, text=True,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    proc = subprocess.run(
+        [sys.executable, "-c", "import common"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -110,7 +142,13 @@ def test_the_top_level_holds_the_algorithms_common_and_the_task():
 
 
 def test_lines_are_at_most_120_characters():
-    files = [p for folder in ("", "infra", "tests", "scripts", "dev") for p in sorted((REPO / folder).glob("*.py"))]
-    wide = [f"{p.relative_to(REPO)}:{i}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1)
-            if len(line) > 120]
+    files = [
+        p for folder in ("", "infra", "tests", "scripts", "dev") for p in sorted((REPO / folder).glob("*.py"))
+    ]
+    wide = [
+        f"{p.relative_to(REPO)}:{i}"
+        for p in files
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if len(line) > 120
+    ]
     assert not wide, f"{len(wide)} lines over 120 characters, e.g. {wide[:5]}"

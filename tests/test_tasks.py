@@ -38,8 +38,11 @@ def test_verifier_table(completion, reward):
 
 
 def test_verifier_reads_the_answer_the_same_way():
-    assert (tasks.verify("so 1234", "1,234") == 1.0 and tasks.verify("-3", "-3.0") == 1.0
-            and tasks.verify("7", "seven") == 0.0)
+    assert (
+        tasks.verify("so 1234", "1,234") == 1.0
+        and tasks.verify("-3", "-3.0") == 1.0
+        and tasks.verify("7", "seven") == 0.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -81,13 +84,25 @@ def test_strict_verifier_pays_only_a_stated_result(completion, last_number, stri
 @pytest.mark.parametrize(
     "completion, last_number, strict",
     [
-        ("<think>14 + 10 = 24</think><answer>24</answer>", 1.0, 1.0),  # well formed and right: stated by the tag
-        ("<think>14 + 10 = 24</think><answer>23</answer>", 0.0, 0.0),  # the tag says 23; the reasoning is not read
+        (
+            "<think>14 + 10 = 24</think><answer>24</answer>",
+            1.0,
+            1.0,
+        ),  # well formed and right: stated by the tag
+        (
+            "<think>14 + 10 = 24</think><answer>23</answer>",
+            0.0,
+            0.0,
+        ),  # the tag says 23; the reasoning is not read
         ("<think>14 + 10 = 23</think><answer>24</answer>", 1.0, 1.0),
         ("<answer>**24**.</answer>", 1.0, 1.0),  # one number alone, in bold, before a full stop
         ("<think>so</think><answer>The sum is 24</answer>", 1.0, 1.0),
         ("<think>so</think><answer>14 + 10</answer>", 0.0, 0.0),  # a restated question, even inside the tag
-        ("<think>so</think><answer>0 + 24</answer>", 1.0, 0.0),  # its last number is 24, but nothing is stated
+        (
+            "<think>so</think><answer>0 + 24</answer>",
+            1.0,
+            0.0,
+        ),  # its last number is 24, but nothing is stated
         ("<answer>23</answer> or rather <answer>24</answer>", 1.0, 1.0),  # the last tag counts
         ("<answer>24</answer> so it is 23", 1.0, 1.0),  # only the tag is read
         ("<think>14 + 10 = 24</think>", 1.0, 1.0),  # no answer tag: as without tags
@@ -115,7 +130,10 @@ def test_verifiers_read_the_answer_tag_when_there_is_one(completion, last_number
         ("<think>\t</think><answer>8</answer>", 0.0),  # reasoning of whitespace
         ("<think>3 + 5</think><answer>8</answer><answer>9</answer>", 0.0),  # two answers
         ("<think>3 + 5 <think>= 8</think><answer>8</answer>", 0.0),  # a tag inside
-        ("<think>3 + 5 = 9</think><answer>9</answer>", 1.0),  # the form only: a wrong answer in it is the verifier's
+        (
+            "<think>3 + 5 = 9</think><answer>9</answer>",
+            1.0,
+        ),  # the form only: a wrong answer in it is the verifier's
     ],
 )
 def test_format_reward_table(completion, reward):
@@ -129,7 +147,9 @@ def test_r1_prompt_style_asks_every_question_for_the_format_held_out_too():
     first = next(stream)
     assert next(r1_stream) == tasks.Problem(first.prompt + tasks.R1_INSTRUCTION, first.answer)
     assert r1_heldout == [tasks.Problem(p.prompt + tasks.R1_INSTRUCTION, p.answer) for p in heldout]
-    assert tasks.R1_INSTRUCTION.endswith("i.e., <think> reasoning process here </think><answer> answer here </answer>.")
+    assert tasks.R1_INSTRUCTION.endswith(
+        "i.e., <think> reasoning process here </think><answer> answer here </answer>."
+    )
     # a completion in the asked-for form earns the format reward, and the verifier reads the number in <answer>
     done = "<think>1 + 2 = 3</think><answer>3</answer>"
     assert tasks.format_reward(done) == 1.0 and tasks.verify(done, "3") == 1.0
@@ -165,10 +185,12 @@ def test_evaluate_pass_at_k_groups_each_problems_k_samples(tiny_model, tokenizer
     generator, texts = torch.Generator().manual_seed(3), []
     for start in range(0, 12, 4):
         ids, mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems[start : start + 4]], "cpu")
-        completion_ids = common.sample_completions(tiny_model, ids, mask, k, 6, tokenizer.eos_token_id,
-                                                   tokenizer.pad_token_id, 1.0, 1.0, generator)
-        texts += tasks.decode_completions(tokenizer, completion_ids,
-                                          common.completion_mask(completion_ids, tokenizer.eos_token_id))
+        completion_ids = common.sample_completions(
+            tiny_model, ids, mask, k, 6, tokenizer.eos_token_id, tokenizer.pad_token_id, 1.0, 1.0, generator
+        )
+        texts += tasks.decode_completions(
+            tokenizer, completion_ids, common.completion_mask(completion_ids, tokenizer.eos_token_id)
+        )
     solved = [any(reward(t, p.answer) for t in texts[k * i : k * i + k]) for i, p in enumerate(problems)]
     assert got == pytest.approx(sum(solved) / 12) and 0 < got < 1
 
@@ -189,14 +211,18 @@ def test_evaluate_policy_times_pass_at_k_alone(tiny_model, tokenizer, monkeypatc
         def evaluation(*args, **kwargs):
             clock.now += seconds
             return result()
+
         return evaluation
 
     monkeypatch.setattr(tasks, "time", SimpleNamespace(perf_counter=lambda: clock.now))
     monkeypatch.setattr(tasks, "evaluate_accuracy", taking(3.0, lambda: {"accuracy": 0.25}))
     monkeypatch.setattr(tasks, "evaluate_pass_at_k", taking(7.0, lambda: 0.5))
     problems = tasks.heldout_problems(4)
-    assert tasks.evaluate_policy(tiny_model, tokenizer, problems, 4, seed=0, step=0, pass_k=2) == \
-        {"accuracy": 0.25, "pass@2": 0.5, "pass_k_seconds": 7.0}
+    assert tasks.evaluate_policy(tiny_model, tokenizer, problems, 4, seed=0, step=0, pass_k=2) == {
+        "accuracy": 0.25,
+        "pass@2": 0.5,
+        "pass_k_seconds": 7.0,
+    }
     assert "pass_k_seconds" not in tasks.evaluate_policy(tiny_model, tokenizer, problems, 4, seed=0, step=0)
 
 
@@ -204,14 +230,26 @@ def test_before_and_after_pairs_the_comparable_numbers():
     before = {"accuracy": 0.25, "unearned": 0.0, "pass@8": 0.5, "samples": [], "score": 1.0}
     after = {"accuracy": 0.75, "unearned": 0.1, "pass@8": 0.625, "samples": [], "score": 2.0}
     assert tasks.before_and_after(before, after) == {
-        "accuracy_before": 0.25, "accuracy_after": 0.75, "unearned_before": 0.0, "unearned_after": 0.1,
-        "pass@8_before": 0.5, "pass@8_after": 0.625}
+        "accuracy_before": 0.25,
+        "accuracy_after": 0.75,
+        "unearned_before": 0.0,
+        "unearned_after": 0.1,
+        "pass@8_before": 0.5,
+        "pass@8_after": 0.625,
+    }
 
 
 @pytest.mark.parametrize(
     "text, number",
-    [("12 - 20 = -8", -8.0), ("5-3=2", 2.0), ("5-3", 3.0), ("1,234", 1234.0), ("pi is 3.14.", 3.14), ("x", None),
-     ("1e5", 5.0)],
+    [
+        ("12 - 20 = -8", -8.0),
+        ("5-3=2", 2.0),
+        ("5-3", 3.0),
+        ("1,234", 1234.0),
+        ("pi is 3.14.", 3.14),
+        ("x", None),
+        ("1e5", 5.0),
+    ],
 )
 def test_extract_final_number(text, number):
     assert tasks.extract_final_number(text) == number
@@ -228,10 +266,14 @@ def test_heldout_set_is_fixed_distinct_and_never_trained_on():
 
 def test_multistep_chains_have_their_own_heldout_set_and_worked_answers():
     train, heldout = tasks.multistep_problems(seed=3, num_train=2000, eval_size=32)
-    assert heldout == tasks.multistep_problems(seed=5, num_train=1, eval_size=32)[1]  # fixed whatever the seed
+    assert (
+        heldout == tasks.multistep_problems(seed=5, num_train=1, eval_size=32)[1]
+    )  # fixed whatever the seed
     assert len({p.prompt for p in heldout}) == 32
     default = {p.prompt for p in tasks.heldout_problems(200, make=tasks.make_multistep_problem)}
-    assert len({p.prompt for p in train}) == 2000 and not {p.prompt for p in train} & default  # nor the default 200
+    assert (
+        len({p.prompt for p in train}) == 2000 and not {p.prompt for p in train} & default
+    )  # nor the default 200
     assert {len(p.prompt.split()) for p in train} == {5, 7, 9}  # "What is" and 2, 3 or 4 operands
     # 23 + 45 = 68, 68 - 17 = 51: one step a line, the verifier reads the final number
     worked = tasks.worked_demonstration(tasks.Problem("What is 23 + 45 - 17?", "51"))
@@ -243,8 +285,9 @@ def test_multistep_chains_have_their_own_heldout_set_and_worked_answers():
 
 
 def test_prompt_format_with_and_without_chat_template(tokenizer):
-    assert tasks.format_prompt(tokenizer, "What is 1 + 2?") == ("<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n"
-                                                                "<|im_start|>assistant\n")
+    assert tasks.format_prompt(tokenizer, "What is 1 + 2?") == (
+        "<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n"
+    )
     plain = models.make_tiny_tokenizer()
     plain.chat_template = None
     assert tasks.format_prompt(plain, "What is 1 + 2?") == "Question: What is 1 + 2?\nAnswer:"
@@ -284,25 +327,46 @@ def test_pair_samples_pairs_each_correct_with_an_incorrect_once():
         {"prompt": "q", "answer": "1", "completion": "1", "label": 1},  # all correct: no pair
     ]
     assert preferences.pair_samples(samples) == [
-        {"prompt": "p", "chosen": "7", "rejected": "8 and more", "answer": "7", "chosen_finished": True,
-         "rejected_finished": False},
-        {"prompt": "p", "chosen": "= 7", "rejected": "6", "answer": "7", "chosen_finished": True,
-         "rejected_finished": True},
+        {
+            "prompt": "p",
+            "chosen": "7",
+            "rejected": "8 and more",
+            "answer": "7",
+            "chosen_finished": True,
+            "rejected_finished": False,
+        },
+        {
+            "prompt": "p",
+            "chosen": "= 7",
+            "rejected": "6",
+            "answer": "7",
+            "chosen_finished": True,
+            "rejected_finished": True,
+        },
     ]
 
 
-def test_preference_data_is_built_once_and_holds_out_whole_prompts(tokenizer, preference_cache, digits_are_correct,
-                                                                   monkeypatch):
-    data, folder = preferences.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
+def test_preference_data_is_built_once_and_holds_out_whole_prompts(
+    tokenizer, preference_cache, digits_are_correct, monkeypatch
+):
+    data, folder = preferences.preference_data(
+        "tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32"
+    )
     assert len(data["heldout_samples"]) == 4 * 4  # an eighth of the 32 prompts, 4 samples each
     assert {p["prompt"] for p in data["train"]}.isdisjoint({p["prompt"] for p in data["heldout"]})
     assert {p["prompt"] for p in data["train"]}.isdisjoint({p.prompt for p in tasks.heldout_problems()})
-    assert all(any(ch.isdigit() for ch in p["chosen"]) and not any(ch.isdigit() for ch in p["rejected"])
-               for p in data["train"])
+    assert all(
+        any(ch.isdigit() for ch in p["chosen"]) and not any(ch.isdigit() for ch in p["rejected"])
+        for p in data["train"]
+    )
     monkeypatch.setattr(preferences, "label_samples", None)  # the second call must not sample again
-    again, same_folder = preferences.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
+    again, same_folder = preferences.preference_data(
+        "tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32"
+    )
     assert again == data and same_folder == folder
-    assert folder.name == "v2-tiny-seed0-prompts32-samples4-tokens8-temp1-fp32"  # v2: samples record `finished`
+    assert (
+        folder.name == "v2-tiny-seed0-prompts32-samples4-tokens8-temp1-fp32"
+    )  # v2: samples record `finished`
     assert tasks.read_jsonl(str(folder / "train.jsonl"), ("prompt", "chosen", "rejected")) == data["train"]
 
 
@@ -311,7 +375,10 @@ def test_tokenize_completions_appends_eos_and_masks_by_length_when_pad_is_eos(to
     plain.pad_token = plain.eos_token  # like gpt2 and SmolLM2
     ids, mask = tasks.tokenize_completions(plain, ["12", "abcd"], "cpu")
     eos = plain.eos_token_id
-    assert ids[0].tolist()[:3] == plain("12", add_special_tokens=False).input_ids + [eos] and ids[0, 3:].eq(eos).all()
+    assert (
+        ids[0].tolist()[:3] == plain("12", add_special_tokens=False).input_ids + [eos]
+        and ids[0, 3:].eq(eos).all()
+    )
     assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
     cut_ids, cut_mask = tasks.tokenize_completions(tokenizer, ["abcd"], "cpu", max_tokens=3)
     # cut: no EOS
@@ -323,10 +390,14 @@ def test_epoch_batches_visit_every_item_once_per_epoch():
     assert [len(b) for b in batches] == [4] * 5
     flat = [i for b in batches for i in b]
     assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
-    assert tasks.epoch_batches(10, 4, 5, seed=0) == batches and tasks.epoch_batches(10, 4, 5, seed=1) != batches
+    assert (
+        tasks.epoch_batches(10, 4, 5, seed=0) == batches and tasks.epoch_batches(10, 4, 5, seed=1) != batches
+    )
 
 
-def test_truncated_samples_keep_no_eos_in_the_preference_data(tokenizer, preference_cache, digits_are_correct):
+def test_truncated_samples_keep_no_eos_in_the_preference_data(
+    tokenizer, preference_cache, digits_are_correct
+):
     # 8 new tokens from a random model: most samples are cut off, a few end with EOS.
     data, _ = preferences.preference_data("tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32")
     samples = data["heldout_samples"]
@@ -337,7 +408,10 @@ def test_truncated_samples_keep_no_eos_in_the_preference_data(tokenizer, prefere
     assert ((last == tokenizer.eos_token_id) == torch.tensor([s["finished"] for s in samples])).all()
     pairs = data["train"] + data["heldout"]
     texts, finished = preferences.pair_completions(pairs)
-    assert finished == [p[k] for p in pairs for k in ("chosen_finished", "rejected_finished")] and False in finished
+    assert (
+        finished == [p[k] for p in pairs for k in ("chosen_finished", "rejected_finished")]
+        and False in finished
+    )
 
 
 def test_pair_completions_of_a_users_pairs_are_finished():
