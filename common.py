@@ -33,10 +33,8 @@ from packaging.version import Version
 # removes the old name in 5.40: passed there, it would fall into **kwargs and the prompt's cache be silently ignored.
 CACHE = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
 
-TINY_MODELS = (
-    "tiny",
-    "tiny-gpt2",
-)  # small random models built in memory (infra/models.py), for tests and smoke runs
+# small random models built in memory (infra/models.py), for tests and smoke runs
+TINY_MODELS = ("tiny", "tiny-gpt2")
 
 
 class InputError(Exception):
@@ -182,9 +180,8 @@ def token_logprobs(
     B = labels.shape[0]
     T = labels.shape[1]
     V = logits.shape[-1]
-    rows = max(
-        1, LOGPROB_PIECE // max(1, T * V)
-    )  # sequences a piece: about LOGPROB_PIECE logits, at least one
+    # sequences a piece: about LOGPROB_PIECE logits, at least one
+    rows = max(1, LOGPROB_PIECE // max(1, T * V))
     logprobs = []
     entropy = []
     for start in range(0, B, rows):
@@ -204,9 +201,8 @@ def token_logprobs(
     return torch.cat(logprobs), torch.cat(entropy)
 
 
-LOGPROB_PIECE = (
-    2**22
-)  # logits in one piece of the plain log-prob path: 16 MiB in float32, never (B, T, V) whole
+# logits in one piece of the plain log-prob path: 16 MiB in float32, never (B, T, V) whole
+LOGPROB_PIECE = 2**22
 
 
 def _piece_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):
@@ -301,9 +297,10 @@ def reward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) 
     """
     inner = unwrap(model)
     with autocast(model):
+        # (B, L, H)
         hidden = inner.base_model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
-        ).last_hidden_state  # (B, L, H)
+        ).last_hidden_state
         last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)  # (B,) index of the last 1
         return inner.score(hidden[torch.arange(len(last), device=last.device), last]).squeeze(-1).float()
 
@@ -351,15 +348,13 @@ def completion_logprobs(
     """
     _check_left_padded(prompt_mask)
     S, T = prompt_ids.shape[1], completion_ids.shape[1]
-    full_mask = torch.cat(
-        [prompt_mask.repeat_interleave(repeats, 0), torch.ones_like(completion_ids)], 1
-    )  # (B, S+T)
+    # (B, S+T)
+    full_mask = torch.cat([prompt_mask.repeat_interleave(repeats, 0), torch.ones_like(completion_ids)], 1)
     positions = position_ids(full_mask)  # (B, S+T)
     with autocast(model):
         checkpointing = model.is_activation_checkpointing and model.training
-        sharded = getattr(
-            model, "sharded", False
-        )  # --fsdp: the cache is not shared across the ranks' gathers
+        # --fsdp: the cache is not shared across the ranks' gathers
+        sharded = getattr(model, "sharded", False)
         if share_prompt and not checkpointing and not sharded:
             cache = None  # a one-token prompt has nothing to share
             if S > 1:  # (its logits are not used: logits_to_keep=1 keeps that cheap)
@@ -372,9 +367,8 @@ def completion_logprobs(
                 )
                 cache = out[CACHE]
                 _repeat_cache(cache, repeats)
-            input_ids = torch.cat(
-                [prompt_ids[:, -1:].repeat_interleave(repeats, dim=0), completion_ids], 1
-            )  # (B, 1+T)
+            # (B, 1+T)
+            input_ids = torch.cat([prompt_ids[:, -1:].repeat_interleave(repeats, dim=0), completion_ids], 1)
             logits = model(
                 input_ids=input_ids,
                 attention_mask=full_mask,
@@ -383,9 +377,8 @@ def completion_logprobs(
                 **{CACHE: cache},
             ).logits
         else:
-            input_ids = torch.cat(
-                [prompt_ids.repeat_interleave(repeats, dim=0), completion_ids], dim=1
-            )  # (B, S+T)
+            # (B, S+T)
+            input_ids = torch.cat([prompt_ids.repeat_interleave(repeats, dim=0), completion_ids], dim=1)
             logits = model(
                 input_ids=input_ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=T + 1
             ).logits

@@ -1,9 +1,10 @@
 """DPO: Direct Preference Optimization on (prompt, chosen, rejected) pairs, in one file.
 
-The KL-regularised RLHF objective max E[r(x, y)] - β KL[π_θ || π_ref] has the closed-form optimum π*(y|x) ∝ π_ref(y|x)
-exp(r(x, y)/β). Solved for r, the reward is β log π*(y|x)/π_ref(y|x) up to a term in x alone, which cancels in a
-Bradley-Terry comparison of two completions of the same prompt. So the policy can be fit to preference pairs directly,
-with a classification loss and no reward model or sampling: the language model is secretly the reward model.
+The KL-regularised RLHF objective max E[r(x, y)] - β KL[π_θ || π_ref] has the closed-form optimum
+π*(y|x) ∝ π_ref(y|x) exp(r(x, y)/β). Solved for r, the reward is β log π*(y|x)/π_ref(y|x) up to a
+term in x alone, which cancels in a Bradley-Terry comparison of two completions of the same prompt.
+So the policy can be fit to preference pairs directly, with a classification loss and no reward
+model or sampling: the language model is secretly the reward model.
 
 Objective (Rafailov et al. 2023, arXiv:2305.18290, eq. 7), minimised:
     L_DPO(π_θ; π_ref) = -E_(x, y_w, y_l) [ log σ( β log π_θ(y_w|x)/π_ref(y_w|x) - β log π_θ(y_l|x)/π_ref(y_l|x) ) ]
@@ -14,21 +15,25 @@ label is trusted with probability 1 - ε:  L = -(1-ε) log σ(β h) - ε log σ(
 Conventions a reader could get wrong (each pinned by a test):
 - log π(y|x) is the *sum* of the completion's token log-probs (EOS included), never the mean.
 - β multiplies the log-ratios inside the sigmoid; it is not a KL coefficient added to a loss.
-- The reference is the starting model, frozen, its log-probs computed once before the first update (one model in
-  memory); `--no-precompute-ref-logprobs` (same numbers) and `--online` keep a frozen copy to score each batch.
-- Chosen and rejected go through the model together: each prompt is encoded once and its key/value cache shared
-  by its two completions (common.completion_logprobs); the test suite checks this equals two separate forwards.
+- The reference is the starting model, frozen, its log-probs computed once before the first update
+  (one model in memory); `--no-precompute-ref-logprobs` (same numbers) and `--online` keep a frozen
+  copy to score each batch.
+- Chosen and rejected go through the model together: each prompt is encoded once and its key/value
+  cache shared by its two completions (common.completion_logprobs); the test suite checks this
+  equals two separate forwards.
 
-Data. By default, pairs are the reference model's own samples on the arithmetic task, labelled by the verifier: each
-prompt is sampled `--samples-per-prompt` times and a correct completion is paired with an incorrect one
-(preferences.preference_data; built once, cached as JSONL, an eighth of the prompts held out). `--dataset pairs.jsonl`
-with TRL's fields prompt, chosen, rejected trains on your own pairs (a tenth held out). Completions get EOS appended
-(sampled ones only where the model emitted it: a truncated sample stays truncated) and are tokenised apart from the
-prompt, so a pair's two rows share exactly the same prompt tokens.
+Data. By default, pairs are the reference model's own samples on the arithmetic task, labelled by
+the verifier: each prompt is sampled `--samples-per-prompt` times and a correct completion is paired
+with an incorrect one (preferences.preference_data; built once, cached as JSONL, an eighth of the
+prompts held out). `--dataset pairs.jsonl` with TRL's fields prompt, chosen, rejected trains on your
+own pairs (a tenth held out). Completions get EOS appended (sampled ones only where the model
+emitted it: a truncated sample stays truncated) and are tokenised apart from the prompt, so a pair's
+two rows share exactly the same prompt tokens.
 
-Online DPO (`--online`; Guo et al. 2024, arXiv:2402.04792; TRL's OnlineDPOTrainer with a judge): each step, two
-samples per prompt from the current policy, the one the verifier passes chosen; a pair with equal labels says
-nothing and is dropped (pairs/kept, pairs/dropped). Loss, log-probs and reference (the starting model) as above.
+Online DPO (`--online`; Guo et al. 2024, arXiv:2402.04792; TRL's OnlineDPOTrainer with a judge):
+each step, two samples per prompt from the current policy, the one the verifier passes chosen; a
+pair with equal labels says nothing and is dropped (pairs/kept, pairs/dropped). Loss, log-probs and
+reference (the starting model) as above.
 
 Where this file departs from the paper, and why:
 - No SFT stage on the chosen completions first: the embedded model is already instruction-tuned
@@ -69,9 +74,10 @@ from infra.runs import require
 class Args:
     """DPO on preference pairs; held-out accuracy on the arithmetic task with the verifier."""
 
-    # ---- experiment: what to train and how it is evaluated -------------------------------------------------------
+    # ---- experiment: what to train and how it is evaluated ---------------------------------------
     model: str = "smollm2"
-    """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
+    """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local
+    checkpoint"""
     dataset: Annotated[
         Optional[str], runs.none_means("pairs sampled from the model and labelled by the verifier", "FILE")
     ] = None
@@ -84,7 +90,7 @@ class Args:
     """held-out problems for greedy accuracy (verifier reward)"""
     pass_k: Annotated[Optional[int], runs.none_means("8; 0 (off) for the tiny random models", "INT")] = None
     """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
-    # ---- algorithm: DPO and conservative DPO ---------------------------------------------------------------------
+    # ---- algorithm: DPO and conservative DPO -----------------------------------------------------
     steps: int = 60
     """optimizer steps; the training pairs are reshuffled each time they run out"""
     batch_size: int = 8
@@ -96,8 +102,9 @@ class Args:
     precompute_ref_logprobs: bool = True
     """score every pair with the reference once before training and keep only the policy in memory"""
     online: bool = False
-    """online DPO: two samples per prompt from the policy each step (--batch-size prompts), labelled by the verifier"""
-    # ---- preference data: the pairs sampled from the model when --dataset is not given ---------------------------
+    """online DPO: two samples per prompt from the policy each step (--batch-size prompts), labelled
+    by the verifier"""
+    # ---- preference data: the pairs sampled from the model when --dataset is not given -----------
     num_prompts: int = 512
     """distinct arithmetic prompts to sample; an eighth are held out"""
     samples_per_prompt: int = 8
@@ -108,7 +115,7 @@ class Args:
     """completion length limit when sampling pairs and in evaluation"""
     max_completion_tokens: int = 256
     """completions of --dataset pairs longer than this are cut (they then end without EOS)"""
-    # ---- optimisation: the optimizer, memory and saving ----------------------------------------------------------
+    # ---- optimisation: the optimizer, memory and saving ------------------------------------------
     lr: float = 5e-6
     """AdamW learning rate"""
     warmup_steps: int = 5
@@ -178,7 +185,8 @@ def concatenated_logps(
 def score_pairs(
     model, tokenizer, pairs: list[dict], batch_size: int, max_completion_tokens: int, desc: str
 ) -> torch.Tensor:
-    """Summed log-probs of every pair under `model`, (N, 2) [chosen, rejected], batch by batch with a progress bar."""
+    """Summed log-probs of every pair under `model`, (N, 2) [chosen, rejected], batch by batch with
+    a progress bar."""
     model.eval()
     out = []
     for start in tqdm(range(0, len(pairs), batch_size), desc=desc, dynamic_ncols=True, leave=False):
@@ -197,11 +205,13 @@ def sample_pairs(
     temperature: float,
     generator: torch.Generator,
 ) -> tuple[list[dict], int]:
-    """Two samples per problem from the policy, the one the verifier passes chosen; a pair of equal labels dropped."""
+    """Two samples per problem from the policy, the one the verifier passes chosen; a pair of equal
+    labels dropped."""
     device = next(policy.parameters()).device
     eos = tokenizer.eos_token_id
     policy.eval()
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
+    # (2P, T)
     completion_ids = common.sample_completions(
         policy,
         prompt_ids,
@@ -213,7 +223,7 @@ def sample_pairs(
         temperature,
         1.0,
         generator,
-    )  # (2P, T)
+    )
     texts = tasks.decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, eos))
     finished = (completion_ids == eos).any(1).tolist()  # a sample cut off at max_new_tokens gets no EOS later
     pairs = []
@@ -284,12 +294,10 @@ def main(args: Args) -> dict:
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(
-        args.run.kernels, device
-    )  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(
-        args.run.resume, args.steps
-    )  # checked before any model loads; None if new
+    # the kernels' faster versions: on for a CPU, off for CUDA
+    fast = models.resolve_kernels(args.run.kernels, device)
+    # checked before any model loads; None if new
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     train_pairs, heldout_pairs, _ = (
         ([], [], [])
@@ -315,9 +323,8 @@ def main(args: Args) -> dict:
         )
     policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
-    batches = tasks.epoch_batches(
-        len(train_pairs), args.batch_size, args.steps, args.seed
-    )  # online: all empty
+    # online: all empty
+    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
 
     # ---- 1. the reference: log π_ref once for every pair, or a frozen copy -----------------------
     # Before any update the policy *is* the reference, so precomputing needs no second model. A resumed
@@ -347,9 +354,8 @@ def main(args: Args) -> dict:
                 "reference log-probs (train)",
             )
     if (args.online or not args.precompute_ref_logprobs) and not args.lora.lora_r:
-        ref_model = common.frozen_copy(
-            policy
-        )  # the starting model, also when resuming; with LoRA: adapter off
+        # the starting model, also when resuming; with LoRA: adapter off
+        ref_model = common.frozen_copy(policy)
     if resumed:
         policy = models.load_model(
             f"{args.run.resume}/model",
@@ -374,9 +380,8 @@ def main(args: Args) -> dict:
         resumed,
         eval_row=lambda r: {"accuracy": r["accuracy"], **r.get("pairs", {})},
     )
-    generator = (
-        torch.Generator(device=device).manual_seed(args.seed) if args.online else None
-    )  # online sampling
+    # online sampling
+    generator = torch.Generator(device=device).manual_seed(args.seed) if args.online else None
     # the data position is the step: batches[step:] come next, or online the problems after (step - 1)·P
     run.keep(
         policy,
@@ -457,9 +462,8 @@ def main(args: Args) -> dict:
         losses, chosen_rewards, rejected_rewards = dpo_loss(
             policy_chosen, policy_rejected, ref_chosen, ref_rejected, args.beta, args.label_smoothing
         )
-        loss = losses.mean() * distributed.share_of(
-            len(pairs)
-        )  # this rank's part of the batch's mean; × 1.0 alone
+        # this rank's part of the batch's mean; × 1.0 alone
+        loss = losses.mean() * distributed.share_of(len(pairs))
         run.check_finite(loss, step)
 
         # ---- 4. update -------------------------------------------------------------------------
@@ -481,12 +485,12 @@ def main(args: Args) -> dict:
                 "lr": lr,
                 "time/step": step_time,
                 "tokens_per_second": tokens / step_time,  # prompt + completion tokens of the 2P sequences
-                **({"pairs/kept": len(pairs), "pairs/dropped": dropped} if args.online else {}),
             }
         )
-        stats = distributed.mean_over_ranks(
-            stats
-        )  # each rank's mean over an equal share: their mean is the batch's
+        if args.online:
+            stats.update({"pairs/kept": len(pairs), "pairs/dropped": dropped})
+        # each rank's mean over an equal share: their mean is the batch's
+        stats = distributed.mean_over_ranks(stats)
         run.log(
             step,
             stats,

@@ -16,27 +16,36 @@ Options from later papers, each off by default unless said:
   token-mean`), dynamic sampling (`--dynamic-sampling`), overlong reward shaping (`--overlong-buffer`).
 - Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): no std scaling (`--no-scale-by-std`) and
   `--loss-agg seq-mean-token-sum-norm` (divide by B × max_new_tokens, a constant).
-- GSPO (Zheng et al. 2025, arXiv:2507.18071, eq. 5): `--importance-level sequence`, one clipped ratio per completion.
-- CISPO (MiniMax 2025, arXiv:2506.13585, eq. 4): `--loss-type cispo`, REINFORCE weighted by sg(min(ρ_it, 1+ε_high)).
-- Weighted rewards (`--rewards correct format --reward-weights 1 0.5`), summed, then normalised per group, as TRL does;
-  `format` pays DeepSeek-R1's `<think>…</think><answer>…</answer>` (arXiv:2501.12948), `--prompt-style r1` asks for it.
+- GSPO (Zheng et al. 2025, arXiv:2507.18071, eq. 5): `--importance-level sequence`, one clipped
+  ratio per completion.
+- CISPO (MiniMax 2025, arXiv:2506.13585, eq. 4): `--loss-type cispo`, REINFORCE weighted by
+  sg(min(ρ_it, 1+ε_high)).
+- Weighted rewards (`--rewards correct format --reward-weights 1 0.5`), summed, then normalised per
+  group, as TRL does; `format` pays DeepSeek-R1's `<think>…</think><answer>…</answer>`
+  (arXiv:2501.12948), `--prompt-style r1` asks for it.
 
-The reward is the verifier's 0/1: the last number in the completion, which also pays for restating an operand ("the
-sum of 0 and 24"), or with `--verifier strict` only a result stated as one ("= 24", "is 24"); `reward/unearned` logs
-the share the first pays and the second refuses. `--reward-model runs/rm-.../model` scores with a reward_model.py
-checkpoint instead, as ppo.py reads it, and logs the verifier beside it (`score` vs `verifier`): its over-optimisation.
+The reward is the verifier's 0/1: the last number in the completion, which also pays for restating
+an operand ("the sum of 0 and 24"), or with `--verifier strict` only a result stated as one ("= 24",
+"is 24"); `reward/unearned` logs the share the first pays and the second refuses. `--reward-model
+runs/rm-.../model` scores with a reward_model.py checkpoint instead, as ppo.py reads it, and logs
+the verifier beside it (`score` vs `verifier`): its over-optimisation.
 
 Where this file departs from the papers, and why:
-- The std in Â is the population std (÷ G) plus eps = 1e-4; TRL's sample std (÷ G-1) makes |Â| smaller by √((G-1)/G).
-- Dynamic sampling drops zero-variance groups without refilling the batch as DAPO does (`frac_reward_zero_std` says
-  how much it shrinks); a batch left with no group makes no update but counts as a step (`skipped`). One process only.
-- β defaults to 0.04 (DeepSeekMath; `--beta 0` loads no reference model). The lr warms up, then is constant or decays.
-- After SFT, use `--lr 2e-6 --prompts-per-step 16 --steps 10`: the policy is peaked (entropy 0.03, most groups all
-  right or all wrong); 1e-5 on a few mixed groups undid SFT (0.915 → 0.730), later steps drift down (docs/results.md).
+- The std in Â is the population std (÷ G) plus eps = 1e-4; TRL's sample std (÷ G-1) makes |Â|
+  smaller by √((G-1)/G).
+- Dynamic sampling drops zero-variance groups without refilling the batch as DAPO does
+  (`frac_reward_zero_std` says how much it shrinks); a batch left with no group makes no update but
+  counts as a step (`skipped`). One process only.
+- β defaults to 0.04 (DeepSeekMath; `--beta 0` loads no reference model). The lr warms up, then is
+  constant or decays.
+- After SFT, use `--lr 2e-6 --prompts-per-step 16 --steps 10`: the policy is peaked (entropy 0.03,
+  most groups all right or all wrong); 1e-5 on a few mixed groups undid SFT (0.915 → 0.730), later
+  steps drift down (docs/results.md).
 
-Several processes, `torchrun --nproc_per_node N grpo.py ...`: a rank samples and scores P/N prompts, whole groups (Â
-needs no communication); it divides its loss by the whole batch's count and the ranks sum gradients, so each --loss-agg
-is exact: seq-mean-token-mean by all ranks' B, seq-mean-token-sum-norm by B × max_new_tokens, token-mean by Σ tokens.
+Several processes, `torchrun --nproc_per_node N grpo.py ...`: a rank samples and scores P/N prompts,
+whole groups (Â needs no communication); it divides its loss by the whole batch's count and the
+ranks sum gradients, so each --loss-agg is exact: seq-mean-token-mean by all ranks' B,
+seq-mean-token-sum-norm by B × max_new_tokens, token-mean by Σ tokens.
 
 Run:
     python grpo.py                      # SmolLM2-135M-Instruct (embedded) on arithmetic, CPU or GPU
@@ -70,9 +79,10 @@ from infra.runs import InputError, require
 class Args:
     """GRPO on the arithmetic task with the verifier reward."""
 
-    # ---- experiment: what to train and how it is evaluated -------------------------------------------------------
+    # ---- experiment: what to train and how it is evaluated ---------------------------------------
     model: str = "smollm2"
-    """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
+    """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local
+    checkpoint"""
     dataset: Annotated[Optional[str], runs.none_means("the built-in arithmetic task", "FILE")] = None
     """JSONL file with fields prompt, answer (numeric)"""
     seed: int = 0
@@ -84,20 +94,25 @@ class Args:
     pass_k: Annotated[Optional[int], runs.none_means("8; 0 (off) for the tiny random models", "INT")] = None
     """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
     verifier: Literal["last-number", "strict"] = "last-number"
-    """the training reward: the last number, or strict (only a result stated as one); held-out uses last-number"""
+    """the training reward: the last number, or strict (only a result stated as one); held-out uses
+    last-number"""
     reward_model: Annotated[Optional[str], runs.none_means("the verifier", "DIR")] = None
-    """a reward_model.py checkpoint to score completions with (as ppo.py does); the verifier is logged beside it"""
+    """a reward_model.py checkpoint to score completions with (as ppo.py does); the verifier is
+    logged beside it"""
     rewards: tuple[Literal["correct", "format"], ...] = ("correct",)
-    """rewards summed into one: correct (--verifier's, or --reward-model's score), format (<think>…</think><answer>)"""
+    """rewards summed into one: correct (--verifier's, or --reward-model's score), format
+    (<think>…</think><answer>)"""
     reward_weights: Annotated[
         Optional[tuple[float, ...]], runs.none_means("1 for each reward", "FLOAT ...")
     ] = None
     """the weight of each of --rewards, in their order"""
     prompt_style: Literal["question", "r1"] = "question"
-    """question alone, or r1: it asks for <think> reasoning </think><answer> answer </answer> (held-out too)"""
-    # ---- algorithm: GRPO, and the DAPO / Dr. GRPO options --------------------------------------------------------
+    """question alone, or r1: it asks for <think> reasoning </think><answer> answer </answer>
+    (held-out too)"""
+    # ---- algorithm: GRPO, and the DAPO / Dr. GRPO options ----------------------------------------
     steps: int = 40
-    """training batches, each freshly sampled (μ optimizer steps each, none if skipped; warm-up counts batches)"""
+    """training batches, each freshly sampled (μ optimizer steps each, none if skipped; warm-up
+    counts batches)"""
     prompts_per_step: int = 16
     """prompts per batch (P)"""
     group_size: int = 8
@@ -111,42 +126,48 @@ class Args:
     beta: float = 0.04
     """KL penalty coefficient; 0 = no reference model is loaded at all"""
     kl_estimator: Literal["k2", "k3"] = "k3"
-    """KL estimator in the loss: k3 (DeepSeekMath; follows KL(π_ref||π_θ)) or k2 (KL(π_θ||π_ref)); see kl_estimate"""
+    """KL estimator in the loss: k3 (DeepSeekMath; follows KL(π_ref||π_θ)) or k2 (KL(π_θ||π_ref));
+    see kl_estimate"""
     importance_level: Literal["token", "sequence"] = "token"
     """ρ per token (GRPO), or per completion (GSPO: exp(mean log ρ); use far smaller eps, e.g. 3e-4 / 4e-4)"""
     loss_type: Literal["clip", "cispo"] = "clip"
     """PPO's clipped surrogate, or CISPO: -sg(min(ρ, 1 + eps_high)) Â log π on every token (eps_low unused)"""
     loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
-    """loss aggregation: GRPO (per-sequence mean), DAPO (per-token mean), Dr. GRPO (sum / (B × max_new_tokens))"""
+    """loss aggregation: GRPO (per-sequence mean), DAPO (per-token mean), Dr. GRPO (sum / (B ×
+    max_new_tokens))"""
     scale_by_std: bool = True
     """divide advantages by the group's reward std (off in Dr. GRPO)"""
     dynamic_sampling: bool = False
-    """drop groups whose rewards are all equal (zero advantage) (DAPO); a batch left with none still counts as a step"""
+    """drop groups whose rewards are all equal (zero advantage) (DAPO); a batch left with none still
+    counts as a step"""
     overlong_buffer: int = 0
     """DAPO's soft overlong punishment over the last this-many tokens before max_new_tokens (0 = off)"""
     overlong_penalty: float = 1.0
     """penalty at max_new_tokens when overlong_buffer > 0"""
-    # ---- generation: sampling the completions --------------------------------------------------------------------
+    # ---- generation: sampling the completions ----------------------------------------------------
     max_new_tokens: int = 32
     """completion length limit, in training and evaluation"""
     temperature: float = 1.0
     """sampling temperature; the same temperature divides the logits when log-probs are recomputed"""
     top_p: float = 1.0
-    """nucleus sampling (1.0 = off; no top-k). Below 1 the update is off-policy: ratios and KL use the full softmax"""
-    # ---- optimisation: the optimizer, memory and saving ----------------------------------------------------------
+    """nucleus sampling (1.0 = off; no top-k). Below 1 the update is off-policy: ratios and KL use
+    the full softmax"""
+    # ---- optimisation: the optimizer, memory and saving ------------------------------------------
     lr: float = 1e-5
     """AdamW learning rate"""
     warmup_steps: int = 10
     """linear learning-rate warm-up, in batches (a batch that dynamic sampling skips counts too)"""
     lr_decay: bool = False
-    """after the warm-up, decay the learning rate linearly to 0 at --steps (TRL's usual schedule); off: constant"""
+    """after the warm-up, decay the learning rate linearly to 0 at --steps (TRL's usual schedule);
+    off: constant"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm"""
     batch_size: Annotated[Optional[int], runs.none_means("the whole batch P*G at once", "INT", "32")] = 32
-    """micro-batch in sequences, for gradient accumulation: the same gradient at any size, the memory of one
-    micro-batch (32 splits 16 × 8 sequences into four: half the memory, about 7 % more time a step on 2 cores)"""
+    """micro-batch in sequences, for gradient accumulation: the same gradient at any size, the
+    memory of one micro-batch (32 splits 16 × 8 sequences into four: half the memory, about 7 % more
+    time a step on 2 cores)"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass to save memory"""
     run: Annotated[runs.RunOptions, runs.FlatFlags] = runs.option_group(runs.RunOptions)
@@ -196,9 +217,10 @@ def group_advantages(
 ) -> torch.Tensor:
     """Â_i = (r_i - mean(r_group)) / (std(r_group) + eps), DeepSeekMath §4.1.2. (N,) -> (N,)
 
-    Groups are consecutive runs of `group_size`; std is the population std (÷ G). With scale_by_std=False (Dr. GRPO)
-    only the mean is subtracted. A group whose rewards are all equal gets exactly zero advantages either way, found
-    as max == min: the float32 std of eight copies of 0.7 is 6e-8, not 0, and (r - mean) / (std + eps) gives ±6e-4.
+    Groups are consecutive runs of `group_size`; std is the population std (÷ G). With
+    scale_by_std=False (Dr. GRPO) only the mean is subtracted. A group whose rewards are all equal
+    gets exactly zero advantages either way, found as max == min: the float32 std of eight copies of
+    0.7 is 6e-8, not 0, and (r - mean) / (std + eps) gives ±6e-4.
     """
     grouped = rewards.view(-1, group_size)  # (P, G)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
@@ -209,7 +231,8 @@ def group_advantages(
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(π_θ || π_ref) from tokens sampled from π_θ (Schulman 2020, "Approximating KL").
+    """Per-token estimate of KL(π_θ || π_ref) from tokens sampled from π_θ (Schulman 2020,
+    "Approximating KL").
 
     With log r = log π_ref - log π_θ:  k1 = -log r (unbiased, can be < 0),  k2 = (log r)² / 2,
     k3 = r - log r - 1 (unbiased, >= 0; DeepSeekMath eq. 4). (B, T), (B, T) -> (B, T)
@@ -307,15 +330,17 @@ def grpo_loss(
 
 
 def weighted_rewards(per_reward: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """r_i = Σ_k w_k r_ik, as TRL sums, (B, K), (K,) -> (B,). No r_k is normalised on its own first: the policy then
-    maximises Σ_k w_k r_k in the rewards' units, and a reward near constant in a group is not blown up by a tiny std."""
+    """r_i = Σ_k w_k r_ik, as TRL sums, (B, K), (K,) -> (B,). No r_k is normalised on its own first:
+    the policy then maximises Σ_k w_k r_k in the rewards' units, and a reward near constant in a
+    group is not blown up by a tiny std."""
     return (per_reward * weights).sum(dim=1)
 
 
 def micro_batch_weight(loss_agg: str, micro_mask: torch.Tensor, batch_tokens: int, batch_rows: int) -> float:
-    """Weight of one micro-batch's loss so that the accumulated gradient equals the full batch's (every rank's):
-    sequence-level aggregations average over sequences, so a micro-batch counts by its share of the batch's
-    sequences; token-mean averages over tokens, so it counts by its share of the batch's tokens."""
+    """Weight of one micro-batch's loss so that the accumulated gradient equals the full batch's
+    (every rank's): sequence-level aggregations average over sequences, so a micro-batch counts by
+    its share of the batch's sequences; token-mean averages over tokens, so it counts by its share
+    of the batch's tokens."""
     if loss_agg == "token-mean":
         return micro_mask.sum().item() / batch_tokens
     return micro_mask.shape[0] / batch_rows
@@ -334,20 +359,19 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, pe
 # Training
 # ---------------------------------------------------------------------------------------------
 def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) -> dict:
-    """Train with GRPO; returns the final metrics (also in eval.json). reward_fn(completion, answer) -> float is
-    the `correct` reward (default: --verifier's); held-out accuracy is always the last-number verifier's."""
+    """Train with GRPO; returns the final metrics (also in eval.json). reward_fn(completion, answer)
+    -> float is the `correct` reward (default: --verifier's); held-out accuracy is always the
+    last-number verifier's."""
     args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
     reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(
-        args.run.kernels, device
-    )  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(
-        args.run.resume, args.steps
-    )  # checked before any model loads; None if new
+    # the kernels' faster versions: on for a CPU, off for CUDA
+    fast = models.resolve_kernels(args.run.kernels, device)
+    # checked before any model loads; None if new
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)
     train_stream, heldout = tasks.load_problems(
         args.dataset, args.seed, args.eval_size, args.prompts_per_step
     )
@@ -376,26 +400,22 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         policy = common.add_lora(policy, args.model, args.lora)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
-    fsdp.shard(
-        args.run.fsdp, policy, ref_model, reward_model
-    )  # --fsdp: 1/N of each model's weights on a rank
+    # --fsdp: 1/N of each model's weights on a rank
+    fsdp.shard(args.run.fsdp, policy, ref_model, reward_model)
     optimizer, scheduler = common.make_optimizer(
         policy, args.lr, args.weight_decay, args.warmup_steps, args.steps if args.lr_decay else 0
     )
-    generator = torch.Generator(device=device).manual_seed(
-        args.seed + distributed.rank()
-    )  # each rank its own draws
+    # each rank its own draws
+    generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())
     G = args.group_size
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id
 
     run = runs.Run(args, "grpo", tokenizer, device, resumed)  # the run folder, metrics.jsonl, checkpoints
-    run.keep(
-        policy, generator, optimizer=optimizer, scheduler=scheduler
-    )  # what a checkpoint holds; resumed here
-    for _ in range(
-        (run.first_step - 1) * args.prompts_per_step
-    ):  # a resumed run's data position: P problems a step
+    # what a checkpoint holds; resumed here
+    run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler)
+    # a resumed run's data position: P problems a step
+    for _ in range((run.first_step - 1) * args.prompts_per_step):
         next(train_stream)
 
     def evaluate(step: int, pass_k: int = 0) -> dict:
@@ -405,11 +425,11 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample G completions per prompt from the current policy -------------------------
         t0 = time.time()
-        problems = distributed.share(
-            [next(train_stream) for _ in range(args.prompts_per_step)]
-        )  # P/N on a rank
+        # P/N on a rank
+        problems = distributed.share([next(train_stream) for _ in range(args.prompts_per_step)])
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
+        # (B, T)
         completion_ids = common.sample_completions(
             policy,
             prompt_ids,
@@ -421,24 +441,25 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             args.temperature,
             args.top_p,
             generator,
-        )  # (B, T)
+        )
         mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
         time_generate = time.time() - t0
 
         # ---- 2. score with each of --rewards (a verifier or a reward model, the format) -----------
         texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
-        correct = verified = torch.tensor(
-            [reward_fn(t, a) for t, a in zip(texts, answers)], device=device
-        )  # (B,)
-        # paid by the last-number verifier but not stated as a result: rewards the strict verifier would refuse
+        # (B,)
+        correct = verified = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)
+        # paid by the last-number verifier but not stated as a result: rewards the strict verifier
+        # would refuse
         unearned = [tasks.verify(t, a) * (1.0 - tasks.verify_strict(t, a)) for t, a in zip(texts, answers)]
         if reward_model is not None:  # the verifier's scores stay, as the true reward to compare against
             with torch.no_grad():
                 input_ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
+                # (B,)
                 correct = common.reward_scores(
                     reward_model, input_ids, torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1)
-                )  # (B,)
+                )
         per_reward = torch.stack(
             [
                 correct
@@ -475,18 +496,17 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             "frac_reward_zero_std": all_equal.float().mean().item(),
             "score": scores.mean().item(),  # before any overlong penalty
             **{f"rewards/{name}/mean": per_reward[:, k].mean().item() for k, name in enumerate(args.rewards)},
-            **({"verifier": verified.mean().item()} if reward_model is not None else {}),  # the true reward
             "reward/unearned": sum(unearned) / len(unearned),
             "completion_length": lengths.float().mean().item(),
-            "completions/distinct": common.distinct_fraction(
-                completion_ids, mask, G
-            ),  # 1/G: a group all alike
+            # 1/G: a group all alike
+            "completions/distinct": common.distinct_fraction(completion_ids, mask, G),
             "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # cut: no EOS
         }
+        if reward_model is not None:  # the true reward, beside the learned one
+            stats["verifier"] = verified.mean().item()
         t1 = time.time()
-        update = bool(
-            keep.any()
-        )  # dynamic sampling may leave no group: no update, but the batch still counts
+        # dynamic sampling may leave no group: no update, but the batch still counts
+        update = bool(keep.any())
 
         # ---- 4. old and reference log-probs, once per batch -------------------------------------
         if update:
@@ -515,8 +535,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 )
 
             with torch.no_grad():
-                # With μ = 1 the sampling policy *is* the current one, so old = current.detach() below and
-                # ratio is exactly 1 (no extra forward); with μ > 1 they must be frozen before the first update.
+                # With μ = 1 the sampling policy *is* the current one, so old = current.detach()
+                # below and ratio is exactly 1 (no extra forward); with μ > 1 they must be frozen
+                # before the first update.
                 old_logprobs = None
                 if args.num_iterations > 1:
                     old_logprobs = torch.cat([logprobs_of(policy, s)[0] for s in slices])
@@ -551,23 +572,22 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                     run.check_finite(loss, step)
                     weight = micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
-                    # kl, clip_ratio, entropy: token means over the whole batch (every rank's), the loss by its weight
+                    # kl, clip_ratio, entropy: token means over the whole batch (every rank's), the
+                    # loss by its weight
                     token_share = (mask[s].sum() / batch_tokens).item()
                     if entropy is not None:  # iteration 0 only: the sampling policy's entropy
                         entropy_sum += masked_mean(entropy, mask[s]).item() * token_share
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0.0) + v * token_share
                     sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight
-                distributed.all_reduce_grads(
-                    policy
-                )  # Σ over the ranks: each one's loss is its part of the batch's
+                # Σ over the ranks: each one's loss is its part of the batch's
+                distributed.all_reduce_grads(policy)
                 grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 run.check_finite(grad_norm, step, "gradient norm")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
-        lr = scheduler.get_last_lr()[
-            0
-        ]  # the rate this step used, or would have: warm-up counts batches, skipped too
+        # the rate this step used, or would have: warm-up counts batches, skipped too
+        lr = scheduler.get_last_lr()[0]
         with (
             warnings.catch_warnings()
         ):  # torch warns when a skipped first batch steps the schedule first; it is meant
@@ -581,9 +601,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         step_time = time.time() - t0
         if update:
             # each iteration's token shares (and loss weights) sum to 1: dividing by μ averages the iterations
-            stats.update(
-                {k: distributed.all_sum(v) / args.num_iterations for k, v in sums.items()}
-            )  # ranks' parts
+            # ranks' parts
+            stats.update({k: distributed.all_sum(v) / args.num_iterations for k, v in sums.items()})
             stats.update(
                 {
                     "entropy": distributed.all_sum(entropy_sum),
@@ -603,19 +622,14 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 "tokens_per_second/generate": lengths.sum().item() / time_generate,
             }
         )
-        stats = distributed.mean_over_ranks(
-            stats
-        )  # each rank's mean over an equal share: their mean is the batch's
-        run.log(
-            step,
-            stats,
-            {
-                "reward": f"{stats['reward']:.3f}",
-                "len": f"{stats['completion_length']:.1f}",
-                **({"kl": f"{stats['kl']:.4f}"} if "kl" in stats else {}),
-                **({} if update else {"skipped": "all groups equal"}),
-            },
-        )
+        # each rank's mean over an equal share: their mean is the batch's
+        stats = distributed.mean_over_ranks(stats)
+        progress = {"reward": f"{stats['reward']:.3f}", "len": f"{stats['completion_length']:.1f}"}
+        if "kl" in stats:
+            progress["kl"] = f"{stats['kl']:.4f}"
+        if not update:
+            progress["skipped"] = "all groups equal"
+        run.log(step, stats, progress)
 
         # ---- 7. evaluate and checkpoint -----------------------------------------------------------
         run.evaluate(step, evaluate)

@@ -1,4 +1,5 @@
-"""PPO-RLHF: the InstructGPT recipe with its four models — policy, reference, reward model, critic — in one file.
+"""PPO-RLHF: the InstructGPT recipe with its four models — policy, reference, reward model, critic —
+in one file.
 
 Stage 3 of RLHF. The policy samples a completion for each prompt; the reward model trained by
 reward_model.py scores it; every token pays a KL penalty for moving away from the frozen
@@ -38,9 +39,10 @@ Reward over-optimisation (Gao et al. 2023): the mitigations the literature lists
 default (ensemble_score, shaped_score, --kl-budget). Each step logs the learned `score` beside the
 `verifier`'s 0/1 of the same samples, `kl` and `completion_length`.
 
-Under `torchrun --nproc_per_node N` a rank samples B/N completions and puts M/N of its rows into each minibatch of M
-(M < B: other minibatches than one process's). Advantages are whitened, and the KL that steers β is averaged, over every
-rank's completions; losses are divided by the whole minibatch's tokens and the ranks sum gradients: exact token means.
+Under `torchrun --nproc_per_node N` a rank samples B/N completions and puts M/N of its rows into
+each minibatch of M (M < B: other minibatches than one process's). Advantages are whitened, and the
+KL that steers β is averaged, over every rank's completions; losses are divided by the whole
+minibatch's tokens and the ranks sum gradients: exact token means.
 
 Run:
     python reward_model.py                                   # stage 2 first: prints its run folder
@@ -74,31 +76,35 @@ from infra.runs import InputError, require
 class Args:
     """PPO-RLHF with four models on the arithmetic task."""
 
-    # ---- experiment: what to train and how it is evaluated -------------------------------------------------------
+    # ---- experiment: what to train and how it is evaluated ---------------------------------------
     model: str = "smollm2"
-    """policy (and reference): smollm2 (embedded), tiny (random, for smoke runs), or a hub id / local checkpoint"""
+    """policy (and reference): smollm2 (embedded), tiny (random, for smoke runs), or a hub id /
+    local checkpoint"""
     reward_model: Annotated[Optional[str], runs.none_means("none; required with --reward model", "DIR")] = (
         None
     )
-    """a reward_model.py checkpoint (runs/rm-.../model): it scores completions, and the critic starts from it"""
+    """a reward_model.py checkpoint (runs/rm-.../model): it scores completions, and the critic
+    starts from it"""
     reward: Literal["model", "verifier"] = "model"
     """model: the learned reward model (the RLHF recipe); verifier: the arithmetic verifier's 0/1"""
     critic_init: Annotated[
         Optional[Literal["reward-model", "policy"]],
         runs.none_means("the reward model, else the policy", "{reward-model,policy}"),
     ] = None
-    """initialise the critic from the reward model (InstructGPT) or from the policy's backbone with a new head"""
+    """initialise the critic from the reward model (InstructGPT) or from the policy's backbone with
+    a new head"""
     dataset: Annotated[Optional[str], runs.none_means("the built-in arithmetic task", "FILE")] = None
     """JSONL file with fields prompt, answer (numeric)"""
     seed: int = 0
     """seed for problems, sampling and initialisation"""
     eval_every: int = 10
-    """evaluate (accuracy and reward) and save a checkpoint every this many steps (0 = only before and after)"""
+    """evaluate (accuracy and reward) and save a checkpoint every this many steps (0 = only before
+    and after)"""
     eval_size: Annotated[Optional[int], runs.none_means("200; 16 for the tiny random models", "INT")] = None
     """held-out problems for greedy accuracy (verifier reward)"""
     pass_k: Annotated[Optional[int], runs.none_means("8; 0 (off) for the tiny random models", "INT")] = None
     """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
-    # ---- algorithm: PPO, GAE and the KL penalty in the reward ----------------------------------------------------
+    # ---- algorithm: PPO, GAE and the KL penalty in the reward ------------------------------------
     steps: int = 40
     """PPO iterations, each on a fresh batch of completions"""
     batch_size: int = 8
@@ -112,7 +118,8 @@ class Args:
     value_clip: float = 0.2
     """ε_v of the clipped value loss"""
     vf_coef: float = 0.1
-    """weight of the value loss (TRL's vf_coef); with the critic's own AdamW it matters mostly through clipping"""
+    """weight of the value loss (TRL's vf_coef); with the critic's own AdamW it matters mostly
+    through clipping"""
     entropy_coef: float = 0.0
     """weight of the entropy bonus (0 = off)"""
     gamma: float = 1.0
@@ -131,29 +138,33 @@ class Args:
     """subtracted from the score of a completion that hits --max-new-tokens without EOS (0 = off)"""
     whiten_rewards: bool = False
     """whiten the per-token rewards over the batch before GAE (population variance, mean kept)"""
-    # ---- optional: mitigations of reward over-optimisation, all off unless set ----------------------------------
+    # ---- optional: mitigations of reward over-optimisation, all off unless set -------------------
     ensemble: tuple[str, ...] = ()
-    """more reward_model.py checkpoints (other --seed values): with --reward-model they score as one ensemble"""
+    """more reward_model.py checkpoints (other --seed values): with --reward-model they score as one
+    ensemble"""
     ensemble_agg: Literal["min", "mean-std"] = "min"
     """how the ensemble's standardised scores combine (Coste et al. 2024): min, or mean − k·std"""
     ensemble_std_coef: float = 1.0
     """k in mean − k·std"""
     reward_clip: Annotated[Optional[float], runs.none_means("off", "FLOAT")] = None
-    """standardise the learned score by the starting policy's held-out mean and std, then clip it to [−C, C]"""
+    """standardise the learned score by the starting policy's held-out mean and std, then clip it to
+    [−C, C]"""
     length_penalty: float = 0.0
     """subtracted from the score per completion token"""
     verifier_weight: float = 0.0
     """composite reward: add this times the verifier's 0/1 to the learned score (after --reward-clip)"""
     kl_budget: Annotated[Optional[float], runs.none_means("off", "FLOAT")] = None
-    """stop before the first update whose batch has a KL per completion above this (--resume redraws that batch)"""
-    # ---- generation: sampling the completions --------------------------------------------------------------------
+    """stop before the first update whose batch has a KL per completion above this (--resume redraws
+    that batch)"""
+    # ---- generation: sampling the completions ----------------------------------------------------
     max_new_tokens: int = 32
     """completion length limit, in training and evaluation"""
     temperature: float = 1.0
     """sampling temperature; the same temperature divides the logits when log-probs are recomputed"""
     top_p: float = 1.0
-    """nucleus sampling (1.0 = off; no top-k). Below 1 the update is off-policy: ratios and KL use the full softmax"""
-    # ---- optimisation: the two optimizers, memory and saving -----------------------------------------------------
+    """nucleus sampling (1.0 = off; no top-k). Below 1 the update is off-policy: ratios and KL use
+    the full softmax"""
+    # ---- optimisation: the two optimizers, memory and saving -------------------------------------
     lr: float = 1e-5
     """AdamW learning rate of the policy"""
     critic_lr: float = 1e-5
@@ -222,8 +233,9 @@ def kl_penalized_rewards(
     kl_coef: float,
     kl_kind: str = "k1",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """r_t = -β·KL_t on every completion token, plus the score on the last one (Ziegler et al. 2019, eq. 2), with
-    KL_t = k1 = log π - log π_ref, or k3 = r - 1 - log r with r = π_ref/π. Padding gets 0. -> rewards, kl (B, T)"""
+    """r_t = -β·KL_t on every completion token, plus the score on the last one (Ziegler et al. 2019,
+    eq. 2), with KL_t = k1 = log π - log π_ref, or k3 = r - 1 - log r with r = π_ref/π. Padding gets
+    0. -> rewards, kl (B, T)"""
     log_ratio = logprobs - ref_logprobs  # (B, T)
     kl = log_ratio if kl_kind == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
     rewards = -kl_coef * kl * mask  # (B, T)
@@ -259,8 +271,9 @@ def compute_gae(
 def ppo_policy_loss(
     logprobs, old_logprobs, advantages, mask, clip_eps: float = 0.2
 ) -> tuple[torch.Tensor, dict]:
-    """L^CLIP (PPO eq. 7), negated for minimising, token mean over the mask. All (B, T); advantages per token.
-    -> (loss, {approx_kl: mean ½(log ρ)² as TRL, clip_ratio: the share of tokens where the clipped term is used})"""
+    """L^CLIP (PPO eq. 7), negated for minimising, token mean over the mask. All (B, T); advantages
+    per token. -> (loss, {approx_kl: mean ½(log ρ)² as TRL, clip_ratio: the share of tokens where
+    the clipped term is used})"""
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)  # (B, T)
     pg_loss1 = -advantages * ratio
@@ -298,11 +311,12 @@ def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tenso
     attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
     inner = common.unwrap(critic)  # through a LoRA wrapper
     with common.autocast(critic):
+        # (B, S+T, H)
         hidden = inner.base_model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=common.position_ids(attention_mask),
-        ).last_hidden_state  # (B, S+T, H)
+        ).last_hidden_state
         return inner.score(hidden[:, S - 1 : S + T - 1]).squeeze(-1).float()  # (B, T)
 
 
@@ -340,10 +354,12 @@ def shaped_score(
     verifier_weight: float = 0.0,
     length_penalty: float = 0.0,
 ) -> torch.Tensor:
-    """The reward the policy is trained on, from the reward model's scores (B,), the verifier's 0/1 (B,) and the
-    completion lengths (B,), before the missing-EOS penalty and the KL. Each term is off at its default:
-    - reward_clip C: the score in units of the starting policy's spread, (s - mean) / std, clipped to [-C, C],
-      so C means the same for any reward model (start_score, start_score_std: the starting policy's held-out ones);
+    """The reward the policy is trained on, from the reward model's scores (B,), the verifier's 0/1
+    (B,) and the completion lengths (B,), before the missing-EOS penalty and the KL. Each term is
+    off at its default:
+    - reward_clip C: the score in units of the starting policy's spread, (s - mean) / std, clipped
+      to [-C, C], so C means the same for any reward model (start_score, start_score_std: the
+      starting policy's held-out ones);
     - verifier_weight w: + w · verifier, a composite reward with the true reward in it;
     - length_penalty λ: - λ · length, against the verbosity a reward model learns to pay for. -> (B,)"""
     shaped = scores
@@ -356,36 +372,35 @@ def shaped_score(
 # Training
 # ---------------------------------------------------------------------------------------------
 def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> dict:
-    """Train with PPO-RLHF; returns the final metrics (also in eval.json). With --reward verifier, reward_fn(completion,
-    answer) scores the samples; held-out accuracy always uses the verifier."""
+    """Train with PPO-RLHF; returns the final metrics (also in eval.json). With --reward verifier,
+    reward_fn(completion, answer) scores the samples; held-out accuracy always uses the verifier."""
     args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(
-        args.run.kernels, device
-    )  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(
-        args.run.resume, args.steps
-    )  # checked before any model loads; None if new
+    # the kernels' faster versions: on for a CPU, off for CUDA
+    fast = models.resolve_kernels(args.run.kernels, device)
+    # checked before any model loads; None if new
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
 
     # ---- the four models ----------------------------------------------------------------------
     policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    ref_model = (
-        common.frozen_copy(policy) if not args.lora.lora_r else None
-    )  # with LoRA: the policy, adapter off
+    # with LoRA: the policy, adapter off
+    ref_model = common.frozen_copy(policy) if not args.lora.lora_r else None
+    # or --ensemble
     reward_models = [
         models.load_reward_model(path, tokenizer, device, precision, use_kernels=fast)  # frozen; one,
         for path in ((args.reward_model, *args.ensemble) if args.reward_model else ())
-    ]  # or --ensemble
+    ]
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
     critic_source = args.reward_model if critic_init == "reward-model" else args.model
-    # With LoRA the critic is its own model with its own adapter and a fully trained head (not a second adapter on
-    # the policy's weights: the value head would then read features the policy's adapter keeps moving).
+    # With LoRA the critic is its own model with its own adapter and a fully trained head (not a
+    # second adapter on the policy's weights: the value head would then read features the policy's
+    # adapter keeps moving).
     critic = models.load_model(
         f"{args.run.resume}/model/critic" if resumed else critic_source,
         len(tokenizer),
@@ -411,14 +426,12 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         critic = common.add_lora(critic, critic_source, args.lora)
     for model in (policy, critic) if args.gradient_checkpointing else ():
         model.activation_checkpointing_enable()
-    fsdp.shard(
-        args.run.fsdp, policy, ref_model, critic, *reward_models
-    )  # --fsdp: 1/N of each model on a rank
+    # --fsdp: 1/N of each model on a rank
+    fsdp.shard(args.run.fsdp, policy, ref_model, critic, *reward_models)
     policy_optimizer, _ = common.make_optimizer(policy, args.lr)  # constant rates, no warm-up
     critic_optimizer, _ = common.make_optimizer(critic, args.critic_lr)
-    generator = torch.Generator(device=device).manual_seed(
-        args.seed + distributed.rank()
-    )  # each rank its own draws
+    # each rank its own draws
+    generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())
     minibatch_order = torch.Generator().manual_seed(args.seed)  # the same on every rank, over its own rows
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     kl_coef = resumed["kl_coef"] if resumed else args.kl_coef
@@ -439,9 +452,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         critic_optimizer=critic_optimizer,
         minibatch_order=minibatch_order,
     )
-    for _ in range(
-        (run.first_step - 1) * args.batch_size
-    ):  # a resumed run's data position: batch-size problems a step
+    # a resumed run's data position: batch-size problems a step
+    for _ in range((run.first_step - 1) * args.batch_size):
         next(train_stream)
 
     def score_completions(
@@ -465,7 +477,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         return ensemble_score(raw, args.ensemble_agg, args.ensemble_std_coef, **ensemble_norm)
 
     def evaluate(step: int, pass_k: int = 0) -> dict:
-        """Greedy held-out accuracy by the verifier, beside the reward model's mean score of the same completions."""
+        """Greedy held-out accuracy by the verifier, beside the reward model's mean score of the
+        same completions."""
         result = tasks.evaluate_policy(
             policy,
             tokenizer,
@@ -476,9 +489,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             pass_k,
             score=lambda *batch: score_completions(*batch)[0],
         )
-        raw = distributed.concat(
-            result.pop("scores").T
-        ).T  # (M, N): every rank's share of the problems, in order
+        # (M, N): every rank's share of the problems, in order
+        raw = distributed.concat(result.pop("scores").T).T
         if not ensemble_norm:  # the starting policy
             ensemble_norm.update(mean=raw.mean(1), std=raw.std(1, unbiased=False).clamp(min=1e-6))
         scores = learned_score(raw)  # (N,)
@@ -499,9 +511,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample one completion per prompt from the policy --------------------------------
         t0 = time.time()
-        rng_before_sampling = distributed.rng_state(
-            generator
-        )  # what a --kl-budget stop saves, to sample it again
+        # what a --kl-budget stop saves, to sample it again
+        rng_before_sampling = distributed.rng_state(generator)
         problems = distributed.share([next(train_stream) for _ in range(args.batch_size)])  # B/N on a rank
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
@@ -530,9 +541,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         # ---- 2. score, and the frozen quantities of this batch -------------------------------------
         t1 = time.time()
         with torch.no_grad():
-            raw, verified = score_completions(
-                prompt_ids, prompt_mask, completion_ids, mask, problems
-            )  # (M, B), (B,)
+            # (M, B), (B,)
+            raw, verified = score_completions(prompt_ids, prompt_mask, completion_ids, mask, problems)
             scores = learned_score(raw)  # (B,)
             if not torch.isfinite(scores).all():  # caught here, it is not blamed on the loss and --lr
                 source = "reward model" if args.reward == "model" else "reward function"
@@ -543,6 +553,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             # (B,) each
             finished = (completion_ids == eos).any(1)
             lengths = mask.sum(1)
+            # the optional mitigations
             shaped = shaped_score(
                 scores,
                 verified,
@@ -552,11 +563,12 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 args.reward_clip,
                 args.verifier_weight,
                 args.length_penalty,
-            )  # the optional mitigations
+            )
             penalised = shaped - args.missing_eos_penalty * (~finished).float()
+            # (B, T)
             old_logprobs, _ = common.completion_logprobs(
                 policy, prompt_ids, prompt_mask, completion_ids, ones, args.temperature
-            )  # (B, T)
+            )
             with common.reference(policy, ref_model) as ref:
                 ref_logprobs, _ = common.completion_logprobs(
                     ref, prompt_ids, prompt_mask, completion_ids, ones, args.temperature
@@ -572,9 +584,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 rewards = masked_whiten(rewards, mask, shift_mean=False, all_sum=distributed.all_sum) * mask
             advantages, returns = compute_gae(rewards, old_values, mask, args.gamma, args.lam)
             advantages = masked_whiten(advantages, mask, all_sum=distributed.all_sum) * mask
-        kl_per_completion = distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})[
-            "kl"
-        ]  # the whole batch's
+        # the whole batch's
+        kl_per_completion = distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})["kl"]
         if args.kl_budget is not None and kl_per_completion > args.kl_budget:
             stopped_at = step - 1
             distributed.set_rng_state(rng_before_sampling, generator)  # rewound: the checkpoint resumes here
@@ -592,9 +603,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         critic.train()
         step_metrics = []
         for epoch in range(args.ppo_epochs):
-            order = torch.randperm(
-                B, generator=minibatch_order
-            )  # under torchrun: M/N of each rank's B/N rows
+            # under torchrun: M/N of each rank's B/N rows
+            order = torch.randperm(B, generator=minibatch_order)
             for start in range(0, B, M):
                 rows = order[start : start + M].to(device)
                 logprobs, entropy = common.completion_logprobs(
@@ -617,22 +627,21 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                     values, old_values[rows], returns[rows], mask[rows], args.value_clip
                 )
                 run.check_finite(policy_loss + vf_loss, step)
-                share = distributed.share_of(
-                    mask[rows].sum()
-                )  # this rank's part of the minibatch's tokens; 1.0 alone
-                (
-                    (policy_loss + args.vf_coef * vf_loss) * share
-                ).backward()  # the two models share no parameters
-                distributed.all_reduce_grads(policy), distributed.all_reduce_grads(critic)  # Σ over the ranks
+                # this rank's part of the minibatch's tokens; 1.0 alone
+                share = distributed.share_of(mask[rows].sum())
+                # the two models share no parameters
+                ((policy_loss + args.vf_coef * vf_loss) * share).backward()
+                # Σ over the ranks
+                distributed.all_reduce_grads(policy)
+                distributed.all_reduce_grads(critic)
                 policy_grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 run.check_finite(policy_grad_norm, step, "policy gradient norm")
                 critic_grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm)
                 run.check_finite(critic_grad_norm, step, "critic gradient norm")
                 policy_optimizer.step()
                 critic_optimizer.step()
-                policy_optimizer.zero_grad(
-                    set_to_none=True
-                )  # now, not at the next backward: idle through sampling
+                # now, not at the next backward: idle through sampling
+                policy_optimizer.zero_grad(set_to_none=True)
                 critic_optimizer.zero_grad(set_to_none=True)
                 token_means = {
                     **m,
@@ -642,7 +651,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                     "value_clip_ratio": vf_clip,
                     "entropy": entropy_mean.item(),
                 }
-                # × share × N: the mean over the ranks (mean_over_ranks, below) is then the minibatch's token mean
+                # × share × N: the mean over the ranks (mean_over_ranks, below) is then the
+                # minibatch's token mean
                 step_metrics.append(
                     {
                         **{k: v * share * distributed.world_size() for k, v in token_means.items()},
@@ -675,9 +685,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "explained_variance": explained_variance(old_values, returns, mask, all_sum=distributed.all_sum),
             "completion_length": mask.sum(1).float().mean().item(),
             "completion_finished": finished.float().mean().item(),
-            "completions/distinct": common.distinct_fraction(
-                completion_ids, mask, B
-            ),  # the batch (a rank's share)
+            # the batch (a rank's share)
+            "completions/distinct": common.distinct_fraction(completion_ids, mask, B),
             "time/generate": time_generate,
             "time/score": time_score,
             "time/update": time_update,
@@ -687,9 +696,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "memory/score_gb": memory_score,
             "memory/update_gb": memory_update,
         }
-        stats = distributed.mean_over_ranks(
-            stats
-        )  # the batch's (but distinct: within a rank's share; timings)
+        # the batch's (but distinct: within a rank's share; timings)
+        stats = distributed.mean_over_ranks(stats)
         run.log(
             step,
             stats,

@@ -52,9 +52,8 @@ def label_samples(
         texts = tasks.decode_completions(
             tokenizer, completion_ids, common.completion_mask(completion_ids, eos)
         )
-        finished = (
-            (completion_ids == eos).any(1).tolist()
-        )  # (B,) the first EOS ends a row, also when pad == eos
+        # (B,) the first EOS ends a row, also when pad == eos
+        finished = (completion_ids == eos).any(1).tolist()
         for i, text in enumerate(texts):
             p = batch[i // samples_per_prompt]
             rows.append(

@@ -224,9 +224,8 @@ def score_steps(
 def batch_labels(rows: list[dict], kind: str, K: int, device) -> torch.Tensor:
     """Each row's step labels, zero-padded to K: (B, K)."""
     labels = [step_labels(torch.tensor(row["rollouts_correct"]), row["rollouts"], kind) for row in rows]
-    return pad_sequence(labels + [torch.zeros(K)], batch_first=True)[:-1].to(
-        device
-    )  # a row of K zeros sets the width
+    # a row of K zeros sets the width
+    return pad_sequence(labels + [torch.zeros(K)], batch_first=True)[:-1].to(device)
 
 
 @torch.no_grad()
@@ -272,9 +271,8 @@ def label_solutions(
         [problems[i : i + batch] for i in range(0, len(problems), batch)], "solutions", leave=False
     ):
         texts = sample([tasks.format_prompt(tokenizer, p.prompt) for p in chunk], num_solutions)
-        for p, text in zip(
-            [p for p in chunk for _ in range(num_solutions)], texts
-        ):  # a problem's N are consecutive
+        # a problem's N are consecutive
+        for p, text in zip([p for p in chunk for _ in range(num_solutions)], texts):
             rows.append(
                 {
                     "prompt": p.prompt,
@@ -302,9 +300,8 @@ def label_solutions(
             row["rollouts_correct"].append(
                 int(sum(tasks.verify(prefix + t, row["answer"]) for t in rollouts))
             )
-    for row in filter(
-        lambda row: split_steps(row["completion"]), rows
-    ):  # the last step: the solution's own answer
+    # the last step: the solution's own answer
+    for row in filter(lambda row: split_steps(row["completion"]), rows):
         row["rollouts_correct"].append(num_rollouts * row["correct"])
     return rows
 
@@ -404,14 +401,12 @@ def main(args: Args) -> dict:
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
     fast = models.resolve_kernels(args.run.kernels, device)
-    resumed = runs.load_trainer_state(
-        args.run.resume, args.steps
-    )  # checked before any model loads; None if new
+    # checked before any model loads; None if new
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     data, folder = step_label_data(args, tokenizer, device, precision)
-    train_rows = [
-        r for r in data["train"] if r["rollouts_correct"]
-    ]  # a solution without a step teaches nothing
+    # a solution without a step teaches nothing
+    train_rows = [r for r in data["train"] if r["rollouts_correct"]]
     runs.require(bool(train_rows), f"no training solution in {folder} has a step (a non-blank line)")
     model = models.load_model(
         f"{args.run.resume}/model" if resumed else args.model,
@@ -425,9 +420,8 @@ def main(args: Args) -> dict:
     )
     if args.lora.lora_r and not resumed:
         model = common.add_lora(model, args.model, args.lora)  # the score head stays fully trainable
-    model.config.pad_token_id = (
-        tokenizer.pad_token_id
-    )  # a saved checkpoint scores batches in transformers too
+    # a saved checkpoint scores batches in transformers too
+    model.config.pad_token_id = tokenizer.pad_token_id
     fsdp.shard(args.run.fsdp, model)  # --fsdp: 1/N of the model's weights on a rank
     optimizer, scheduler = common.make_optimizer(model, args.lr, 0.0, args.warmup_steps)
     batches = tasks.epoch_batches(len(train_rows), args.batch_size, args.steps, args.seed)

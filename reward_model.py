@@ -152,9 +152,10 @@ def score_texts(
     and EOS (where it finished), right-padded, as one row. (B,) float."""
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, prompts, device)  # (B, S)
+    # (B, T)
     completion_ids, completion_mask = tasks.tokenize_completions(
         tokenizer, completions, device, max_completion_tokens, finished
-    )  # (B, T)
+    )
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     return common.reward_scores(model, input_ids, attention_mask)
@@ -166,9 +167,10 @@ def pair_scores(
     """Scores of chosen and rejected, both in one batch of 2P rows [chosen_0, rejected_0, ...]: (P,), (P,)."""
     prompts = [p["prompt"] for p in pairs for _ in range(2)]
     completions, finished = preferences.pair_completions(pairs)
+    # (P, 2)
     scores = score_texts(model, tokenizer, prompts, completions, max_completion_tokens, finished).view(
         len(pairs), 2
-    )  # (P, 2)
+    )
     return scores[:, 0], scores[:, 1]
 
 
@@ -257,12 +259,10 @@ def main(args: Args) -> dict:
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(
-        args.run.kernels, device
-    )  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(
-        args.run.resume, args.steps
-    )  # checked before any model loads; None if new
+    # the kernels' faster versions: on for a CPU, off for CUDA
+    fast = models.resolve_kernels(args.run.kernels, device)
+    # checked before any model loads; None if new
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     train_pairs, heldout_pairs, heldout_samples = preferences.load_preference_pairs(
         args.dataset,
@@ -299,16 +299,14 @@ def main(args: Args) -> dict:
         model.activation_checkpointing_enable()
     fsdp.shard(args.run.fsdp, model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(model, args.lr, args.weight_decay, args.warmup_steps)
-    batches = tasks.epoch_batches(
-        len(train_pairs), args.batch_size, args.steps, args.seed
-    )  # a longer run appends
+    # a longer run appends
+    batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
     has_margin = any("margin" in p for p in train_pairs)
     run = runs.Run(
         args, "rm", tokenizer, device, resumed, eval_row=lambda result: result, accuracy_key="eval/accuracy"
     )
-    run.keep(
-        model, optimizer=optimizer, scheduler=scheduler
-    )  # the data position is the step: batches[step:] come next
+    # the data position is the step: batches[step:] come next
+    run.keep(model, optimizer=optimizer, scheduler=scheduler)
 
     def report(step: int, pass_k: int = 0) -> dict:
         result = evaluate(model, tokenizer, heldout_pairs, heldout_samples, args.max_completion_tokens)
@@ -339,9 +337,8 @@ def main(args: Args) -> dict:
         # ---- 2. Bradley-Terry loss and update ------------------------------------------------------
         loss = bradley_terry_loss(chosen, rejected, margin, args.center_rewards_coefficient or 0.0)
         run.check_finite(loss, step)
-        (
-            loss * distributed.share_of(len(pairs))
-        ).backward()  # this rank's part of the batch's mean; × 1.0 alone
+        # this rank's part of the batch's mean; × 1.0 alone
+        (loss * distributed.share_of(len(pairs))).backward()
         distributed.all_reduce_grads(model)  # Σ over the ranks
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         run.check_finite(grad_norm, step, "gradient norm")

@@ -116,12 +116,13 @@ def completion_logprobs_and_hits(
     # completion padding is masked in the loss
     full_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)  # (B, S+T)
     with common.autocast(model):
+        # (B, T+1, V) predicts y_1..y_T, then nothing
         logits = model(
             input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
             attention_mask=full_mask,
             position_ids=common.position_ids(full_mask),
             logits_to_keep=T + 1,
-        ).logits  # (B, T+1, V) predicts y_1..y_T, then nothing
+        ).logits
     logprobs = common.gather_logprobs(logits, completion_ids, common.fast_kernels(model))
     return logprobs, logits[:, :-1].argmax(-1) == completion_ids
 
@@ -188,12 +189,10 @@ def main(args: Args) -> dict:
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(
-        args.run.kernels, device
-    )  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(
-        args.run.resume, args.steps
-    )  # checked before any model loads; None if new
+    # the kernels' faster versions: on for a CPU, off for CUDA
+    fast = models.resolve_kernels(args.run.kernels, device)
+    # checked before any model loads; None if new
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)
     train_rows, heldout_rows = load_demonstrations(
         args.dataset, args.num_demonstrations, args.seed, args.eval_size
     )
@@ -215,12 +214,10 @@ def main(args: Args) -> dict:
         policy.activation_checkpointing_enable()
     fsdp.shard(args.run.fsdp, policy)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
-    batches = tasks.epoch_batches(
-        len(train_rows), args.batch_size, args.steps, args.seed
-    )  # a longer run appends
-    num_tokens = (
-        resumed["num_tokens"] if resumed else 0
-    )  # prompt + completion tokens seen so far, as TRL counts them
+    # a longer run appends
+    batches = tasks.epoch_batches(len(train_rows), args.batch_size, args.steps, args.seed)
+    # prompt + completion tokens seen so far, as TRL counts them
+    num_tokens = resumed["num_tokens"] if resumed else 0
     run = runs.Run(
         args,
         "sft",
@@ -267,9 +264,8 @@ def main(args: Args) -> dict:
 
         # ---- 2. the NLL of the completion tokens, and the update ----------------------------------
         share = distributed.share_of(mask.sum())  # this rank's part of the batch's tokens: 1.0 in one process
-        loss = (
-            sft_loss(logprobs, mask) * share
-        )  # so that Σ over the ranks is the token mean over the whole batch
+        # so that Σ over the ranks is the token mean over the whole batch
+        loss = sft_loss(logprobs, mask) * share
         run.check_finite(loss, step)
         loss.backward()
         distributed.all_reduce_grads(policy)  # Σ over the ranks
@@ -282,15 +278,13 @@ def main(args: Args) -> dict:
         scheduler.step()
 
         # ---- 3. log (TRL's names) --------------------------------------------------------------------
-        num_tokens += distributed.all_sum(
-            tokens
-        )  # prompt + completion tokens seen so far, as TRL counts them
+        # prompt + completion tokens seen so far, as TRL counts them
+        num_tokens += distributed.all_sum(tokens)
         step_time = time.time() - t0
         stats = {
             "loss": distributed.all_sum(loss.item()),
-            "mean_token_accuracy": distributed.all_sum(
-                masked_mean(hits.float(), mask).item() * share
-            ),  # argmax hit
+            # argmax hit
+            "mean_token_accuracy": distributed.all_sum(masked_mean(hits.float(), mask).item() * share),
             "num_tokens": num_tokens,
             "completion_length": mask.sum(1).float().mean().item(),
             "grad_norm": grad_norm.item(),

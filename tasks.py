@@ -146,9 +146,8 @@ def extract_final_number(text: str) -> Optional[float]:
     """The last number in free text, or None. '1,234' is 1234; '5-3' is 5 and 3, not -3. Parsed with a regular
     expression and float(), never evaluated: model output is not code."""
     matches = _NUMBER.findall(text)
-    return (
-        float(matches[-1].replace(",", "")) if matches else None
-    )  # _NUMBER's matches all parse, commas removed
+    # _NUMBER's matches all parse, commas removed
+    return float(matches[-1].replace(",", "")) if matches else None
 
 
 # DeepSeek-R1 reads the answer from its tag (Guo et al. 2025, arXiv:2501.12948, §2.2.2): when a completion has
@@ -201,9 +200,8 @@ def verify_strict(completion: str, answer: str) -> float:
     target = extract_final_number(answer)
     if not matches or target is None:
         return 0.0
-    return float(
-        math.isclose(float(matches[-1].replace(",", "")), target, abs_tol=1e-9)
-    )  # every match parses
+    # every match parses
+    return float(math.isclose(float(matches[-1].replace(",", "")), target, abs_tol=1e-9))
 
 
 VERIFIERS = {"last-number": verify, "strict": verify_strict}
@@ -229,9 +227,8 @@ def format_reward(completion: str, answer: str = "") -> float:
     return float(bool(reasoning.strip()) and bool(stated.strip()))  # "<think> </think>" is empty too
 
 
-REWARDS = {
-    "format": format_reward
-}  # the rewards grpo.py --rewards names beside `correct`, (completion, answer)
+# the rewards grpo.py --rewards names beside `correct`, (completion, answer)
+REWARDS = {"format": format_reward}
 
 
 def with_prompt_style(
@@ -390,9 +387,10 @@ def evaluate_pass_at_k(
     for start in range(0, len(problems), prompts_per_batch):
         batch = problems[start : start + prompts_per_batch]
         ids, mask = tokenize_prompts(tokenizer, [p.prompt for p in batch], device)
+        # (len(batch)·k, T)
         completion_ids = common.sample_completions(
             model, ids, mask, k, max_new_tokens, eos, pad, temperature=1.0, top_p=1.0, generator=generator
-        )  # (len(batch)·k, T)
+        )
         texts = decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, eos))
         for i, p in enumerate(batch):
             total += pass_at_k(k, int(sum(verify(t, p.answer) for t in texts[i * k : (i + 1) * k])), k)
@@ -417,9 +415,8 @@ def evaluate_policy(
     model.eval()
     result = evaluate_accuracy(model, tokenizer, problems, max_new_tokens, score=score)
     if pass_k:
-        started = (
-            time.perf_counter()
-        )  # runs.Run's expected duration counts pass@k only in the last evaluation
+        # runs.Run's expected duration counts pass@k only in the last evaluation
+        started = time.perf_counter()
         result[f"pass@{pass_k}"] = evaluate_pass_at_k(
             model, tokenizer, problems, pass_k, max_new_tokens, seed
         )

@@ -296,9 +296,8 @@ def reinforce_pp_loss(
     k2's gradient is (log π_t - log π_ref,t) ∇log π_t. All (B, T), logprobs with their gradient -> a scalar."""
     loss = -masked_mean(advantages * logprobs, mask)
     if kl_placement == "loss":
-        loss = loss + beta * masked_mean(
-            0.5 * (logprobs - ref_logprobs) ** 2, mask
-        )  # (B, T) k2, padding left out
+        # (B, T) k2, padding left out
+        loss = loss + beta * masked_mean(0.5 * (logprobs - ref_logprobs) ** 2, mask)
     return loss
 
 
@@ -311,9 +310,8 @@ def offline_loss(
     """The mean loss of one batch of pairs and its metrics, for ipo, simpo, orpo (paired) or kto (unpaired)."""
     prompts = [p["prompt"] for p in pairs]
     texts, finished = preferences.pair_completions(pairs)  # chosen_0, rejected_0, chosen_1, ...
-    logps, lengths = sequence_logps(
-        policy, tokenizer, prompts, texts, args.max_completion_tokens, finished
-    )  # (2P,)
+    # (2P,)
+    logps, lengths = sequence_logps(policy, tokenizer, prompts, texts, args.max_completion_tokens, finished)
     chosen, rejected = logps[0::2], logps[1::2]
     if args.algo in ("ipo", "kto"):
         with torch.no_grad(), common.reference(policy, ref_model) as ref:
@@ -436,12 +434,10 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(
-        args.run.kernels, device
-    )  # the kernels' faster versions: on for a CPU, off for CUDA
-    resumed = runs.load_trainer_state(
-        args.run.resume, args.steps
-    )  # checked before any model loads; None if new
+    # the kernels' faster versions: on for a CPU, off for CUDA
+    fast = models.resolve_kernels(args.run.kernels, device)
+    # checked before any model loads; None if new
+    resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     offline = args.algo in OFFLINE
     if offline:
@@ -458,9 +454,8 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             precision,
             args.eval_size,
         )
-        batches = tasks.epoch_batches(
-            len(train_pairs), args.batch_size, args.steps, args.seed
-        )  # a longer run appends
+        # a longer run appends
+        batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
         heldout = tasks.heldout_problems(args.eval_size)
     else:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
@@ -485,14 +480,12 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         policy.activation_checkpointing_enable()
     fsdp.shard(args.run.fsdp, policy, ref_model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, lr, warmup_steps=args.warmup_steps)
-    generator = torch.Generator(device=device).manual_seed(
-        args.seed + distributed.rank()
-    )  # each rank its own draws
+    # each rank its own draws
+    generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     run = runs.Run(args, args.algo, tokenizer, device, resumed)
-    run.keep(
-        policy, generator, optimizer=optimizer, scheduler=scheduler
-    )  # what a checkpoint holds; resumed here
+    # what a checkpoint holds; resumed here
+    run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler)
     for _ in range(0 if offline else (run.first_step - 1) * args.batch_size):  # online: P problems a step
         next(train_stream)
 
@@ -510,9 +503,8 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             share = distributed.share_of(len(pairs))  # this rank's part of the batch's mean; 1.0 alone
         else:
             # ---- online 1. sample: k per prompt (RLOO, REINFORCE++) or one plus the greedy one (ReMax) ------
-            problems = distributed.share(
-                [next(train_stream) for _ in range(args.batch_size)]
-            )  # P/N on a rank
+            # P/N on a rank
+            problems = distributed.share([next(train_stream) for _ in range(args.batch_size)])
             prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
             k = 1 if args.algo == "remax" else args.group_size
             policy.eval()
@@ -541,9 +533,10 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
                 greedy_texts = tasks.decode_completions(
                     tokenizer, greedy_ids, common.completion_mask(greedy_ids, eos)
                 )
+                # (P,)
                 greedy_scores = torch.tensor(
                     [reward_fn(t, p.answer) for t, p in zip(greedy_texts, problems)], device=device
-                )  # (P,)
+                )
                 check_rewards(greedy_scores, greedy_texts, step)
 
             # ---- online 2. reward = score - β·KL of the sequence, then the critic-free baseline ----------
@@ -579,9 +572,8 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
                 loss = reinforce_pp_loss(advantages, logprobs, ref_logprobs, mask, beta, kl_placement)
             else:
                 loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()
-            share = distributed.share_of(
-                mask.sum() if args.algo in REINFORCE_PP else len(scores)
-            )  # of the batch's
+            # of the batch's
+            share = distributed.share_of(mask.sum() if args.algo in REINFORCE_PP else len(scores))
             if args.algo in REINFORCE_PP:  # token-level advantages: the mean over every rank's tokens
                 advantage_abs = masked_mean(advantages.abs(), mask, all_sum=distributed.all_sum)
             else:
@@ -616,9 +608,8 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
                 "time/step": time.time() - t0,
             }
         )
-        stats = distributed.mean_over_ranks(
-            stats
-        )  # each rank's mean over an equal share: their mean is the batch's
+        # each rank's mean over an equal share: their mean is the batch's
+        stats = distributed.mean_over_ranks(stats)
         scheduler.step()
         run.log(step, stats, {"loss": f"{stats['loss']:.4f}"})
 

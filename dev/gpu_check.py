@@ -52,12 +52,8 @@ DRY_RUNS = {
     "dpo": ["dpo.py", *TINY, "--dataset", "tests/data/pairs.jsonl"],
     "sft": ["sft.py", *TINY, "--num-demonstrations", "20"],
 }
-RUN_LIMIT_S = {
-    "grpo": 300,
-    "ppo-verifier": 200,
-    "dpo": 150,
-    "sft": 120,
-}  # a stuck run costs the rest of the check
+# a stuck run costs the rest of the check
+RUN_LIMIT_S = {"grpo": 300, "ppo-verifier": 200, "dpo": 150, "sft": 120}
 
 
 class Check:
@@ -66,9 +62,8 @@ class Check:
     def __init__(self, out: Path, dry_run: bool, budget_s: float):
         self.out = out
         self.deadline = time.time() + budget_s
-        self.work = Path(
-            tempfile.mkdtemp(prefix="gpu-check-")
-        )  # run folders and logs; runs.tar.gz packs them
+        # run folders and logs; runs.tar.gz packs them
+        self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
         self.dry_run = dry_run
         self.device = "cpu" if dry_run else "cuda"
         self.summary = {
@@ -258,9 +253,10 @@ def training_run(check: Check, name: str) -> dict:
         "--device",
         check.device,
     ]
+    # on the CPU, beside the run: it builds the models on the meta device
     plan = subprocess.Popen(
         plan_command, cwd=REPO, env=check.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )  # on the CPU, beside the run: it builds the models on the meta device
+    )
     try:
         check.run(name, command, RUN_LIMIT_S[name])
     except BaseException:

@@ -478,9 +478,8 @@ MUTATIONS = [
     Mutation(
         "sft.py",
         (
-            "        num_tokens += distributed.all_sum(\n"
-            "            tokens\n"
-            "        )  # prompt + completion tokens seen so far, as TRL counts them\n"
+            "        # prompt + completion tokens seen so far, as TRL counts them\n"
+            "        num_tokens += distributed.all_sum(tokens)\n"
         ),
         (
             "        num_tokens = distributed.all_sum(tokens)  # prompt"
@@ -529,9 +528,8 @@ MUTATIONS = [
     Mutation(
         "common.py",
         (
-            "    rows = max(\n"
-            "        1, LOGPROB_PIECE // max(1, T * V)\n"
-            "    )  # sequences a piece: about LOGPROB_PIECE logits, at least one\n"
+            "    # sequences a piece: about LOGPROB_PIECE logits, at least one\n"
+            "    rows = max(1, LOGPROB_PIECE // max(1, T * V))\n"
         ),
         "    rows = B  # sequences a piece: about LOGPROB_PIECE logits, at least one\n",
         "plain log-probs computed whole: float32 (B, T, V) temporaries",
@@ -638,8 +636,8 @@ MUTATIONS = [
     # ---- tasks.py and preferences.py: the verifier, the data -------------------------------------------------------
     Mutation(
         "tasks.py",
-        '        float(matches[-1].replace(",", "")) if matches else None\n',
-        '        float(matches[0].replace(",", "")) if matches else None\n',
+        '    return float(matches[-1].replace(",", "")) if matches else None\n',
+        '    return float(matches[0].replace(",", "")) if matches else None\n',
         "verifier reads the first number, not the last",
         f"{TASKS} -k verifier",
     ),
@@ -771,8 +769,15 @@ MUTATIONS = [
     ),
     Mutation(
         "variants.py",
-        'reward_beta,\n                    k if args.algo == "reinforce_pp_baseline" else None,',
-        "reward_beta,\n                    None,",
+        (
+            "                    scores,\n"
+            "                    logprobs.detach(),\n"
+            "                    ref_logprobs,\n"
+            "                    mask,\n"
+            "                    reward_beta,\n"
+            '                    k if args.algo == "reinforce_pp_baseline" else None,\n'
+        ),
+        "                    scores, logprobs.detach(), ref_logprobs, mask, reward_beta, None\n",
         "REINFORCE++-baseline run as plain REINFORCE++ in the loop",
         f"{VARIANTS} -k token_mean",
     ),
@@ -786,9 +791,8 @@ MUTATIONS = [
     Mutation(
         "variants.py",
         (
-            "        loss = loss + beta * masked_mean(\n"
-            "            0.5 * (logprobs - ref_logprobs) ** 2, mask\n"
-            "        )  # (B, T) k2, padding left out\n"
+            "        # (B, T) k2, padding left out\n"
+            "        loss = loss + beta * masked_mean(0.5 * (logprobs - ref_logprobs) ** 2, mask)\n"
         ),
         "        loss = loss + beta * masked_mean(logprobs - ref_logprobs, mask)  # (B, T) k2, padding left out\n",
         "REINFORCE++ KL loss with k1 instead of k2",
@@ -804,9 +808,8 @@ MUTATIONS = [
     Mutation(
         "variants.py",
         (
-            "        loss = loss + beta * masked_mean(\n"
-            "            0.5 * (logprobs - ref_logprobs) ** 2, mask\n"
-            "        )  # (B, T) k2, padding left out\n"
+            "        # (B, T) k2, padding left out\n"
+            "        loss = loss + beta * masked_mean(0.5 * (logprobs - ref_logprobs) ** 2, mask)\n"
         ),
         "        loss = loss  # (B, T) k2, padding left out\n",
         "REINFORCE++ KL left out of the loss",
@@ -1068,8 +1071,8 @@ MUTATIONS = [
     ),
     Mutation(
         "scripts/compare.py",
-        "        while i + 1 < len(options) and not options[i + 1].startswith(\n",
-        "        if i + 1 < len(options) and not options[i + 1].startswith(\n",
+        '        while i + 1 < len(options) and not options[i + 1].startswith("--"):\n',
+        '        if i + 1 < len(options) and not options[i + 1].startswith("--"):\n',
         "comparison reads one value per option (--rewards correct format)",
         "tests/test_compare.py -k command_settings",
     ),
@@ -1234,9 +1237,8 @@ MUTATIONS = [
     Mutation(
         "ppo.py",
         (
-            "                policy_optimizer.zero_grad(\n"
-            "                    set_to_none=True\n"
-            "                )  # now, not at the next backward: idle through sampling\n"
+            "                # now, not at the next backward: idle through sampling\n"
+            "                policy_optimizer.zero_grad(set_to_none=True)\n"
         ),
         "                pass  # now, not at the next backward: idle through sampling\n",
         "policy gradients accumulate across minibatches (never zeroed)",
@@ -1309,8 +1311,8 @@ MUTATIONS = [
     ),
     Mutation(
         "infra/kernels.py",
-        "                min=-1e4\n",
-        "                min=torch.finfo(log_p.dtype).min\n",
+        "            log_p.clamp_(min=-1e4)\n",
+        "            log_p.clamp_(min=torch.finfo(log_p.dtype).min)\n",
         "kernel entropy gradient overflows to NaN at a -inf logit",
         "tests/test_kernels.py -k minus_infinity",
     ),
@@ -1394,9 +1396,8 @@ MUTATIONS = [
     Mutation(
         "tasks.py",
         (
-            "        started = (\n"
-            "            time.perf_counter()\n"
-            "        )  # runs.Run's expected duration counts pass@k only in the last evaluation\n"
+            "        # runs.Run's expected duration counts pass@k only in the last evaluation\n"
+            "        started = time.perf_counter()\n"
         ),
         "        started = 0.0  # runs.Run's expected duration counts pass@k only in the last evaluation\n",
         "pass@k timed from the epoch, not from its start",
@@ -1497,8 +1498,8 @@ MUTATIONS = [
     ),
     Mutation(
         "scripts/memory_plan.py",
-        '        args.algo not in ("simpo", "orpo") and not lora\n',
-        '        args.algo in ("ipo", "kto", "rloo", "remax") and not lora\n',
+        '    rows = [policy] + [reference] * (args.algo not in ("simpo", "orpo") and not lora)\n',
+        '    rows = [policy] + [reference] * (args.algo in ("ipo", "kto", "rloo", "remax") and not lora)\n',
         "memory plan (variants): REINFORCE++ planned without its reference model",
         f"{MEMORY} -k variants_plan_holds",
     ),
@@ -1701,9 +1702,8 @@ MUTATIONS = [
     Mutation(
         "grpo.py",
         (
-            "        stats = distributed.mean_over_ranks(\n"
-            "            stats\n"
-            "        )  # each rank's mean over an equal share: their mean is the batch's\n"
+            "        # each rank's mean over an equal share: their mean is the batch's\n"
+            "        stats = distributed.mean_over_ranks(stats)\n"
         ),
         "        pass  # each rank's mean over an equal share: their mean is the batch's\n",
         "GRPO logs rank 0's numbers, not the batch's",
@@ -1712,9 +1712,8 @@ MUTATIONS = [
     Mutation(
         "grpo.py",
         (
-            "                distributed.all_reduce_grads(\n"
-            "                    policy\n"
-            "                )  # Σ over the ranks: each one's loss is its part of the batch's\n"
+            "                # Σ over the ranks: each one's loss is its part of the batch's\n"
+            "                distributed.all_reduce_grads(policy)\n"
         ),
         "                pass  # Σ over the ranks: each one's loss is its part of the batch's\n",
         "GRPO gradients not summed over the ranks",
@@ -1723,9 +1722,8 @@ MUTATIONS = [
     Mutation(
         "dpo.py",
         (
-            "        loss = losses.mean() * distributed.share_of(\n"
-            "            len(pairs)\n"
-            "        )  # this rank's part of the batch's mean; × 1.0 alone\n"
+            "        # this rank's part of the batch's mean; × 1.0 alone\n"
+            "        loss = losses.mean() * distributed.share_of(len(pairs))\n"
         ),
         "        loss = losses.mean()  # this rank's part of the batch's mean; × 1.0 alone\n",
         "DPO loss a mean over each rank's pairs, then summed",
@@ -1826,9 +1824,8 @@ MUTATIONS = [
     Mutation(
         "ppo.py",
         (
-            "                (\n"
-            "                    (policy_loss + args.vf_coef * vf_loss) * share\n"
-            "                ).backward()  # the two models share no parameters\n"
+            "                # the two models share no parameters\n"
+            "                ((policy_loss + args.vf_coef * vf_loss) * share).backward()\n"
         ),
         "                (policy_loss + args.vf_coef * vf_loss).backward()  # the two models share no parameters\n",
         "PPO losses token means over each rank's rows, then summed",
@@ -1844,9 +1841,8 @@ MUTATIONS = [
     Mutation(
         "ppo.py",
         (
-            '        kl_per_completion = distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})[\n'
-            '            "kl"\n'
-            "        ]  # the whole batch's\n"
+            "        # the whole batch's\n"
+            '        kl_per_completion = distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})["kl"]\n'
         ),
         "        kl_per_completion = kl.sum(1).mean().item()  # the whole batch's\n",
         "PPO's adaptive KL steered by each rank's own KL",
@@ -1854,8 +1850,8 @@ MUTATIONS = [
     ),
     Mutation(
         "ppo.py",
-        "distributed.all_reduce_grads(policy), distributed.all_reduce_grads(critic)",
-        "distributed.all_reduce_grads(policy)",
+        "                distributed.all_reduce_grads(critic)\n",
+        "",
         "PPO critic gradients not summed over the ranks",
         f"{DIST} -k ppo_two_ranks",
     ),
@@ -1940,9 +1936,8 @@ def repo_files() -> list[Path]:
         parts = Path(name).parts
         if parts[0] in ("runs", ".git") or "__pycache__" in parts or any(p.startswith(".") for p in parts):
             continue
-        wanted = (
-            name.endswith((".py", ".sh")) or name == "pytest.ini" or parts[0] == "tests"
-        )  # .sh: dev/gpu_check.sh
+        # .sh: dev/gpu_check.sh
+        wanted = name.endswith((".py", ".sh")) or name == "pytest.ini" or parts[0] == "tests"
         if wanted and (REPO / name).is_file():
             keep.append(Path(name))
     return keep

@@ -119,7 +119,8 @@ def barrier(leave: bool = False) -> None:
         dist.barrier()
         if leave:
             dist.destroy_process_group()
-            sys.stdout.flush(), sys.stderr.flush()
+            sys.stdout.flush()
+            sys.stderr.flush()
             os._exit(0)
 
 

@@ -28,9 +28,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-WHOLE = StateDictOptions(
-    full_state_dict=True, cpu_offload=True
-)  # whole tensors on the CPU, gathered from the shards
+# whole tensors on the CPU, gathered from the shards
+WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def shard(on: bool, *models) -> None:
@@ -47,9 +46,8 @@ def shard(on: bool, *models) -> None:
         for unit in (inner.base_model, inner.score) if hasattr(inner, "score") else ():
             fully_shard(unit, reshard_after_forward=True)
         fully_shard(model, reshard_after_forward=True)
-        for module in filter(
-            is_sharded, model.modules()
-        ):  # each unit's gradients: Σ over the ranks, not their mean
+        # each unit's gradients: Σ over the ranks, not their mean
+        for module in filter(is_sharded, model.modules()):
             module.set_gradient_divide_factor(1.0)  # (each rank's loss is already its part of the batch's)
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no pre-multiplied sum
         model.fast_kernels = False  # common.fast_kernels: the plain code, which reads no whole weight itself

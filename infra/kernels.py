@@ -80,9 +80,8 @@ class _TokenLogprobs(torch.autograd.Function):
         for b, t in _slabs(B, T, ctx.width):
             log_p = z_buffer[: t.stop - t.start].copy_(logits[b, t]).div_(ctx.temperature)
             log_p.sub_(lse[b, t, None])  # (t, V)
-            log_p.clamp_(
-                min=-1e4
-            )  # a -inf logit: p_k = 0 still (exp(-1e4) is 0), and a zero gradient, not 0 · inf
+            # a -inf logit: p_k = 0 still (exp(-1e4) is 0), and a zero gradient, not 0 · inf
+            log_p.clamp_(min=-1e4)
             weight = g[b, t, None]  # (t, 1)
             if grad_entropy is not None:  # g + h (log p_k + H)
                 weight = torch.add(log_p, entropy[b, t, None], out=w_buffer[: len(log_p)])

@@ -82,9 +82,8 @@ def join_ranks(device: torch.device) -> torch.device:
         torch.cuda.set_device(device)
     if not dist.is_initialized():  # a long wait: the others wait while rank 0 alone samples and labels data
         dist.init_process_group(backend, timeout=datetime.timedelta(hours=2))
-        atexit.register(
-            lambda: dist.is_initialized() and dist.destroy_process_group()
-        )  # on an error; else Run.finish
+        # on an error; else Run.finish
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     if not distributed.is_main():
         sys.stdout = open(os.devnull, "w")
     return device
@@ -327,9 +326,8 @@ def load_model(
     A LoRA checkpoint (an adapter folder) is loaded onto its base and merged, or kept as a trainable
     adapter with keep_adapter (--resume)."""
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
-    if os.path.isfile(
-        os.path.join(name, "adapter_config.json")
-    ):  # a LoRA run's checkpoint: its base, then the adapter
+    # a LoRA run's checkpoint: its base, then the adapter
+    if os.path.isfile(os.path.join(name, "adapter_config.json")):
         peft = runs.import_peft(f"the LoRA checkpoint {name}")
         base = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
         base_model = load_model(

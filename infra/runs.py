@@ -77,9 +77,8 @@ class RunOptions:
     """also log to TensorBoard or Weights & Biases (pip install tensorboard / wandb; offline without a network)"""
 
 
-FlatFlags = (
-    tyro.conf.OmitArgPrefixes
-)  # a script's `run` and `lora`: flat flags (--device), a box of their own in --help
+# a script's `run` and `lora`: flat flags (--device), a box of their own in --help
+FlatFlags = tyro.conf.OmitArgPrefixes
 
 
 def option_group(group: type):
@@ -254,9 +253,8 @@ def load_trainer_state(resume: Optional[str], steps: int) -> Optional[dict]:
         state["step"] < steps,
         f"--resume {resume}: the run is already at step {state['step']}; pass a larger --steps to extend it",
     )
-    saved_by = (
-        len(state["rng"]) if isinstance(state["rng"], list) else 1
-    )  # a list of each rank's (rng_states)
+    # a list of each rank's (rng_states)
+    saved_by = len(state["rng"]) if isinstance(state["rng"], list) else 1
     require(
         saved_by == distributed.world_size(),
         f"--resume {resume}: saved by {saved_by} process(es), resumed "
@@ -416,10 +414,8 @@ def save_checkpoint(
     )
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
-    for (
-        name,
-        m,
-    ) in models.items():  # a LoRA model saves its adapter (and heads); never look up its base on the Hub
+    # a LoRA model saves its adapter (and heads); never look up its base on the Hub
+    for name, m in models.items():
         m.save_pretrained(
             tmp / name,
             **({"save_embedding_layers": False} if hasattr(m, "peft_config") else {}),
@@ -496,10 +492,8 @@ class Run:
         self.others = others
         self.extra = extra
         self.stateful = stateful
-        self.models = {
-            "": model,
-            **(others or {}),
-        }  # an optimizer's state is gathered with its own model's (--fsdp)
+        # an optimizer's state is gathered with its own model's (--fsdp)
+        self.models = {"": model, **(others or {})}
         if self.resumed:
             for name, obj in stateful.items():
                 fsdp.load_state(obj, self.resumed[name], self.models)
@@ -541,9 +535,8 @@ class Run:
             every = self.args.eval_every
             steps_left = self.args.steps - step
             evals_left = 1 + ((self.args.steps - 1) // every - step // every if every else 0)
-            pass_k_s = min(
-                self.before.get("pass_k_seconds", 0.0), self.eval_seconds
-            )  # pass@k: again at the end only
+            # pass@k: again at the end only
+            pass_k_s = min(self.before.get("pass_k_seconds", 0.0), self.eval_seconds)
             left = step_s * steps_left + (self.eval_seconds - pass_k_s) * evals_left + pass_k_s  # seconds
             self.bar.write(
                 f"{self.algo}: step {step} took {step_s:.1f} s; about "
@@ -577,9 +570,8 @@ class Run:
             "before": self.before,
             **{name: fsdp.state_of(o, self.models) for name, o in self.stateful.items()},
         }
-        weights = {
-            name: fsdp.whole_weights(m) for name, m in self.models.items()
-        }  # --fsdp: from every rank's shard
+        # --fsdp: from every rank's shard
+        weights = {name: fsdp.whole_weights(m) for name, m in self.models.items()}
         if self.main:
             save_checkpoint(
                 self.model, self.tokenizer, self.dir / "model", state, others=self.others, weights=weights
@@ -624,17 +616,14 @@ class Run:
             self.save(last_step)
             if self.main and self.args.lora.lora_r and self.args.lora.merge_lora:
                 merged = copy.deepcopy(self.model).merge_and_unload()  # a plain from_pretrained checkpoint
-                (
-                    merged.save_pretrained(self.dir / "merged"),
-                    self.tokenizer.save_pretrained(self.dir / "merged"),
-                )
+                merged.save_pretrained(self.dir / "merged")
+                self.tokenizer.save_pretrained(self.dir / "merged")
         self.metrics.close()
         minutes, seconds = divmod(round(result["wall_time_s"]), 60)
         print(
             f"{headline(self.before, after)}\nwall time {minutes} min {seconds} s; "
             f"peak memory {result['memory/peak_gb']:.2f} GiB\nrun folder {result['run_dir']}"
         )
-        distributed.barrier(
-            leave=True
-        )  # under torchrun: every rank done, the group left, the process ended here
+        # under torchrun: every rank done, the group left, the process ended here
+        distributed.barrier(leave=True)
         return result

@@ -158,9 +158,8 @@ def grpo_trainer(args, tokenizer, output_dir: str):
     from datasets import Dataset
 
     prompts_per_step, group_size = 4, 8
-    stream, _ = tasks.load_problems(
-        None, SEED, eval_size=8, prompts_per_step=prompts_per_step
-    )  # grpo.py's stream
+    # grpo.py's stream
+    stream, _ = tasks.load_problems(None, SEED, eval_size=8, prompts_per_step=prompts_per_step)
     problems = [next(stream) for _ in range(prompts_per_step * args.steps)]
     dataset = Dataset.from_list(
         [{"prompt": tasks.format_prompt(tokenizer, p.prompt), "answer": p.answer} for p in problems]
@@ -295,9 +294,8 @@ def main(argv=None) -> None:
         f"{torch.get_num_threads()} threads"
     )
     tokenizer = models.load_tokenizer("smollm2")
-    with tempfile.TemporaryDirectory(
-        prefix="bench-trl-"
-    ) as output_dir:  # save_strategy="no": nothing is written
+    # save_strategy="no": nothing is written
+    with tempfile.TemporaryDirectory(prefix="bench-trl-") as output_dir:
         trainer = (grpo_trainer if args.trainer == "grpo" else dpo_trainer)(args, tokenizer, output_dir)
         shown = SHOWN[args.trainer] + SHOWN_BOTH
         print("settings: " + ", ".join(f"{key}={getattr(trainer.args, key)}" for key in shown))

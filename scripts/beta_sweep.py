@@ -116,9 +116,8 @@ def one_beta(args, beta: float) -> dict:
         },
     )["kl"]
     shutil.rmtree(run_dir / "model", ignore_errors=True)
-    last = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][
-        -10:
-    ]  # the diversity β keeps: last 10 steps
+    # the diversity β keeps: last 10 steps
+    last = [json.loads(line) for line in open(run_dir / "metrics.jsonl")][-10:]
     return {
         "beta": beta,
         "accuracy_before": evaluation["accuracy_before"],

@@ -220,9 +220,8 @@ def command_settings(command: list[str]) -> dict:
     options, settings, i = [a for a in command if not a.endswith(".py")], {}, 0
     while i < len(options):
         key, values = options[i][2:].replace("-", "_"), []
-        while i + 1 < len(options) and not options[i + 1].startswith(
-            "--"
-        ):  # values (negative numbers: one dash)
+        # values (negative numbers: one dash)
+        while i + 1 < len(options) and not options[i + 1].startswith("--"):
             values.append(options[i + 1])
             i += 1
         if values:
@@ -254,9 +253,8 @@ def finished_run(folder: Path, command: list[str]):
     done = sorted(p.parent for p in folder.glob("*/eval.json"))
     if not done:
         return None
-    saved = json.loads(
-        (done[-1] / "args.json").read_text()
-    )  # a script's own options, and its groups run and lora
+    # a script's own options, and its groups run and lora
+    saved = json.loads((done[-1] / "args.json").read_text())
     made = {k: v for group in (saved, saved.get("run", {}), saved.get("lora", {})) for k, v in group.items()}
     differ = [
         f"{key}={made.get(key)} (not {value})"

@@ -247,9 +247,8 @@ def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[l
     offline = args.algo in ("ipo", "kto", "simpo", "orpo")
     per_prompt = 2 if offline else (1 if args.algo == "remax" else args.group_size)
     B, T = args.batch_size * per_prompt, offline_tokens(args) if offline else args.max_new_tokens
-    rows = [policy] + [reference] * (
-        args.algo not in ("simpo", "orpo") and not lora
-    )  # SimPO, ORPO: no reference
+    # SimPO, ORPO: no reference
+    rows = [policy] + [reference] * (args.algo not in ("simpo", "orpo") and not lora)
     return rows, B, args.batch_size * S * (per_prompt if offline else 1) + B * T, B * T
 
 

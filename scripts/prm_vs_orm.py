@@ -43,9 +43,8 @@ def majority_pick(completions: list[str]) -> int:
     """The index of the first solution whose final number is the most frequent one among those with a number (a tie
     goes to the number seen first); 0 when none has a number."""
     answers = [tasks.extract_final_number(c) for c in completions]
-    votes = Counter(
-        a for a in answers if a is not None
-    )  # insertion-ordered: most_common keeps the first of a tie
+    # insertion-ordered: most_common keeps the first of a tie
+    votes = Counter(a for a in answers if a is not None)
     return answers.index(votes.most_common(1)[0][0]) if votes else 0
 
 

@@ -97,9 +97,8 @@ def main(args: argparse.Namespace) -> list[dict]:
             args.seed,
             desc=f"sampling {Path(name).name}",
         )
-        scored = reward_model.agreement(
-            scorer, tokenizer, samples, max_completion_tokens=256
-        )  # reward_model.py's
+        # reward_model.py's
+        scored = reward_model.agreement(scorer, tokenizer, samples, max_completion_tokens=256)
         rows.append({"policy": name, **scored})
         del policy
     print("| policy | sample accuracy (verifier) | AUC | best-of-n accuracy | oracle |")

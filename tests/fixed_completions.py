@@ -25,12 +25,10 @@ def fixed_completions(model, prompt_ids, prompt_mask, num_samples, max_new_token
     for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist()):
         s = sum(i * m for i, m in zip(ids, mask))
         for j in range(num_samples):
-            length = 2 + (s + 5 * j) % (
-                max_new_tokens - 1
-            )  # from 2 tokens to max_new_tokens (then cut, no EOS)
-            tokens = [4 + (s * (j + 1) + 13 * k) % 96 for k in range(length)] + [
-                eos
-            ]  # characters of the tiny vocab
+            # from 2 tokens to max_new_tokens (then cut, no EOS)
+            length = 2 + (s + 5 * j) % (max_new_tokens - 1)
+            # characters of the tiny vocab
+            tokens = [4 + (s * (j + 1) + 13 * k) % 96 for k in range(length)] + [eos]
             rows.append((tokens + [pad] * max_new_tokens)[:max_new_tokens])
     return torch.tensor(rows, device=prompt_ids.device)
 

@@ -62,9 +62,8 @@ from grpo import group_advantages, grpo_loss  # noqa: E402
 from ppo import compute_gae, kl_penalized_rewards, ppo_policy_loss  # noqa: E402
 
 R = torch.tensor([1.0, 0.7, 0.2, 0.0], dtype=torch.float64)  # rewards of the K = 4 arms
-PI_REF = torch.tensor(
-    [0.1, 0.2, 0.3, 0.4], dtype=torch.float64
-)  # the reference puts most mass on the worst arm
+# the reference puts most mass on the worst arm
+PI_REF = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
 BETA, G = 0.5, 4
 
 
@@ -92,9 +91,8 @@ def ppo_expected_loss(theta, r, pi_ref, beta):
     logprobs = torch.log_softmax(theta, 0)[:, None]  # (K, 1) each arm is a one-token completion
     pi = logprobs.exp().detach()  # (K, 1) the arms' probabilities: the mask's weights
     ones = torch.ones_like(pi)  # (K, 1) every arm's one token is a completion token
-    rewards, _ = kl_penalized_rewards(
-        r, logprobs.detach(), pi_ref.log()[:, None], ones, beta
-    )  # (K, 1) r̃ = r − β k1
+    # (K, 1) r̃ = r − β k1
+    rewards, _ = kl_penalized_rewards(r, logprobs.detach(), pi_ref.log()[:, None], ones, beta)
     advantages, _ = compute_gae(rewards, torch.zeros_like(rewards), ones)  # (K, 1) r̃ itself: no baseline
     loss, _ = ppo_policy_loss(logprobs, logprobs.detach(), advantages, pi)  # E_π of the clipped surrogate
     return loss
@@ -115,9 +113,8 @@ def dpo_expected_loss(theta, r, pi_ref, beta):
 def grpo_expected_loss(theta, r, pi_ref, beta, group_size, kl_kind, scale_by_std):
     K = len(r)
     logprobs = torch.log_softmax(theta, 0)  # (K,)
-    groups = torch.tensor(
-        list(itertools.product(range(K), repeat=group_size))
-    )  # (K^G, G) every possible group
+    # (K^G, G) every possible group
+    groups = torch.tensor(list(itertools.product(range(K), repeat=group_size)))
     group_prob = logprobs.detach().exp()[groups].prod(1)  # (K^G,)
     arms = groups.reshape(-1)  # (K^G·G,) consecutive runs of G are one group
     advantages = group_advantages(r[arms], group_size, scale_by_std)  # (K^G·G,)
@@ -250,9 +247,8 @@ def test_grpo_with_std_scaling_ignores_the_reward_scale():
     reached_r = reach(grpo_expected_loss, R, PI_REF, BETA, G, "k3", True)
     reached_10r = reach(grpo_expected_loss, 10 * R, PI_REF, BETA, G, "k3", True)
     assert tv(reached_r, reached_10r) < 1e-3  # eps = 1e-4 in the std is the only trace of the scale
-    assert (
-        tv(kl_optimum(R, PI_REF, BETA), kl_optimum(10 * R, PI_REF, BETA)) > 0.5
-    )  # π* depends on it strongly
+    # π* depends on it strongly
+    assert tv(kl_optimum(R, PI_REF, BETA), kl_optimum(10 * R, PI_REF, BETA)) > 0.5
 
 
 if __name__ == "__main__":

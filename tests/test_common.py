@@ -199,9 +199,8 @@ def test_greedy_sampling_follows_argmax_and_pads_after_eos(tiny_model, tokenizer
     ids, mask = prompts
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     completions = common.sample_completions(tiny_model, ids, mask, 2, 8, eos, pad, temperature=0)
-    assert completions.shape[0] == 4 and torch.equal(
-        completions[0], completions[1]
-    )  # greedy: both samples agree
+    # greedy: both samples agree
+    assert completions.shape[0] == 4 and torch.equal(completions[0], completions[1])
     logprobs, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([2, 2]))
     for b in range(4):
         prompt = ids[b // 2][mask[b // 2].bool()]
@@ -356,12 +355,8 @@ def test_lr_warms_up_then_stays_constant_or_decays_linearly_to_zero_at_the_last_
     # warm-up 2: (s + 1) / 2 = 0.5, 1; constant after. With decay over 6 updates: (6 - s) / (6 - 2) for s = 2..5
     assert [common.lr_factor(s, 2) for s in range(5)] == [0.5, 1.0, 1.0, 1.0, 1.0]
     assert [common.lr_factor(s, 2, 6) for s in range(6)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
-    assert [common.lr_factor(s, 0, 4) for s in range(4)] == [
-        1.0,
-        0.75,
-        0.5,
-        0.25,
-    ]  # no warm-up: decays from 1
+    # no warm-up: decays from 1
+    assert [common.lr_factor(s, 0, 4) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
 
 
 def fraction_of_weights_changed(precision: str, tokenizer, prompts) -> float:
@@ -436,9 +431,8 @@ def test_a_minus_infinity_logit_gives_a_finite_entropy_and_gradient(fast):
     assert entropy.item() == pytest.approx(0.562335, abs=1e-6) and logprobs.item() == pytest.approx(
         math.log(0.75)
     )
-    (
-        logprobs + 3.0 * entropy
-    ).sum().backward()  # an entropy weight above 1 once overflowed a clamp at -3.4e38
+    # an entropy weight above 1 once overflowed a clamp at -3.4e38
+    (logprobs + 3.0 * entropy).sum().backward()
     finite = torch.tensor([[[0.0, math.log(3.0)]]], requires_grad=True)
     p = finite.softmax(-1)
     (p.log()[..., 1] - 3.0 * (p * p.log()).sum(-1)).sum().backward()

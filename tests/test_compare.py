@@ -36,9 +36,8 @@ def test_completions_per_step_are_the_scripts_own_defaults():
 
     per_step = {slug: n for slug, (_, _, n) in compare.ALGORITHMS.items()}
     grpo_rows = [command for _, command, _ in compare.ALGORITHMS.values() if command[0] == "grpo.py"]
-    assert all(
-        command[:3] == ["grpo.py", "--prompts-per-step", "4"] for command in grpo_rows
-    )  # the table's shape
+    # the table's shape
+    assert all(command[:3] == ["grpo.py", "--prompts-per-step", "4"] for command in grpo_rows)
     assert per_step["grpo"] == 4 * args_of(grpo.Args).group_size
     assert per_step["ppo-verifier"] == per_step["ppo-rm"] == args_of(ppo.Args).batch_size
     assert (
@@ -69,6 +68,7 @@ def test_table_rows(tmp_path):
     row = dict(accuracy_before=0.2, steps=10, kl=1.0, wall_time_s=60.0, peak_gb=4.0, **{"pass@8_before": 0.5})
     rows = [
         {**row, "algo": "grpo", "name": "GRPO", "seed": 0, "accuracy": 0.5, "pass@8": 0.75},
+        # the starting model's pass@8 is sampled with each seed's random numbers
         {
             **row,
             "algo": "grpo",
@@ -79,7 +79,7 @@ def test_table_rows(tmp_path):
             "kl": 3.0,
             "wall_time_s": 180.0,
             "pass@8_before": 0.7,
-        },  # the starting model's pass@8 is sampled with each seed's random numbers
+        },
         {
             **row,
             "algo": "dpo",
@@ -91,9 +91,8 @@ def test_table_rows(tmp_path):
         },
     ]
     text = compare.table(rows, args)
-    assert (
-        "| starting model | | 0.200 ± 0.000 | 0.600 ± 0.141 | 0 | | |" in text
-    )  # one value per seed, not per run
+    # one value per seed, not per run
+    assert "| starting model | | 0.200 ± 0.000 | 0.600 ± 0.141 | 0 | | |" in text
     assert "| GRPO | 10 | 0.600 ± 0.141 | 0.750 ± 0.000 | 2.00 ± 1.41 | 2.0 ± 1.4 | 4.00 ± 0.00 |" in text
     assert "| DPO | 10 | 0.400 | 0.600 | 1.00 | 1.0 | 4.00 |" in text  # one seed: no spread
     # another prompt, another start: its accuracy and pass@8 before, measured on its own prompt, in its row
@@ -189,10 +188,8 @@ def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokeni
     itself = compare.sampled_measures(
         str(tmp_path / "same"), "tiny", 8, seed=3, device="cpu", k=2, max_new_tokens=6
     )
-    assert itself == {
-        "pass@2": 0.0,
-        "kl": 0.0,
-    }  # the reference is scored too (a path is not the base name): exactly 0
+    # the reference is scored too (a path is not the base name): exactly 0
+    assert itself == {"pass@2": 0.0, "kl": 0.0}
     one = compare.sampled_measures(
         str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=1, max_new_tokens=6
     )["kl"]
@@ -251,9 +248,8 @@ def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
     assert not list(run_dir.glob("*/model")) and list(run_dir.glob("*/sampled-k2.json"))
     # the script does not sample pass@k twice
     assert json.loads(next(run_dir.glob("*/args.json")).read_text())["pass_k"] == 0
-    assert list(
-        (tmp_path / "starting-model").glob("seed-0-k2-4-problems-6-tokens.json")
-    )  # measured once per seed
+    # measured once per seed
+    assert list((tmp_path / "starting-model").glob("seed-0-k2-4-problems-6-tokens.json"))
     # the R1 run's columns, its start's pass@k too, on R1 prompts (read from its args.json)
     assert list((tmp_path / "starting-model").glob("seed-0-k2-4-problems-6-tokens-r1-prompts.json"))
     assert r1_row["algo"] == "r1-rewards" and "pass@2" in r1_row
@@ -332,10 +328,8 @@ def test_accuracy_is_drawn_against_the_elapsed_time_of_its_step(tmp_path):
             }
         )
     )
-    assert accuracy_vs_time.curve(run) == (
-        [0.0, 1.0, 2.0],
-        [0.2, 0.5, 0.6],
-    )  # 60 s at step 2, 120 s at step 4
+    # 60 s at step 2, 120 s at step 4
+    assert accuracy_vs_time.curve(run) == ([0.0, 1.0, 2.0], [0.2, 0.5, 0.6])
     pytest.importorskip("matplotlib")
     accuracy_vs_time.main(
         [str(run), str(run), "--label", "a", "--label", "b", "--out", str(tmp_path / "c.png")]
@@ -402,9 +396,8 @@ def test_rm_agreement_samples_every_policy_with_the_same_seed(tmp_path, digits_a
         )
     )
     first, second = ({k: v for k, v in row.items() if k != "policy"} for row in rows)
-    assert (
-        first == second and 0 < first["agreement/sample_accuracy"] < 1
-    )  # the same samples, labels of both kinds
+    # the same samples, labels of both kinds
+    assert first == second and 0 < first["agreement/sample_accuracy"] < 1
     assert json.loads(out.read_text()) == rows
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny |")]
     assert len(table) == 2 and f"| {first['agreement/auc']:.3f} |" in table[0]
@@ -439,9 +432,10 @@ def test_policy_pairs_puts_the_earlier_rounds_first_then_the_policys_own(
     earlier = [json.loads(line) for line in open(PAIRS)]
     assert [json.loads(line) for line in open(out)] == pairs and pairs[: len(earlier)] == earlier
     own = pairs[len(earlier) :]
+    # digits_are_correct: a right answer holds a digit
     assert own and all(
         any(c.isdigit() for c in p["chosen"]) and not any(c.isdigit() for c in p["rejected"]) for p in own
-    )  # digits_are_correct: a right answer holds a digit
+    )
     assert (
         f"{len(pairs)} pairs in {out}: {len(earlier)} from --add, {len(own)} from tiny"
         in capsys.readouterr().out

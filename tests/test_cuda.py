@@ -15,9 +15,8 @@ import sys
 import pytest
 import torch
 
-os.environ.setdefault(
-    "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
-)  # cuBLAS's deterministic mode, before its first handle
+# cuBLAS's deterministic mode, before its first handle
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 import common  # noqa: E402
 import dpo  # noqa: E402
@@ -28,9 +27,8 @@ import tasks  # noqa: E402
 from conftest import PAIRS, REPO, args_of, assert_resume_is_exact, digit_fraction, metrics_of, run_script  # noqa: E402
 
 DEVICE = os.environ.get("CUDA_TIER_DEVICE", "cuda")
-KERNELS = (
-    "auto" if DEVICE == "cuda" else "off"
-)  # auto is off on CUDA: the CPU stand-in takes that plain path too
+# auto is off on CUDA: the CPU stand-in takes that plain path too
+KERNELS = "auto" if DEVICE == "cuda" else "off"
 BF16 = dict(device=DEVICE, precision="bf16-mixed", kernels=KERNELS)
 pytestmark = [
     pytest.mark.cuda,
@@ -151,9 +149,8 @@ def test_sampling_is_reproducible_for_a_seed(tokenizer):
 
 
 def test_resume_is_exact_with_deterministic_algorithms(tmp_path):
-    torch.use_deterministic_algorithms(
-        True
-    )  # warn_only would leave cuDNN attention's backward non-deterministic
+    # warn_only would leave cuDNN attention's backward non-deterministic
+    torch.use_deterministic_algorithms(True)
     try:
         assert_resume_is_exact(
             tmp_path,

@@ -25,15 +25,8 @@ import tasks
 
 ENTRY = str(REPO / "tests" / "fixed_completions.py")
 TINY = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens", "12")
-NEAR_ZERO = (
-    "loss",
-    "pg_loss",
-    "policy_loss",
-    "kl",
-    "kl_coef",
-    "non_score_reward",
-    "rlhf_reward",
-)  # see below
+# see below
+NEAR_ZERO = ("loss", "pg_loss", "policy_loss", "kl", "kl_coef", "non_score_reward", "rlhf_reward")
 
 
 def launch(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env):
@@ -85,9 +78,8 @@ def assert_same_training(one, two, ties=()) -> None:
     assert [r["step"] for r in rows_two] == [1, 2, 3]  # each step logged once
     for a, b in zip(rows_one, rows_two):
         assert a.keys() == b.keys()
-        for k in set(a) - set(
-            ties
-        ):  # metrics.jsonl keeps 6 significant digits: a last digit may round the other
+        # metrics.jsonl keeps 6 significant digits: a last digit may round the other
+        for k in set(a) - set(ties):
             # way. DPO's rewards are β × a difference of two sums of ~30 log-probs, a policy-gradient loss a mean of
             # advantages of mean 0 (PPO's, REINFORCE++'s whitened), PPO's KL (in rlhf_reward, and in β through
             # --target-kl) a sum of log-prob differences: float32 leaves them ~1e-6 absolute
@@ -163,6 +155,7 @@ def test_sft_two_ranks_train_the_weights_one_process_trains(tmp_path):
 def test_ppo_two_ranks_train_the_weights_one_process_trains(tmp_path):
     """Policy and critic. Advantages whitened over the whole batch, the two token-mean losses over the whole
     minibatch, the KL that steers the adaptive controller and the explained variance over every rank's completions."""
+    # KL error unclipped: β moves by it in full
     argv = (
         *TINY,
         "--reward",
@@ -175,17 +168,15 @@ def test_ppo_two_ranks_train_the_weights_one_process_trains(tmp_path):
         "0.005",
         "--kl-horizon",
         "8",
-    )  # KL error unclipped: β moves by it in full
+    )
     assert_same_training_sharded_or_not(tmp_path, "ppo.py", argv)
 
 
 @pytest.mark.parametrize(
     "algo, options",
     [
-        (
-            "reinforce_pp_baseline",
-            ("--group-size", "4"),
-        ),  # advantages whitened over every rank's tokens; a token mean
+        # advantages whitened over every rank's tokens; a token mean
+        ("reinforce_pp_baseline", ("--group-size", "4")),
         ("rloo", ("--group-size", "4")),  # a mean over sequences
         ("ipo", ("--dataset", "tests/data/pairs.jsonl")),  # offline: a mean over pairs
     ],
@@ -289,9 +280,8 @@ def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, script, argv):
 )
 def test_a_set_up_the_ranks_cannot_share_is_one_line(monkeypatch, tmp_path, script, options, message):
     module = __import__(script)
-    monkeypatch.setenv(
-        "WORLD_SIZE", "2"
-    )  # as torchrun --nproc_per_node 2 sets it, checked before anything loads
+    # as torchrun --nproc_per_node 2 sets it, checked before anything loads
+    monkeypatch.setenv("WORLD_SIZE", "2")
     args = args_of(module.Args, model="tiny", output_dir=str(tmp_path), **options)
     args = tasks.evaluation_for_model(args) if hasattr(args, "eval_size") else args
     with pytest.raises(runs.InputError, match=message):
@@ -343,11 +333,8 @@ def test_each_rank_takes_a_contiguous_share(monkeypatch):
     for rank in range(3):
         monkeypatch.setenv("RANK", str(rank))
         shares.append(distributed.share(list(range(8))))
-    assert shares == [
-        [0, 1],
-        [2, 3, 4],
-        [5, 6, 7],
-    ]  # in rank order they are the list; sizes differ by one at most
+    # in rank order they are the list; sizes differ by one at most
+    assert shares == [[0, 1], [2, 3, 4], [5, 6, 7]]
 
 
 def test_grpo_sharded_over_two_ranks_trains_the_weights_one_process_trains(grpo_runs, tmp_path):

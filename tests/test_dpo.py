@@ -130,9 +130,8 @@ def test_concatenated_forward_equals_two_separate_forwards_and_sums_tokens(tiny_
     prompt_tokens = sum(
         len(tokenizer(tasks.format_prompt(tokenizer, p["prompt"])).input_ids) for p in PAIR_ROWS
     )
-    completion_tokens = sum(
-        len(p[k]) + 1 for p in PAIR_ROWS for k in ("chosen", "rejected")
-    )  # characters + EOS
+    # characters + EOS
+    completion_tokens = sum(len(p[k]) + 1 for p in PAIR_ROWS for k in ("chosen", "rejected"))
     assert tokens == 2 * prompt_tokens + completion_tokens
 
 
@@ -265,6 +264,7 @@ def test_online_pairs_take_the_verifiers_order_and_drop_equal_labels(monkeypatch
         tasks.Problem("What is 2 + 3?", "5"),
         tasks.Problem("What is 4 + 5?", "9"),
     ]
+    # the chosen one cut off at max_new_tokens (no EOS): it stays unfinished
     texts = [
         "3 + 4 = 8",
         "3 + 4 = 7",  # the correct one second: it is chosen all the same
@@ -274,7 +274,7 @@ def test_online_pairs_take_the_verifiers_order_and_drop_equal_labels(monkeypatch
         "6",  # both wrong: dropped
         "9",
         "8",
-    ]  # the chosen one cut off at max_new_tokens (no EOS): it stays unfinished
+    ]
     monkeypatch.setattr(
         common, "sample_completions", fixed_samples(tokenizer, texts, [True] * 6 + [False, True])
     )
@@ -303,9 +303,8 @@ def test_online_loss_equals_offline_dpo_on_the_same_pairs(tmp_path, monkeypatch,
     # The loop draws 4 problems a step from the same stream as this copy; each step's samples are, per problem,
     # [right, wrong], [wrong, right], [wrong, wrong], [right, right]: 2 pairs kept, 2 dropped.
     stream, _ = tasks.load_problems(None, 0, 8, 4)
-    reference = models.load_model(
-        "tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0
-    )  # the starting model
+    # the starting model
+    reference = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
     real, expected = common.sample_completions, []
 
     def two_samples(model, prompt_ids, prompt_mask, num_samples, *args, **kwargs):

@@ -98,9 +98,8 @@ def test_all_equal_group_of_8_with_an_inexact_reward_gives_exactly_zero(groups):
 def test_kl_estimators_by_hand(kind, expected):
     kl = kl_estimate(torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.25)]]), kind)
     assert kl.item() == pytest.approx(expected, abs=1e-6)
-    assert (
-        kl_estimate(torch.tensor([[-1.3]]), torch.tensor([[-1.3]]), kind).item() == 0.0
-    )  # policy == reference
+    # policy == reference
+    assert kl_estimate(torch.tensor([[-1.3]]), torch.tensor([[-1.3]]), kind).item() == 0.0
 
 
 @pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
@@ -346,14 +345,10 @@ def test_with_old_equal_to_current_the_ratio_is_exactly_one(importance_level, lo
 @pytest.mark.parametrize(
     "options, trl_loss",
     [
-        (
-            dict(importance_level="sequence"),
-            0.3441809,
-        ),  # TRL: loss_type="grpo", importance_sampling_level="sequence"
-        (
-            dict(loss_type="cispo", loss_agg="token-mean"),
-            0.5921609,
-        ),  # TRL: loss_type="cispo", epsilon_high=1.2
+        # TRL: loss_type="grpo", importance_sampling_level="sequence"
+        (dict(importance_level="sequence"), 0.3441809),
+        # TRL: loss_type="cispo", epsilon_high=1.2
+        (dict(loss_type="cispo", loss_agg="token-mean"), 0.5921609),
     ],
 )
 def test_gspo_and_cispo_match_trl(options, trl_loss):
@@ -518,9 +513,8 @@ def test_first_iteration_has_ratio_one_and_no_clipping(tmp_path, monkeypatch, lo
         assert torch.allclose(call["logprobs"], call["old"], atol=1e-5)
     # the first update moved it
     assert all(not torch.allclose(c["logprobs"], c["old"], atol=1e-3) for c in second_iterations)
-    assert torch.allclose(
-        calls[0]["logprobs"], calls[0]["ref"], atol=1e-5
-    )  # step 1: the policy is the reference
+    # step 1: the policy is the reference
+    assert torch.allclose(calls[0]["logprobs"], calls[0]["ref"], atol=1e-5)
     assert all(row["kl"] >= 0.0 for row in metrics_of(result))
 
 
@@ -596,9 +590,8 @@ def test_logged_metrics_do_not_depend_on_the_micro_batch(tmp_path):
     ]
     assert rows[0]["kl"] > 0 and rows[0]["clip_ratio"] > 0
     for name in ("kl", "clip_ratio", "entropy", "loss"):
-        assert rows[1][name] == pytest.approx(rows[0][name], rel=1e-4, abs=1e-5), (
-            name
-        )  # float noise of step 1's update
+        # float noise of step 1's update
+        assert rows[1][name] == pytest.approx(rows[0][name], rel=1e-4, abs=1e-5), name
 
 
 def test_the_default_update_runs_in_micro_batches_of_32(tmp_path, monkeypatch):
@@ -659,10 +652,8 @@ def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypat
         )
     )
     rm_path = os.path.join(rm["run_dir"], "model")
-    eos, pad = (
-        tokenizer.eos_token_id,
-        tokenizer.pad_token_id,
-    )  # tiny: <|im_end|> 2 and <pad> 0; tiny-gpt2: both 2
+    # tiny: <|im_end|> 2 and <pad> 0; tiny-gpt2: both 2
+    eos, pad = (tokenizer.eos_token_id, tokenizer.pad_token_id)
     # the second row's score must be read at its EOS, not at the padding
     table = torch.tensor([[40, 41, eos], [42, eos, pad]])
     monkeypatch.setattr(
@@ -689,9 +680,8 @@ def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypat
             torch.cat([prompt_mask, mask], 1),
         )
     assert row["score"] == pytest.approx(expected.mean().item(), abs=1e-5) and row["reward"] == row["score"]
-    assert (
-        row["verifier"] == 1.0
-    )  # the reward_fn's (the verifier's) score of the same samples, logged beside it
+    # the reward_fn's (the verifier's) score of the same samples, logged beside it
+    assert row["verifier"] == 1.0
 
 
 def test_overlong_penalty_is_added_to_the_reward_in_the_loop(tmp_path):
@@ -749,19 +739,16 @@ def test_a_skipped_batch_still_counts_for_the_warm_up_evaluation_and_checkpoint(
         4,
     ]
     assert saved == [2, 4]  # the step-2 checkpoint, then the final one
-    assert [row["lr"] for row in rows] == pytest.approx(
-        [2.5e-4, 5e-4, 7.5e-4, 1e-3]
-    )  # 1e-3 × step / 4 warm-up
-    assert not [
-        w for w in recwarn if "lr_scheduler.step()" in str(w.message)
-    ]  # stepping it before any update is meant
+    # 1e-3 × step / 4 warm-up
+    assert [row["lr"] for row in rows] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    # stepping it before any update is meant
+    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
 
 
 def test_lr_decay_falls_linearly_over_the_run_after_the_warm_up(tmp_path):
     rows = metrics_of(main(tiny_args(tmp_path, steps=4, lr=1e-3, warmup_steps=1, lr_decay=True)))
-    assert [row["lr"] for row in rows] == pytest.approx(
-        [1e-3, 1e-3, 2e-3 / 3, 1e-3 / 3]
-    )  # 1e-3 × (4 - s) / 3
+    # 1e-3 × (4 - s) / 3
+    assert [row["lr"] for row in rows] == pytest.approx([1e-3, 1e-3, 2e-3 / 3, 1e-3 / 3])
 
 
 def test_resume_is_exact_across_a_skipped_batch(tmp_path):
@@ -776,12 +763,8 @@ def test_resume_is_exact_across_a_skipped_batch(tmp_path):
     make_args = lambda out, **kw: tiny_args(out, dynamic_sampling=True, eval_every=2, **kw)  # noqa: E731
     assert_resume_is_exact(tmp_path, main, make_args, reward_fn=reward_fn)
     rows = metrics_of({"run_dir": str(next((tmp_path / "straight").iterdir()))})
-    assert [row.get("skipped", 0) for row in rows] == [
-        0,
-        1,
-        0,
-        0,
-    ]  # a skip at the checkpoint, updates after it
+    # a skip at the checkpoint, updates after it
+    assert [row.get("skipped", 0) for row in rows] == [0, 1, 0, 0]
 
 
 def test_grpo_raises_a_dense_reward_on_the_tiny_model(tmp_path):
@@ -848,9 +831,8 @@ def test_run_folder_is_complete(tmp_path):
 
 def test_verifier_option_picks_the_training_reward_and_accuracy_keeps_the_last_number(tmp_path, monkeypatch):
     monkeypatch.setitem(tasks.VERIFIERS, "strict", lambda completion, answer: 0.5)
-    monkeypatch.setattr(
-        tasks, "verify_strict", lambda completion, answer: 0.0
-    )  # every paid answer counts as unearned
+    # every paid answer counts as unearned
+    monkeypatch.setattr(tasks, "verify_strict", lambda completion, answer: 0.0)
     monkeypatch.setattr(tasks, "verify", lambda completion, answer: 1.0)
     result = main(tiny_args(tmp_path, steps=1, verifier="strict", pass_k=2))
     row = metrics_of(result)[0]

@@ -127,17 +127,14 @@ def test_preference_cache_names_eval_size_only_above_200(
         )
 
     default, folder = build(200)
-    assert (
-        folder.name == "v2-tiny-seed0-prompts16-samples4-tokens8-temp1-fp32"
-    )  # the name caches were built under
-    monkeypatch.setattr(
-        preferences, "label_samples", None
-    )  # 8 evaluated problems: the same data, so no new sampling
+    # the name caches were built under
+    assert folder.name == "v2-tiny-seed0-prompts16-samples4-tokens8-temp1-fp32"
+    # 8 evaluated problems: the same data, so no new sampling
+    monkeypatch.setattr(preferences, "label_samples", None)
     assert build(8) == (default, folder)
     sampled = []
     monkeypatch.setattr(preferences, "label_samples", lambda *args, **kwargs: sampled.append(args) or [])
-    with pytest.raises(
-        tasks.InputError, match="no train preference pairs"
-    ):  # the spy samples nothing: no pairs
+    # the spy samples nothing: no pairs
+    with pytest.raises(tasks.InputError, match="no train preference pairs"):
         build(400)
     assert sampled and (preference_cache / "preference-data" / f"{folder.name}-eval400").is_dir()

@@ -125,9 +125,8 @@ def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer
     assert torch.equal(sampled, sampled_plain)
     with pytest.raises(RuntimeError), kernels.cpu_bf16_decoding(model, rows=2):
         raise RuntimeError("sampling failed")
-    assert not any(
-        "forward" in m.__dict__ for m in model.modules()
-    )  # nn.Linear.forward again, even after an error
+    # nn.Linear.forward again, even after an error
+    assert not any("forward" in m.__dict__ for m in model.modules())
     assert model.config._attn_implementation == "eager"
     fp32 = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, use_kernels=True)
     with kernels.cpu_bf16_decoding(fp32, rows=2):  # float32: nothing to gain, nothing changed
@@ -181,9 +180,8 @@ def test_a_model_loaded_without_kernels_takes_the_plain_path(tokenizer, prompts,
     monkeypatch.setattr(kernels, "token_logprobs", refuse)
     monkeypatch.setattr(kernels, "cpu_bf16_decoding", refuse)
     model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "bf16-mixed")
-    assert (
-        model.config._attn_implementation == "sdpa"
-    )  # transformers' default, not kernels.choose_attention's eager
+    # transformers' default, not kernels.choose_attention's eager
+    assert model.config._attn_implementation == "sdpa"
     ids, mask = prompts
     completions = common.sample_completions(
         model, ids, mask, 2, 4, tokenizer.eos_token_id, tokenizer.pad_token_id

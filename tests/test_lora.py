@@ -154,9 +154,8 @@ def test_every_script_trains_with_lora_and_its_checkpoints_load(tmp_path):
         assert os.path.exists(os.path.join(result["run_dir"], "model", "adapter_config.json")), result[
             "run_dir"
         ]
-        assert all(
-            all(v == v for v in row.values() if isinstance(v, float)) for row in metrics_of(result)
-        )  # no NaN
+        # no NaN
+        assert all(all(v == v for v in row.values() if isinstance(v, float)) for row in metrics_of(result))
     assert (
         json.loads(open(os.path.join(rm_path, "adapter_config.json")).read())["base_model_name_or_path"]
         == "tiny"

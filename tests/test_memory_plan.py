@@ -188,9 +188,8 @@ def test_the_planner_prints_each_scripts_plan_and_starts_nothing(tmp_path, algo,
     proc = run_script("scripts/memory_plan.py", algo, "--model", "tiny", "--output-dir", str(tmp_path), *argv)
     assert proc.returncode == 0, proc.stderr
     assert "memory plan: precision fp32" in proc.stdout
-    assert re.search(
-        r"^(policy|reward model|PRM) ", proc.stdout, re.MULTILINE
-    )  # the first row: the trained model
+    # the first row: the trained model
+    assert re.search(r"^(policy|reward model|PRM) ", proc.stdout, re.MULTILINE)
     assert not list(tmp_path.iterdir())  # no run folder: nothing was started
 
 

@@ -131,9 +131,8 @@ def test_gae_matches_the_naive_sum_on_random_ragged_masks():
         assert advantages[i, :n].tolist() == pytest.approx(
             naive_gae(rewards[i], values[i], n, 0.9, 0.8), abs=1e-5
         )
-        assert (
-            advantages[i, n:].abs().sum() == 0 and returns[i, n:].abs().sum() == 0
-        )  # padding never reaches them
+        # padding never reaches them
+        assert advantages[i, n:].abs().sum() == 0 and returns[i, n:].abs().sum() == 0
 
 
 # ---- the losses ------------------------------------------------------------------------------------------------------
@@ -443,9 +442,8 @@ def test_reward_clip_standardises_by_the_starting_policys_held_out_scores(
 
 def test_composite_reward_and_length_penalty(tmp_path, tiny_reward_model_path, monkeypatch, tokenizer):
     eos, seven = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("7")
-    fixed_completions(
-        monkeypatch, [[seven, eos, 0], [seven, seven, eos]]
-    )  # lengths 2, 3 (EOS counts), texts "7", "77"
+    # lengths 2, 3 (EOS counts), texts "7", "77"
+    fixed_completions(monkeypatch, [[seven, eos, 0], [seven, seven, eos]])
     monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: torch.ones(len(ids)))
     monkeypatch.setattr(tasks, "verify", lambda completion, answer: float(completion == "77"))
     row = metrics_of(
@@ -480,10 +478,8 @@ def test_kl_budget_stops_before_the_update_and_a_resume_redraws_that_batch(
     # step 1 samples from the reference itself (KL 0) and updates; step 2's samples are already off it
     result = run(tmp_path / "split", kl_budget=1e-9)
     assert result["steps_trained"] == 1 and len(metrics_of(result)) == 1
-    assert [e["step"] for e in result["evals"]] == [
-        0,
-        1,
-    ]  # the final evaluation replaces step 1's, not a second row
+    # the final evaluation replaces step 1's, not a second row
+    assert [e["step"] for e in result["evals"]] == [0, 1]
     state = torch.load(os.path.join(result["run_dir"], "model", "trainer_state.pt"), weights_only=False)
     assert state["step"] == 1  # the checkpoint says what was trained: a --resume starts at step 2
     first_kl = stopping_kl()
@@ -600,13 +596,11 @@ def test_critic_starts_from_the_reward_model_when_given_else_from_the_policy(
             (score_heads.append(name) if k.get("head") == "score" else None) or real(name, *a, **k)
         ),
     )
-    overrides = (
-        {} if with_reward_model else dict(reward="verifier", reward_model=None)
-    )  # no --critic-init either way
+    # no --critic-init either way
+    overrides = {} if with_reward_model else dict(reward="verifier", reward_model=None)
     main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, **overrides))
-    assert score_heads[-1] == (
-        tiny_reward_model_path if with_reward_model else "tiny"
-    )  # the critic is loaded last
+    # the critic is loaded last
+    assert score_heads[-1] == (tiny_reward_model_path if with_reward_model else "tiny")
 
 
 def test_cli_tiny_run_and_bad_input(tmp_path, tiny_reward_model_path):
@@ -672,10 +666,11 @@ def test_embedded_smollm2_takes_one_ppo_step(tmp_path):
 
 
 def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch, tiny_reward_model_path):
+    # policy and critic
     assert_checkpointing_changes_nothing(
         tmp_path,
         monkeypatch,
         main,
         lambda out, **kw: tiny_args(out, tiny_reward_model_path, save_model=False, **kw),
         trained_models=2,
-    )  # policy and critic
+    )

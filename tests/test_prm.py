@@ -71,17 +71,19 @@ def test_step_cutting_on_ragged_text(tokenizer):
 
 # ---- labels from fixed rollouts -------------------------------------------------------------------------------------
 PROBLEM = tasks.Problem("What is 10 + 5 - 3 + 1?", "13")
+# wrong from its second step
 SOLUTIONS = [
     "10 + 5 = 15\n15 - 3 = 12\n12 + 1 = 13",  # right throughout
     "10 + 5 = 15\n15 - 3 = 11\n11 + 1 = 12",
-]  # wrong from its second step
+]
 # the completions the policy gives, by the last line of what it continues ("assistant" ends the bare chat prompt)
+# 0 of 4
 ROLLOUTS = {
     "assistant": SOLUTIONS,
     "10 + 5 = 15": ["15 - 3 = 12\n12 + 1 = 13", "15 - 3 = 11\n11 + 1 = 12", "7", "13"],  # 2 of 4 reach 13
     "15 - 3 = 12": ["12 + 1 = 13", "12 + 1 = 13", "12 + 1 = 14", "13"],  # 3 of 4
     "15 - 3 = 11": ["11 + 1 = 12"] * 4,
-}  # 0 of 4
+}
 
 
 def test_hard_and_soft_labels_from_fixed_rollouts(tokenizer, monkeypatch):
@@ -165,9 +167,8 @@ def test_score_is_read_at_the_step_ends_whatever_the_padding(tiny_name_and_token
             prompt_ids = tokenizer(tasks.format_prompt(tokenizer, prompt), add_special_tokens=False).input_ids
             completion_ids = tokenizer(completion, add_special_tokens=False).input_ids
             for k, (_, end) in enumerate(split_steps(completion)):
-                alone = torch.tensor(
-                    [prompt_ids + completion_ids[:end]]
-                )  # one character a token: end is a count
+                # one character a token: end is a count
+                alone = torch.tensor([prompt_ids + completion_ids[:end]])
                 expected = common.reward_scores(model, alone, torch.ones_like(alone)).item()
                 assert logits[row, k].item() == pytest.approx(expected, abs=1e-5), (row, k)
 
@@ -175,9 +176,8 @@ def test_score_is_read_at_the_step_ends_whatever_the_padding(tiny_name_and_token
 # ---- uses: best-of-N and the dense reward --------------------------------------------------------------------------
 def test_min_and_product_aggregation_by_hand():
     probs = torch.tensor([[0.9, 0.5, 0.8], [0.6, 0.7, 0.1], [0.3, 0.3, 0.3]])
-    step_mask = torch.tensor(
-        [[1, 1, 1], [1, 1, 0], [0, 0, 0]]
-    )  # row 2's third step is padding; row 3 has none
+    # row 2's third step is padding; row 3 has none
+    step_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]])
     # min: 0.5 and 0.6 (never row 2's padded 0.1); product: 0.9·0.5·0.8 = 0.36 and 0.6·0.7 = 0.42; no step scores 0
     assert aggregate_steps(probs, step_mask, "min").tolist() == pytest.approx([0.5, 0.6, 0.0])
     assert aggregate_steps(probs, step_mask, "product").tolist() == pytest.approx([0.36, 0.42, 0.0])

@@ -56,11 +56,8 @@ CASES = [
     ("ppo.py", ["--reward", "verifier", "--top-p", "0"], "--top-p must be in (0, 1]"),
     ("ppo.py", ["--reward", "verifier", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
     ("grpo.py", ["--output-dir", "{file}"], "is not a writable directory"),
-    (
-        "dpo.py",
-        ["--dataset", PAIRS, "--output-dir", "/proc/runs"],
-        "is not a writable directory",
-    ),  # even for root
+    # even for root
+    ("dpo.py", ["--dataset", PAIRS, "--output-dir", "/proc/runs"], "is not a writable directory"),
     ("grpo.py", ["--dataset", "{latin1}"], "not UTF-8 text"),
     ("grpo.py", ["--max-new-tokens", "5000"], "exceeds the model's 512 positions"),
     ("variants.py", ["--algo", "rloo", "--max-new-tokens", "5000"], "exceeds the model's 512 positions"),
@@ -125,9 +122,8 @@ def test_a_nan_stop_ends_the_screen_with_the_error_not_the_progress_bar(tmp_path
         "--output-dir",
         str(tmp_path),
     )
-    last = (
-        proc.stderr.rstrip("\n").split("\n")[-1].split("\r")[-1]
-    )  # what stays on the screen: \r redraws a line
+    # what stays on the screen: \r redraws a line
+    last = proc.stderr.rstrip("\n").split("\n")[-1].split("\r")[-1]
     assert proc.returncode == 2 and last.startswith("error: ") and "became nan" in last, proc.stderr
 
 
@@ -223,9 +219,8 @@ def test_out_of_memory_in_a_step_is_one_line_naming_what_to_lower_and_keeps_the_
         f"\nerror: out of memory on {where}; continue with --resume {run_dir}. Lower "
         "--batch-size, add --gradient-checkpointing, or lower --max-new-tokens\n"
     )
-    assert (
-        torch.load(run_dir / "model" / "trainer_state.pt", weights_only=False)["step"] == 2
-    )  # the last good one
+    # the last good one
+    assert torch.load(run_dir / "model" / "trainer_state.pt", weights_only=False)["step"] == 2
 
     # any other RuntimeError is a bug to show whole, not a line to hide it behind
     def a_bug(*args, **kwargs):
@@ -552,9 +547,8 @@ def test_the_expected_duration_counts_pass_at_k_in_the_last_evaluation_only(monk
     # 10 steps, an evaluation every 4: greedy at steps 4 and 8, then the last one, which draws pass@k again.
     # The starting evaluation took 30 s, 20 of them pass@k; step 1 took 5 s: 9 · 5 + 3 · 10 + 20 = 95 s to go
     # (counting pass@k in every evaluation would say 9 · 5 + 3 · 30 = 135 s).
-    run = object.__new__(
-        runs.Run
-    )  # the attributes log() reads, set by hand; a clock that says step 1 took 5 s
+    # the attributes log() reads, set by hand; a clock that says step 1 took 5 s
+    run = object.__new__(runs.Run)
     vars(run).update(
         args=SimpleNamespace(steps=10, eval_every=4),
         algo="grpo",

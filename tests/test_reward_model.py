@@ -140,9 +140,8 @@ def test_score_is_read_at_the_appended_eos_when_pad_is_eos_and_the_prompt_holds_
     # right-padded with EOS ids
     completion_ids, completion_mask = tasks.tokenize_completions(tokenizer, ["7", "12 + 45 = 57"], "cpu")
     ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
-    assert (
-        mask[0, 0] == 0 and mask[0, -1] == 0 and (ids[mask == 0] == eos).all()
-    )  # row 0 is padded on both sides
+    # row 0 is padded on both sides
+    assert mask[0, 0] == 0 and mask[0, -1] == 0 and (ids[mask == 0] == eos).all()
 
     def head_on_last(tokens):  # the score of these tokens alone, unpadded: the head on the last hidden state
         return tiny_reward_model.score(
@@ -159,9 +158,8 @@ def test_score_is_read_at_the_appended_eos_when_pad_is_eos_and_the_prompt_holds_
             first_eos = int((real == eos).nonzero()[0]) + 1
             last_not_pad = int((real != eos).nonzero()[-1]) + 1  # transformers' pooling when pad == eos
             for wrong in (first_eos, last_not_pad):
-                assert (
-                    abs(score - head_on_last(real[:wrong])) > 1e-4
-                )  # the two wrong places would give another score
+                # the two wrong places would give another score
+                assert abs(score - head_on_last(real[:wrong])) > 1e-4
 
 
 def test_pair_rows_share_the_prompt_tokens_and_end_in_eos(tiny_name_and_tokenizer, monkeypatch):

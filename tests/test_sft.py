@@ -62,9 +62,8 @@ def test_only_completion_tokens_are_targets_whatever_the_padding(tiny_model_and_
         for i in range(2):
             p = prompt_ids[i][prompt_mask[i].bool()]
             c = completion_ids[i][mask[i].bool()]  # EOS included
-            logits = tiny_model(torch.cat([p, c])[None]).logits[
-                0, len(p) - 1 : -1
-            ]  # the positions that predict c
+            # the positions that predict c
+            logits = tiny_model(torch.cat([p, c])[None]).logits[0, len(p) - 1 : -1]
             expected = torch.log_softmax(logits, -1).gather(-1, c[:, None]).squeeze(-1)
             torch.testing.assert_close(logprobs[i][: len(c)], expected, atol=1e-5, rtol=0)
             assert hits[i][: len(c)].tolist() == (logits.argmax(-1) == c).tolist()

@@ -84,25 +84,16 @@ def test_strict_verifier_pays_only_a_stated_result(completion, last_number, stri
 @pytest.mark.parametrize(
     "completion, last_number, strict",
     [
-        (
-            "<think>14 + 10 = 24</think><answer>24</answer>",
-            1.0,
-            1.0,
-        ),  # well formed and right: stated by the tag
-        (
-            "<think>14 + 10 = 24</think><answer>23</answer>",
-            0.0,
-            0.0,
-        ),  # the tag says 23; the reasoning is not read
+        # well formed and right: stated by the tag
+        ("<think>14 + 10 = 24</think><answer>24</answer>", 1.0, 1.0),
+        # the tag says 23; the reasoning is not read
+        ("<think>14 + 10 = 24</think><answer>23</answer>", 0.0, 0.0),
         ("<think>14 + 10 = 23</think><answer>24</answer>", 1.0, 1.0),
         ("<answer>**24**.</answer>", 1.0, 1.0),  # one number alone, in bold, before a full stop
         ("<think>so</think><answer>The sum is 24</answer>", 1.0, 1.0),
         ("<think>so</think><answer>14 + 10</answer>", 0.0, 0.0),  # a restated question, even inside the tag
-        (
-            "<think>so</think><answer>0 + 24</answer>",
-            1.0,
-            0.0,
-        ),  # its last number is 24, but nothing is stated
+        # its last number is 24, but nothing is stated
+        ("<think>so</think><answer>0 + 24</answer>", 1.0, 0.0),
         ("<answer>23</answer> or rather <answer>24</answer>", 1.0, 1.0),  # the last tag counts
         ("<answer>24</answer> so it is 23", 1.0, 1.0),  # only the tag is read
         ("<think>14 + 10 = 24</think>", 1.0, 1.0),  # no answer tag: as without tags
@@ -130,10 +121,8 @@ def test_verifiers_read_the_answer_tag_when_there_is_one(completion, last_number
         ("<think>\t</think><answer>8</answer>", 0.0),  # reasoning of whitespace
         ("<think>3 + 5</think><answer>8</answer><answer>9</answer>", 0.0),  # two answers
         ("<think>3 + 5 <think>= 8</think><answer>8</answer>", 0.0),  # a tag inside
-        (
-            "<think>3 + 5 = 9</think><answer>9</answer>",
-            1.0,
-        ),  # the form only: a wrong answer in it is the verifier's
+        # the form only: a wrong answer in it is the verifier's
+        ("<think>3 + 5 = 9</think><answer>9</answer>", 1.0),
     ],
 )
 def test_format_reward_table(completion, reward):
@@ -266,14 +255,12 @@ def test_heldout_set_is_fixed_distinct_and_never_trained_on():
 
 def test_multistep_chains_have_their_own_heldout_set_and_worked_answers():
     train, heldout = tasks.multistep_problems(seed=3, num_train=2000, eval_size=32)
-    assert (
-        heldout == tasks.multistep_problems(seed=5, num_train=1, eval_size=32)[1]
-    )  # fixed whatever the seed
+    # fixed whatever the seed
+    assert heldout == tasks.multistep_problems(seed=5, num_train=1, eval_size=32)[1]
     assert len({p.prompt for p in heldout}) == 32
     default = {p.prompt for p in tasks.heldout_problems(200, make=tasks.make_multistep_problem)}
-    assert (
-        len({p.prompt for p in train}) == 2000 and not {p.prompt for p in train} & default
-    )  # nor the default 200
+    # nor the default 200
+    assert len({p.prompt for p in train}) == 2000 and not {p.prompt for p in train} & default
     assert {len(p.prompt.split()) for p in train} == {5, 7, 9}  # "What is" and 2, 3 or 4 operands
     # 23 + 45 = 68, 68 - 17 = 51: one step a line, the verifier reads the final number
     worked = tasks.worked_demonstration(tasks.Problem("What is 23 + 45 - 17?", "51"))
@@ -364,9 +351,8 @@ def test_preference_data_is_built_once_and_holds_out_whole_prompts(
         "tiny", tokenizer, 0, 32, 4, 8, 1.0, torch.device("cpu"), "fp32"
     )
     assert again == data and same_folder == folder
-    assert (
-        folder.name == "v2-tiny-seed0-prompts32-samples4-tokens8-temp1-fp32"
-    )  # v2: samples record `finished`
+    # v2: samples record `finished`
+    assert folder.name == "v2-tiny-seed0-prompts32-samples4-tokens8-temp1-fp32"
     assert tasks.read_jsonl(str(folder / "train.jsonl"), ("prompt", "chosen", "rejected")) == data["train"]
 
 

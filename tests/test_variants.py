@@ -136,9 +136,8 @@ def test_remax_greedy_baseline_by_hand():
         1.0,
     ]
     rewards = torch.tensor([0.3, 0.7])
-    assert (
-        remax_advantages(rewards, rewards).abs().max() == 0
-    )  # greedy reward equal to the sample reward gives zero
+    # greedy reward equal to the sample reward gives zero
+    assert remax_advantages(rewards, rewards).abs().max() == 0
 
 
 # Two prompts × k = 2 samples, a ragged mask (3, 2, 1, 2 tokens: 8 in all), β = 0.5, log π_ref = 0, and
@@ -255,9 +254,8 @@ def test_sequence_logps_are_sums_and_lengths_count_eos(tiny_model_and_tokenizer)
             )
         assert summed == pytest.approx(token_logps[len(prompt) - 1 :].sum().item(), abs=1e-4), text
     one, _ = sequence_logps(tiny_model, tokenizer, ["What is 3 + 4?"], ["7"], 256)
-    assert logps[0].item() == pytest.approx(
-        one.item(), abs=1e-5
-    )  # the padding of a longer neighbour changes nothing
+    # the padding of a longer neighbour changes nothing
+    assert logps[0].item() == pytest.approx(one.item(), abs=1e-5)
 
 
 def test_ipo_uses_summed_log_probs_and_simpo_orpo_the_length_normalised_ones(tokenizer):
@@ -302,9 +300,8 @@ def test_kto_reference_point_pairs_each_prompt_with_the_next_pairs_completions(t
             logps, ref_logps, torch.tensor([True, False, True, False]), kl_logps, ref_kl_logps, 0.1
         )
         matched_z0 = (logps - ref_logps).mean().item()
-        assert (
-            z0.item() > 0 and matched_z0 > 0 and abs(z0.item() - matched_z0) > 0.05
-        )  # the two are told apart
+        # the two are told apart
+        assert z0.item() > 0 and matched_z0 > 0 and abs(z0.item() - matched_z0) > 0.05
         loss, metrics = offline_loss(args_of(Args, algo="kto"), 0.1, policy, ref, tokenizer, ROWS)
     assert metrics["kl"] == pytest.approx(z0.item(), rel=1e-5)
     assert loss.item() == pytest.approx(expected.mean().item(), rel=1e-5)
@@ -314,9 +311,8 @@ def test_simpo_and_orpo_load_no_reference_model(tmp_path):
     for algo in ("simpo", "orpo", "ipo"):
         result = main(tiny_args(tmp_path, algo, steps=1))
         assert result["models_in_memory"] == (1 if algo != "ipo" else 2)
-        assert "kl" not in metrics_of(result)[0], (
-            algo
-        )  # none of the three measures a KL, so none is logged (not a 0.0)
+        # none of the three measures a KL, so none is logged (not a 0.0)
+        assert "kl" not in metrics_of(result)[0], algo
 
 
 # ---- the online loop ----------------------------------------------------------------------------------------------
@@ -420,9 +416,8 @@ def test_reinforce_pp_in_the_loop_gets_the_kl_per_token_and_takes_the_token_mean
             reward_fn=lambda completion, answer: len(completion) / 100,
         )
     )
-    step2 = seen[
-        1
-    ]  # after one update the log-ratio is not 0: it must arrive as log π - log π_ref, not reversed
+    # after one update the log-ratio is not 0: it must arrive as log π - log π_ref, not reversed
+    step2 = seen[1]
     lp, ref_lp, mask, advantages = (
         step2["logprobs"],
         step2["ref_logprobs"],
@@ -440,9 +435,8 @@ def test_reinforce_pp_in_the_loop_gets_the_kl_per_token_and_takes_the_token_mean
     # with the KL in the loss, + β (= 1) × the token mean of k2
     policy_loss = -((advantages * lp * mask).sum() / mask.sum()).item()
     assert rows[1]["loss"] == pytest.approx(policy_loss + (k2 if in_loss else 0.0), abs=1e-5)
-    assert step2["group_size"] == (
-        4 if algo == "reinforce_pp_baseline" else None
-    )  # the k samples of a prompt
+    # the k samples of a prompt
+    assert step2["group_size"] == (4 if algo == "reinforce_pp_baseline" else None)
 
 
 @pytest.mark.parametrize(
@@ -450,11 +444,8 @@ def test_reinforce_pp_in_the_loop_gets_the_kl_per_token_and_takes_the_token_mean
     [
         ("rloo", 0, 1),
         ("remax", 0, 1),
-        (
-            "remax",
-            4,
-            1,
-        ),  # calls 0-3 score the 4 samples, 4-7 the greedy completions: only the baseline is NaN
+        # calls 0-3 score the 4 samples, 4-7 the greedy completions: only the baseline is NaN
+        ("remax", 4, 1),
         ("rloo", 16, 2),  # 4 prompts × 4 samples are scored per step: the 17th call is step 2's first
     ],
 )
@@ -570,9 +561,8 @@ def test_cli_needs_an_algo_and_reports_bad_input_in_one_line(tmp_path):
         "--kl-placement",
     ):
         assert flag in help_text, flag
-    assert (
-        "--top-p" not in help_text
-    )  # the online loop scores with full-softmax log-probs, so it must sample from them
+    # the online loop scores with full-softmax log-probs, so it must sample from them
+    assert "--top-p" not in help_text
 
 
 @pytest.mark.parametrize("algo", ["kto", "rloo"])
