@@ -448,29 +448,15 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         # ---- 2. score with each of --rewards (a verifier or a reward model, the format) -----------
         texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
-        # (B,)
-        correct = verified = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=device)
-        # paid by the last-number verifier but not stated as a result: rewards the strict verifier
-        # would refuse
-        unearned = [tasks.verify(t, a) * (1.0 - tasks.verify_strict(t, a)) for t, a in zip(texts, answers)]
-        if reward_model is not None:  # the verifier's scores stay, as the true reward to compare against
+        learned = None  # a reward model's scores (B,), in place of the verifier's
+        if reward_model is not None:
             with torch.no_grad():
                 input_ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
-                # (B,)
-                correct = common.reward_scores(
+                learned = common.reward_scores(
                     reward_model, input_ids, torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1)
                 )
-        per_reward = torch.stack(
-            [
-                correct
-                if name == "correct"
-                else torch.tensor(  # (B, K), one column per reward
-                    [tasks.REWARDS[name](t, a) for t, a in zip(texts, answers)], device=device
-                )
-                for name in args.rewards
-            ],
-            1,
-        )
+        scored = tasks.score_completions(texts, answers, args.rewards, reward_fn, device, learned)
+        per_reward = scored.rewards  # (B, K), one column per reward
         if not torch.isfinite(per_reward).all():
             raise InputError(
                 f"reward became {per_reward[~torch.isfinite(per_reward)][0].item()} at step {step}: "
@@ -496,14 +482,14 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             "frac_reward_zero_std": all_equal.float().mean().item(),
             "score": scores.mean().item(),  # before any overlong penalty
             **{f"rewards/{name}/mean": per_reward[:, k].mean().item() for k, name in enumerate(args.rewards)},
-            "reward/unearned": sum(unearned) / len(unearned),
+            "reward/unearned": sum(scored.unearned) / len(scored.unearned),
             "completion_length": lengths.float().mean().item(),
             # 1/G: a group all alike
             "completions/distinct": common.distinct_fraction(completion_ids, mask, G),
             "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # cut: no EOS
         }
         if reward_model is not None:  # the true reward, beside the learned one
-            stats["verifier"] = verified.mean().item()
+            stats["verifier"] = scored.verified.mean().item()
         t1 = time.time()
         # dynamic sampling may leave no group: no update, but the batch still counts
         update = bool(keep.any())

@@ -231,6 +231,36 @@ def format_reward(completion: str, answer: str = "") -> float:
 REWARDS = {"format": format_reward}
 
 
+@dataclass
+class Scored:
+    """What the rewards say of a batch of completions (score_completions)."""
+
+    rewards: torch.Tensor  # (B, K), one column per reward named, in their order
+    verified: torch.Tensor  # (B,) the verifier's 0/1: the true reward, logged beside a learned one
+    unearned: list[float]  # (B,) paid by the last-number verifier, refused by the strict one
+
+
+def score_completions(
+    texts: list[str],
+    answers: list[str],
+    names: tuple[str, ...],
+    verifier: Callable[[str, str], float],
+    device,
+    learned: Optional[torch.Tensor] = None,
+) -> Scored:
+    """Every reward of `names` for each completion: "correct" is `verifier`'s 0/1, or the learned
+    reward model's scores when `learned` (B,) is given; "format" is R1's (REWARDS)."""
+    verified = torch.tensor([verifier(t, a) for t, a in zip(texts, answers)], device=device)
+    unearned = [verify(t, a) * (1.0 - verify_strict(t, a)) for t, a in zip(texts, answers)]
+    columns = []
+    for name in names:
+        if name == "correct":
+            columns.append(verified if learned is None else learned)
+        else:
+            columns.append(torch.tensor([REWARDS[name](t, a) for t, a in zip(texts, answers)], device=device))
+    return Scored(torch.stack(columns, 1), verified, unearned)
+
+
 def with_prompt_style(
     style: str, train_stream: Iterator[Problem], heldout: list[Problem]
 ) -> tuple[Iterator[Problem], list[Problem]]:

@@ -1911,6 +1911,20 @@ MUTATIONS = [
         "every rank resumed with rank 0's random states",
         f"{DIST} -k resumes",
     ),
+    Mutation(
+        "tasks.py",
+        "columns.append(verified if learned is None else learned)",
+        "columns.append(verified)",
+        "GRPO --reward-model: the verifier's 0/1 trains, not the reward model's scores",
+        f"{GRPO} -k a_learned_reward_scores",
+    ),
+    Mutation(
+        "tasks.py",
+        "unearned = [verify(t, a) * (1.0 - verify_strict(t, a))",
+        "unearned = [verify(t, a) * verify_strict(t, a)",
+        "reward/unearned counts the results stated as one, not the ones refused",
+        f"{GRPO} -k verifier_option_picks",
+    ),
 ]
 
 
