@@ -58,9 +58,9 @@ def import_peft(needed_by: str = "--lora-r"):
 # ---------------------------------------------------------------------------------------------
 # Precision and the kernels' seam: what a loaded model was marked with (infra/models.py)
 # ---------------------------------------------------------------------------------------------
-def fast_kernels(model) -> bool:
-    """Whether `model` takes infra/kernels.py's faster versions (enable_kernels, from --kernels)."""
-    return getattr(model, "fast_kernels", False)
+def kernels_on(model) -> bool:
+    """Whether `model` takes infra/kernels.py's faster versions (set_kernels, from --kernels)."""
+    return getattr(model, "kernels_on", False)
 
 
 def autocast(model: torch.nn.Module):
@@ -162,7 +162,7 @@ def token_logprobs(
     labels: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    fast: bool = False,
+    kernels_on: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """log softmax(logits / temperature)[labels] and, with_entropy, the entropy H = -Σ_k p_k log p_k of that softmax.
 
@@ -171,7 +171,8 @@ def token_logprobs(
     """
     if labels.shape[1] > logits.shape[1]:
         raise ValueError(f"{labels.shape[1]} labels per row but logits for {logits.shape[1]} positions")
-    if fast:  # the same numbers, slab by slab, by a hand-written backward (a CPU's page faults cost more)
+    # kernels_on: the same numbers, slab by slab, by a hand-written backward (a CPU's page faults cost more)
+    if kernels_on:
         from infra import kernels  # the seam: imported only when a model takes the kernels
 
         return kernels.token_logprobs(logits, labels, temperature, with_entropy)
@@ -216,9 +217,9 @@ def _piece_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: flo
     return logprobs, -(log_p.exp() * log_p.clamp(min=-1e4)).sum(-1)
 
 
-def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, fast: bool = False) -> torch.Tensor:
+def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor, kernels_on: bool = False) -> torch.Tensor:
     """log softmax(logits)[labels]. (B, T', V), (B, T) -> (B, T), T <= T'"""
-    return token_logprobs(logits, labels, fast=fast)[0]
+    return token_logprobs(logits, labels, kernels_on=kernels_on)[0]
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -383,7 +384,7 @@ def completion_logprobs(
                 input_ids=input_ids, attention_mask=full_mask, position_ids=positions, logits_to_keep=T + 1
             ).logits
     # logits (B, T+1, V) predict y_1..y_T, then nothing; divided by the temperature the tokens were sampled at
-    logprobs, entropy = token_logprobs(logits, completion_ids, temperature, with_entropy, fast_kernels(model))
+    logprobs, entropy = token_logprobs(logits, completion_ids, temperature, with_entropy, kernels_on(model))
     if entropy is not None and not entropy_grad:
         entropy = entropy.detach()
     return logprobs, entropy
@@ -428,7 +429,7 @@ def sample_completions(
     _check_left_padded(prompt_mask)
     check_fits(model, prompt_ids.shape[1], max_new_tokens)
     rows = prompt_ids.shape[0] * num_samples
-    if fast_kernels(model):  # kernels.cpu_bf16_decoding: the same tokens, faster on a CPU in bfloat16
+    if kernels_on(model):  # kernels.cpu_bf16_decoding: the same tokens, faster on a CPU in bfloat16
         from infra import kernels
 
         decoding = kernels.cpu_bf16_decoding(model, rows)

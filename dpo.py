@@ -269,8 +269,8 @@ def check_args(args: Args) -> None:
             "eval_size",
             "max_completion_tokens",
         ),
-        split="batch_size",
-        alone=("online",),
+        divided_over_ranks="batch_size",
+        one_process_only=("online",),
     )
     require(
         args.samples_per_prompt >= 2,
@@ -295,7 +295,7 @@ def main(args: Args) -> dict:
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
     # the kernels' faster versions: on for a CPU, off for CUDA
-    fast = models.resolve_kernels(args.run.kernels, device)
+    kernels_on = models.resolve_kernels(args.run.kernels, device)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
@@ -321,7 +321,9 @@ def main(args: Args) -> dict:
         train_stream, heldout_problems = tasks.load_problems(
             args.dataset, args.seed, args.eval_size, args.batch_size
         )
-    policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
+    policy = models.load_model(
+        args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on
+    )
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
     # online: all empty
     batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
@@ -364,7 +366,7 @@ def main(args: Args) -> dict:
             precision,
             args.seed,
             keep_adapter=True,
-            use_kernels=fast,
+            kernels_on=kernels_on,
         )
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)
@@ -383,7 +385,7 @@ def main(args: Args) -> dict:
     # online sampling
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.online else None
     # the data position is the step: batches[step:] come next, or online the problems after (step - 1)·P
-    run.keep(
+    run.checkpointed(
         policy,
         generator,
         optimizer=optimizer,
@@ -426,9 +428,8 @@ def main(args: Args) -> dict:
         t0 = time.time()
         batch = distributed.share(batch)  # under torchrun, P/N pairs on a rank
         pairs = [train_pairs[i] for i in batch]
-        if (
-            args.online
-        ):  # ---- online: two samples per prompt from the policy, labelled by the verifier -------
+        # ---- online: two samples per prompt from the policy, labelled by the verifier -------
+        if args.online:
             pairs, dropped = sample_pairs(
                 policy,
                 tokenizer,
@@ -437,9 +438,8 @@ def main(args: Args) -> dict:
                 args.temperature,
                 generator,
             )
-            if (
-                not pairs
-            ):  # all labels equal: no update and no scheduler step; logged, evaluated, saved as usual
+            # all labels equal: no update and no scheduler step; logged, evaluated, saved as usual
+            if not pairs:
                 run.log(step, {"pairs/kept": 0, "pairs/dropped": dropped, "time/step": time.time() - t0})
                 run.evaluate(step, evaluate)
                 run.save_if_due(step)

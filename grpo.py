@@ -178,8 +178,8 @@ def check_args(args: Args) -> None:
     runs.check_options(
         args,
         at_least_one=("steps", "prompts_per_step", "num_iterations", "max_new_tokens", "eval_size"),
-        split="prompts_per_step",
-        alone=("dynamic_sampling",),
+        divided_over_ranks="prompts_per_step",
+        one_process_only=("dynamic_sampling",),
     )
     require(
         args.group_size >= 2,
@@ -285,9 +285,8 @@ def grpo_loss(
     if importance_level not in ("token", "sequence") or loss_type not in ("clip", "cispo"):
         raise ValueError(f"unknown importance_level {importance_level!r} or loss_type {loss_type!r}")
     log_ratio = logprobs - old_logprobs  # (B, T) log ρ_it
-    if (
-        importance_level == "sequence"
-    ):  # log s_i, the masked mean (padding must not count), for each token of o_i
+    # log s_i, the masked mean (padding must not count), for each token of o_i
+    if importance_level == "sequence":
         log_ratio = masked_mean(log_ratio, mask, dim=1)[:, None].expand_as(log_ratio)
     ratio = torch.exp(log_ratio)  # (B, T)
     adv = advantages[:, None]  # (B, 1)
@@ -369,7 +368,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
     # the kernels' faster versions: on for a CPU, off for CUDA
-    fast = models.resolve_kernels(args.run.kernels, device)
+    kernels_on = models.resolve_kernels(args.run.kernels, device)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     train_stream, heldout = tasks.load_problems(
@@ -377,12 +376,14 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     )
     train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)  # held-out too
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
-    policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
+    policy = models.load_model(
+        args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on
+    )
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     reward_model = None
     if args.reward_model:
         reward_model = models.load_reward_model(
-            args.reward_model, tokenizer, device, precision, use_kernels=fast
+            args.reward_model, tokenizer, device, precision, kernels_on=kernels_on
         )
     # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
     ref_model = common.frozen_copy(policy) if args.beta != 0.0 and not args.lora.lora_r else None
@@ -394,7 +395,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             precision,
             args.seed,
             keep_adapter=True,
-            use_kernels=fast,
+            kernels_on=kernels_on,
         )
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)
@@ -413,7 +414,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
     run = runs.Run(args, "grpo", tokenizer, device, resumed)  # the run folder, metrics.jsonl, checkpoints
     # what a checkpoint holds; resumed here
-    run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler)
+    run.checkpointed(policy, generator, optimizer=optimizer, scheduler=scheduler)
     # a resumed run's data position: P problems a step
     for _ in range((run.first_step - 1) * args.prompts_per_step):
         next(train_stream)
@@ -574,9 +575,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
         # the rate this step used, or would have: warm-up counts batches, skipped too
         lr = scheduler.get_last_lr()[0]
-        with (
-            warnings.catch_warnings()
-        ):  # torch warns when a skipped first batch steps the schedule first; it is meant
+        # torch warns when a skipped first batch steps the schedule first; it is meant
+        with warnings.catch_warnings():
             warnings.filterwarnings(
                 "ignore", r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
             )

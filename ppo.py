@@ -189,7 +189,7 @@ def check_args(args: Args) -> None:
             "eval_size",
             "kl_horizon",
         ),
-        split="minibatch_size",
+        divided_over_ranks="minibatch_size",
     )
     require(
         args.batch_size % args.minibatch_size == 0,
@@ -380,20 +380,22 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
     # the kernels' faster versions: on for a CPU, off for CUDA
-    fast = models.resolve_kernels(args.run.kernels, device)
+    kernels_on = models.resolve_kernels(args.run.kernels, device)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
 
     # ---- the four models ----------------------------------------------------------------------
-    policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
+    policy = models.load_model(
+        args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on
+    )
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     # with LoRA: the policy, adapter off
     ref_model = common.frozen_copy(policy) if not args.lora.lora_r else None
     # or --ensemble
     reward_models = [
-        models.load_reward_model(path, tokenizer, device, precision, use_kernels=fast)  # frozen; one,
+        models.load_reward_model(path, tokenizer, device, precision, kernels_on=kernels_on)  # frozen; one,
         for path in ((args.reward_model, *args.ensemble) if args.reward_model else ())
     ]
     critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
@@ -409,7 +411,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         args.seed,
         head="score",
         keep_adapter=bool(resumed),
-        use_kernels=fast,
+        kernels_on=kernels_on,
     )
     if resumed:  # the reference stays the starting model
         policy = models.load_model(
@@ -419,7 +421,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             precision,
             args.seed,
             keep_adapter=True,
-            use_kernels=fast,
+            kernels_on=kernels_on,
         )
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)
@@ -443,7 +445,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         resumed,
         eval_row=lambda result: {"accuracy": result["accuracy"], "score": result["score"]},
     )
-    run.keep(
+    run.checkpointed(
         policy,
         generator,
         others={"critic": critic},

@@ -148,7 +148,7 @@ def preference_data(
                 break
         kernels = models.resolve_kernels("auto", device)  # the same samples either way; faster on a CPU
         model = models.load_model(
-            model_name, len(tokenizer), device, precision, seed, use_kernels=kernels
+            model_name, len(tokenizer), device, precision, seed, kernels_on=kernels
         ).eval()
         samples = label_samples(
             model, tokenizer, problems, samples_per_prompt, max_new_tokens, temperature, seed

@@ -247,9 +247,8 @@ def label_solutions(
     pad = tokenizer.pad_token_id
     generator = torch.Generator(device=device).manual_seed(seed)
 
-    def sample(
-        texts: list[str], n: int
-    ) -> list[str]:  # n completions of each formatted prompt text, in order
+    # n completions of each formatted prompt text, in order
+    def sample(texts: list[str], n: int) -> list[str]:
         tokenizer.padding_side = "left"
         enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         ids = common.sample_completions(
@@ -329,7 +328,7 @@ def step_label_data(args: Args, tokenizer, device, precision: str) -> tuple[dict
             device,
             precision,
             args.seed,
-            use_kernels=models.resolve_kernels("auto", device),
+            kernels_on=models.resolve_kernels("auto", device),
         ).eval()
 
         def label(problems: list) -> list[dict]:
@@ -392,7 +391,7 @@ def main(args: Args) -> dict:
             "num_rollouts",
             "max_new_tokens",
         ),
-        split="batch_size",
+        divided_over_ranks="batch_size",
     )
     runs.require(
         args.temperature > 0, "--temperature must be > 0 (it samples the solutions and the rollouts)"
@@ -400,7 +399,7 @@ def main(args: Args) -> dict:
     models.set_seed(args.seed)
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
-    fast = models.resolve_kernels(args.run.kernels, device)
+    kernels_on = models.resolve_kernels(args.run.kernels, device)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
@@ -416,7 +415,7 @@ def main(args: Args) -> dict:
         args.seed,
         head="score",
         keep_adapter=bool(resumed),
-        use_kernels=fast,
+        kernels_on=kernels_on,
     )
     if args.lora.lora_r and not resumed:
         model = common.add_lora(model, args.model, args.lora)  # the score head stays fully trainable
@@ -426,7 +425,7 @@ def main(args: Args) -> dict:
     optimizer, scheduler = common.make_optimizer(model, args.lr, 0.0, args.warmup_steps)
     batches = tasks.epoch_batches(len(train_rows), args.batch_size, args.steps, args.seed)
     run = runs.Run(args, "prm", tokenizer, device, resumed, lambda result: result, "eval/step_accuracy")
-    run.keep(model, optimizer=optimizer, scheduler=scheduler)  # the data position is the step
+    run.checkpointed(model, optimizer=optimizer, scheduler=scheduler)  # the data position is the step
 
     def report(step: int, pass_k: int = 0) -> dict:
         result = evaluate(model, tokenizer, data["heldout"], args.label, args.aggregate, args.num_solutions)

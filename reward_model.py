@@ -237,7 +237,7 @@ def check_args(args: Args) -> None:
     runs.check_options(
         args,
         at_least_one=("steps", "batch_size", "num_prompts", "max_new_tokens", "max_completion_tokens"),
-        split="batch_size",
+        divided_over_ranks="batch_size",
     )
     require(
         args.samples_per_prompt >= 2,
@@ -260,7 +260,7 @@ def main(args: Args) -> dict:
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
     # the kernels' faster versions: on for a CPU, off for CUDA
-    fast = models.resolve_kernels(args.run.kernels, device)
+    kernels_on = models.resolve_kernels(args.run.kernels, device)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
@@ -290,7 +290,7 @@ def main(args: Args) -> dict:
         args.seed,
         head="score",
         keep_adapter=bool(resumed),
-        use_kernels=fast,
+        kernels_on=kernels_on,
     )
     if args.lora.lora_r and not resumed:
         model = common.add_lora(model, args.model, args.lora)  # the score head stays fully trainable
@@ -306,7 +306,7 @@ def main(args: Args) -> dict:
         args, "rm", tokenizer, device, resumed, eval_row=lambda result: result, accuracy_key="eval/accuracy"
     )
     # the data position is the step: batches[step:] come next
-    run.keep(model, optimizer=optimizer, scheduler=scheduler)
+    run.checkpointed(model, optimizer=optimizer, scheduler=scheduler)
 
     def report(step: int, pass_k: int = 0) -> dict:
         result = evaluate(model, tokenizer, heldout_pairs, heldout_samples, args.max_completion_tokens)

@@ -123,7 +123,7 @@ def completion_logprobs_and_hits(
             position_ids=common.position_ids(full_mask),
             logits_to_keep=T + 1,
         ).logits
-    logprobs = common.gather_logprobs(logits, completion_ids, common.fast_kernels(model))
+    logprobs = common.gather_logprobs(logits, completion_ids, common.kernels_on(model))
     return logprobs, logits[:, :-1].argmax(-1) == completion_ids
 
 
@@ -175,7 +175,7 @@ def check_args(args: Args) -> None:
             "max_new_tokens",
             "eval_size",
         ),
-        split="batch_size",
+        divided_over_ranks="batch_size",
     )
 
 
@@ -190,7 +190,7 @@ def main(args: Args) -> dict:
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
     # the kernels' faster versions: on for a CPU, off for CUDA
-    fast = models.resolve_kernels(args.run.kernels, device)
+    kernels_on = models.resolve_kernels(args.run.kernels, device)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     train_rows, heldout_rows = load_demonstrations(
@@ -205,7 +205,7 @@ def main(args: Args) -> dict:
         precision,
         args.seed,
         keep_adapter=bool(resumed),
-        use_kernels=fast,
+        kernels_on=kernels_on,
     )
     if args.lora.lora_r and not resumed:
         policy = common.add_lora(policy, args.model, args.lora)
@@ -231,7 +231,9 @@ def main(args: Args) -> dict:
         },
     )
     # the data position is the step: batches[step:] come next
-    run.keep(policy, optimizer=optimizer, scheduler=scheduler, extra=lambda: {"num_tokens": num_tokens})
+    run.checkpointed(
+        policy, optimizer=optimizer, scheduler=scheduler, extra=lambda: {"num_tokens": num_tokens}
+    )
 
     @torch.no_grad()
     def evaluate(step: int, pass_k: int = 0) -> dict:

@@ -378,7 +378,7 @@ def check_args(args: Args) -> None:
             "eval_size",
             "max_completion_tokens",
         ),
-        split="batch_size",
+        divided_over_ranks="batch_size",
     )
     require(distributed.world_size() == 1 or args.algo != "kto", "--algo kto does not run under torchrun yet")
     require(args.beta is None or args.beta > 0, "--beta must be > 0")
@@ -435,7 +435,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     device = models.resolve_device(args.run.device)
     precision = models.resolve_precision(args.run.precision, device, args.model)
     # the kernels' faster versions: on for a CPU, off for CUDA
-    fast = models.resolve_kernels(args.run.kernels, device)
+    kernels_on = models.resolve_kernels(args.run.kernels, device)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
@@ -459,7 +459,9 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         heldout = tasks.heldout_problems(args.eval_size)
     else:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
-    policy = models.load_model(args.model, len(tokenizer), device, precision, args.seed, use_kernels=fast)
+    policy = models.load_model(
+        args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on
+    )
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     # SimPO, ORPO: no reference. Else the starting model, also when resuming (with LoRA: the policy, adapter off)
     uses_reference = args.algo in ("ipo", "kto", "rloo", "remax", *REINFORCE_PP)
@@ -472,7 +474,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             precision,
             args.seed,
             keep_adapter=True,
-            use_kernels=fast,
+            kernels_on=kernels_on,
         )
     elif args.lora.lora_r:
         policy = common.add_lora(policy, args.model, args.lora)
@@ -485,7 +487,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     run = runs.Run(args, args.algo, tokenizer, device, resumed)
     # what a checkpoint holds; resumed here
-    run.keep(policy, generator, optimizer=optimizer, scheduler=scheduler)
+    run.checkpointed(policy, generator, optimizer=optimizer, scheduler=scheduler)
     for _ in range(0 if offline else (run.first_step - 1) * args.batch_size):  # online: P problems a step
         next(train_stream)
 
@@ -566,9 +568,8 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
                 )
 
             # ---- online 3. REINFORCE with the baseline: -A · log π(y|x), one step per batch -------------
-            if (
-                args.algo in REINFORCE_PP
-            ):  # -A_t log π_t, the token mean over the batch (+ β·k2 with the KL there)
+            # -A_t log π_t, the token mean over the batch (+ β·k2 with the KL there)
+            if args.algo in REINFORCE_PP:
                 loss = reinforce_pp_loss(advantages, logprobs, ref_logprobs, mask, beta, kl_placement)
             else:
                 loss = -(advantages * masked_sum(logprobs, mask, dim=1)).mean()

@@ -203,9 +203,8 @@ def tier(check: Check) -> dict:
         "no:cacheprovider",
         f"--junitxml={junit}",
     ]
-    if (
-        check.dry_run
-    ):  # the test suite runs each script's tiny run on the CPU already: one here checks the test
+    # the test suite runs each script's tiny run on the CPU already: one here checks the test
+    if check.dry_run:
         command += ["-k", "not every_scripts or grpo"]
     elif importlib.util.find_spec("xdist"):  # 4 processes share the GPU: the smoke runs are mostly start-up
         command += ["-n", "4"]

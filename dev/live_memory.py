@@ -60,11 +60,11 @@ def logprob_path(rows: int, positions: int, vocabulary: int) -> None:
 
         def scoring():
             with torch.no_grad():
-                common.token_logprobs(logits, labels, fast=fast)
+                common.token_logprobs(logits, labels, kernels_on=fast)
 
         def forward_backward():
             leaf = logits.detach().requires_grad_()
-            logprobs, _ = common.token_logprobs(leaf, labels, fast=fast)
+            logprobs, _ = common.token_logprobs(leaf, labels, kernels_on=fast)
             logprobs.sum().backward()
 
         path = "kernel" if fast else "plain "
@@ -97,7 +97,7 @@ def main(argv=None) -> dict:
     tokenizer = models.load_tokenizer(args.model)
     lora = common.LoraOptions(lora_r=args.lora_r)
     kernels = models.resolve_kernels("auto", torch.device("cpu"))
-    policy = models.load_model(args.model, len(tokenizer), torch.device("cpu"), use_kernels=kernels)
+    policy = models.load_model(args.model, len(tokenizer), torch.device("cpu"), kernels_on=kernels)
     reference = None if args.lora_r else common.frozen_copy(policy)
     if args.lora_r:
         policy = common.add_lora(policy, args.model, lora)

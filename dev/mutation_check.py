@@ -1246,7 +1246,7 @@ MUTATIONS = [
     ),
     Mutation(
         "common.py",
-        "    if fast_kernels(model):  # kernels.cpu_bf16_decoding",
+        "    if kernels_on(model):  # kernels.cpu_bf16_decoding",
         "    if True:  # kernels.cpu_bf16_decoding",
         "sampling's kernel used whatever --kernels says",
         "tests/test_kernels.py -k plain_path",
@@ -1368,9 +1368,8 @@ MUTATIONS = [
     Mutation(
         "infra/runs.py",
         (
-            "        if (\n"
-            "            self.main and step - self.first_step in (0, 1) and step < self.args.steps\n"
-            "        ):  # the expected duration, after\n"
+            "        # the expected duration, after\n"
+            "        if self.main and step - self.first_step in (0, 1) and step < self.args.steps:\n"
         ),
         (
             "        if self.main and step == self.first_step and"
@@ -1806,9 +1805,8 @@ MUTATIONS = [
     Mutation(
         "infra/fsdp.py",
         (
-            "    if (\n"
-            "        isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and obj.state\n"
-            "    ):  # not before\n"
+            "    # not before\n"
+            "    if isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and obj.state:\n"
         ),
         "    if isinstance(obj, torch.optim.Optimizer) and False:\n",
         "--fsdp: each rank's AdamW shard saved as rank 0's, resumed on every rank",

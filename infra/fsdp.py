@@ -50,7 +50,7 @@ def shard(on: bool, *models) -> None:
         for module in filter(is_sharded, model.modules()):
             module.set_gradient_divide_factor(1.0)  # (each rank's loss is already its part of the batch's)
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no pre-multiplied sum
-        model.fast_kernels = False  # common.fast_kernels: the plain code, which reads no whole weight itself
+        model.kernels_on = False  # common.kernels_on: the plain code, which reads no whole weight itself
         model.sharded = (
             True  # read by common: no shared-prompt forward, and decoding until every rank's rows end
         )
@@ -94,9 +94,8 @@ def state_of(obj, models):
     """What a checkpoint keeps of an optimizer, scheduler or generator (a sharded model's optimizer: whole tensors)."""
     if isinstance(obj, torch.Generator):
         return obj.get_state()
-    if (
-        isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and obj.state
-    ):  # not before
+    # not before
+    if isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and obj.state:
         return get_optimizer_state_dict(model, obj, options=WHOLE)  # the first step
     return obj.state_dict()
 

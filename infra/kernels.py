@@ -57,9 +57,8 @@ class _TokenLogprobs(torch.autograd.Function):
             total = e.sum(-1)  # (t,)
             lse[b, t] = top.squeeze(-1) + total.log()
             logprobs[b, t] = z.gather(-1, labels[b, t, None]).squeeze(-1) - lse[b, t]
-            if (
-                with_entropy
-            ):  # H = logsumexp(z) - Σ_k p_k z_k; a -inf logit has p_k z_k = 0, not 0 · -inf = NaN
+            # H = logsumexp(z) - Σ_k p_k z_k; a -inf logit has p_k z_k = 0, not 0 · -inf = NaN
+            if with_entropy:
                 entropy[b, t] = lse[b, t] - e.mul_(z.clamp_(min=torch.finfo(z.dtype).min)).sum(-1) / total
         ctx.save_for_backward(logits, labels, lse, entropy)
         ctx.temperature = temperature

@@ -113,10 +113,10 @@ def cpu_has_bf16_matmul() -> bool:
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
-def enable_kernels(model, on: bool, device: torch.device, precision: str) -> None:
-    """Switch kernels.py's faster paths on or off for `model` (read by common.py's seams, `fast_kernels`), and choose
+def set_kernels(model, on: bool, device: torch.device, precision: str) -> None:
+    """Switch kernels.py's faster paths on or off for `model` (read by common.py's seams, `kernels_on`), and choose
     its CPU attention. Off, every number comes from the plain code in this file."""
-    model.fast_kernels = on  # not `use_kernels`: that name is a transformers property
+    model.kernels_on = on  # not `kernels_on`: that name is a transformers property
     if on:
         kernels.choose_attention(model, device, precision)
 
@@ -316,7 +316,7 @@ def load_model(
     seed: int = 0,
     head: str = "lm",
     keep_adapter: bool = False,
-    use_kernels: bool = False,
+    kernels_on: bool = False,
 ):
     """Load a causal LM (head="lm"), or a reward model (head="score": the same backbone with a scalar
     head, new if the checkpoint has none; head="trained-score" refuses a checkpoint without a trained
@@ -337,7 +337,7 @@ def load_model(
             precision,
             seed,
             "score" if head != "lm" else "lm",
-            use_kernels=use_kernels,
+            kernels_on=kernels_on,
         )
         model = peft.PeftModel.from_pretrained(base_model, name, is_trainable=keep_adapter)
         return model if keep_adapter else model.merge_and_unload()
@@ -370,7 +370,7 @@ def load_model(
                 )
     switch_off_dropout(model)
     model.bf16_mixed = precision == "bf16-mixed"
-    enable_kernels(model, use_kernels, device, precision)
+    set_kernels(model, kernels_on, device, precision)
     return model.to(device=device, dtype=dtype)
 
 
@@ -393,13 +393,13 @@ def switch_off_dropout(model: torch.nn.Module) -> None:
 
 
 def load_reward_model(
-    path: str, tokenizer, device: torch.device, precision: str = "fp32", use_kernels: bool = False
+    path: str, tokenizer, device: torch.device, precision: str = "fp32", kernels_on: bool = False
 ) -> torch.nn.Module:
     """A frozen reward_model.py checkpoint that scores the policy's own token ids (read it with reward_scores).
 
     It must share the policy's tokenizer: re-tokenising the text would work, but would score a
     different sequence than the one the policy is updated on."""
-    model = load_model(path, len(tokenizer), device, precision, head="trained-score", use_kernels=use_kernels)
+    model = load_model(path, len(tokenizer), device, precision, head="trained-score", kernels_on=kernels_on)
     model.eval().requires_grad_(False)
     if load_tokenizer(path).get_vocab() != tokenizer.get_vocab():
         raise InputError(

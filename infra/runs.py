@@ -96,28 +96,32 @@ def check_transformers(version: str) -> None:
 
 
 def check_options(
-    args, at_least_one: tuple[str, ...] = (), split: Optional[str] = None, alone: tuple = ()
+    args,
+    at_least_one: tuple[str, ...] = (),
+    divided_over_ranks: Optional[str] = None,
+    one_process_only: tuple = (),
 ) -> None:
     """The checks every script shares, made before anything loads: optimisation numbers, the counts that must be at
-    least 1, LoRA, the tracker, the output folder; under torchrun, `split` over the ranks and no `alone` option on."""
+    least 1, LoRA, the tracker, the output folder. Under torchrun: the option `divided_over_ranks` (the batch the
+    ranks share; None: the script runs in one process only) must divide over them, and no option of
+    `one_process_only` may be on."""
     check_transformers(transformers.__version__)
     require(args.seed >= 0, f"--seed must be >= 0, not {args.seed}")
     pass_k = getattr(args, "pass_k", None) or 0  # None: chosen for the model (tasks.evaluation_for_model)
     require(pass_k >= 0, f"--pass-k must be 0 (off) or a number of samples per problem, not {pass_k}")
     for name in at_least_one:
         require(getattr(args, name) >= 1, f"--{name.replace('_', '-')} must be at least 1")
-    # shared: the batch size split
     ranks = distributed.world_size()
-    shared = getattr(args, split) if split else 0
     require(
-        ranks == 1 or split is not None,
+        ranks == 1 or divided_over_ranks is not None,
         f"{Path(sys.argv[0]).name} does not run under torchrun yet: run it alone",
     )
+    batch = getattr(args, divided_over_ranks) if divided_over_ranks else 0
     require(
-        shared % ranks == 0,
-        f"--{str(split).replace('_', '-')} {shared} does not divide over {ranks} torchrun ranks",
+        batch % ranks == 0,
+        f"--{str(divided_over_ranks).replace('_', '-')} {batch} does not divide over {ranks} torchrun ranks",
     )
-    for name in alone:
+    for name in one_process_only:
         require(
             ranks == 1 or not getattr(args, name),
             f"--{name.replace('_', '-')} does not run under torchrun yet",
@@ -142,9 +146,8 @@ def check_options(
         f"--report-to {args.run.report_to} needs the {package} package: pip install {package}",
     )
     existing = Path(args.run.output_dir).absolute()
-    while (
-        not existing.exists()
-    ):  # created later, with the run folder; its nearest existing parent must take it
+    # created later, with the run folder; its nearest existing parent must take it
+    while not existing.exists():
         existing = existing.parent
     require(
         existing.is_dir(),
@@ -435,7 +438,7 @@ def save_checkpoint(
 # ---------------------------------------------------------------------------------------------
 class Run:
     """A run's folder, metrics, evaluations, checkpoints and summary; the script keeps the control flow:
-    Run(...) after the models load, keep(...) what a checkpoint holds, begin(evaluate) for step 0, then per step
+    Run(...) after the models load, checkpointed(...) what a checkpoint holds, begin(evaluate) for step 0, then per step
     check_finite, log, evaluate and save_if_due, and finish(...) at the end. `evaluate(step, pass_k)` returns a
     dict; `eval_row` picks its numbers that go into eval.json's list of evaluations."""
 
@@ -477,7 +480,7 @@ class Run:
         self.before: Optional[dict] = resumed["before"] if resumed else None
         print(f"run folder: {self.dir}")  # rank 0's; under torchrun the others print to nowhere (join_ranks)
 
-    def keep(
+    def checkpointed(
         self,
         model,
         generator: Optional[torch.Generator] = None,
@@ -526,9 +529,8 @@ class Run:
         self.metrics.write(step, {**stats, "memory/peak_gb": peak_memory_gb(self.device)})
         self.bar.update(1)
         self.bar.set_postfix(postfix or {})
-        if (
-            self.main and step - self.first_step in (0, 1) and step < self.args.steps
-        ):  # the expected duration, after
+        # the expected duration, after
+        if self.main and step - self.first_step in (0, 1) and step < self.args.steps:
             # the 1st step, and the 2nd alone
             step_s = time.time() - self.loop_start
             self.loop_start = time.time()

@@ -294,9 +294,9 @@ def sampled_measures(
     dev = models.resolve_device(device)
     tokenizer = models.load_tokenizer(str(model))
     kernels = models.resolve_kernels("auto", dev)
-    policy = models.load_model(str(model), len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
+    policy = models.load_model(str(model), len(tokenizer), dev, seed=seed, kernels_on=kernels).eval()
     reference = (
-        models.load_model(base, len(tokenizer), dev, seed=seed, use_kernels=kernels).eval()
+        models.load_model(base, len(tokenizer), dev, seed=seed, kernels_on=kernels).eval()
         if model != base
         else None
     )

@@ -81,7 +81,7 @@ def activation_bytes(
     logit_tokens: int,
     precision: str,
     checkpointing: bool,
-    fast_kernels: bool = False,
+    kernels_on: bool = False,
 ) -> int:
     """What one micro-batch's forward keeps for the backward. A transformer layer keeps s·b·h·(34 + 5·a·s/h)
     bytes of 16-bit activations (Korthikanti et al. 2022, arXiv:2205.05198, eq. 1; float32 doubles it);
@@ -101,7 +101,7 @@ def activation_bytes(
     per_layer = tokens * h * (34 + 5 * heads * s / h) * scale
     kept = (layers * 2 * tokens * h * scale + per_layer) if checkpointing else layers * per_layer
     logits = 2 * logit_tokens * config.vocab_size * 2 * scale
-    if not fast_kernels and logit_tokens:
+    if not kernels_on and logit_tokens:
         per_sequence = logit_tokens // sequences * config.vocab_size
         rows = min(sequences, max(1, common.LOGPROB_PIECE // per_sequence))  # sequences a piece
         logits += 3 * rows * per_sequence * 4
@@ -118,7 +118,7 @@ def memory_plan(
     sequences: int,
     tokens: int,
     logit_tokens: int,
-    fast_kernels: bool = False,
+    kernels_on: bool = False,
     ranks: int = 1,
 ) -> dict:
     """Print and return the plan: one row per model (name, config, head "lm" or "score", trained?) with its
@@ -141,7 +141,7 @@ def memory_plan(
                 logit_tokens if head == "lm" else 0,
                 precision,
                 checkpointing,
-                fast_kernels,
+                kernels_on,
             )
             if trained
             else 0

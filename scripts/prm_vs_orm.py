@@ -176,9 +176,8 @@ def main(argv=None) -> dict:
 
     # 4. the ORM on (right, wrong) pairs of the same training solutions
     pairs = right_wrong_pairs(data["train"], per_problem=4)
-    if (
-        args.quick and len(pairs) < 2
-    ):  # a random tiny policy is never right: its worked answers stand in (plumbing)
+    # a random tiny policy is never right: its worked answers stand in (plumbing)
+    if args.quick and len(pairs) < 2:
         pairs = [
             {
                 "prompt": r["prompt"],

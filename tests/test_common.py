@@ -32,7 +32,7 @@ def test_masked_mean_and_sum_by_hand():
 def test_gather_logprobs_by_hand(fast):
     # logits [0, ln 3]: softmax [1/4, 3/4]
     logits = torch.tensor([[[0.0, math.log(3.0)]]])
-    assert common.gather_logprobs(logits, torch.tensor([[1]]), fast=fast).item() == pytest.approx(
+    assert common.gather_logprobs(logits, torch.tensor([[1]]), kernels_on=fast).item() == pytest.approx(
         math.log(0.75)
     )
 
@@ -41,13 +41,13 @@ def test_gather_logprobs_by_hand(fast):
 def test_token_logprobs_ignore_positions_past_the_labels_and_refuse_too_few(fast):
     torch.manual_seed(0)
     logits, labels = torch.randn(2, 4, 7, requires_grad=True), torch.randint(0, 7, (2, 3))
-    logprobs, entropy = common.token_logprobs(logits, labels, with_entropy=True, fast=fast)
+    logprobs, entropy = common.token_logprobs(logits, labels, with_entropy=True, kernels_on=fast)
     (logprobs.sum() + entropy.sum()).backward()
     log_p = torch.log_softmax(logits[:, :3].detach(), -1)
     assert torch.allclose(logprobs, log_p.gather(-1, labels[..., None]).squeeze(-1), atol=1e-6)
     assert (logits.grad[:, 3] == 0).all() and logits.grad[:, :3].abs().sum() > 0
     with pytest.raises(ValueError, match="4 labels per row but logits for 3 positions"):
-        common.token_logprobs(logits[:, :3], torch.zeros(2, 4, dtype=torch.long), fast=fast)
+        common.token_logprobs(logits[:, :3], torch.zeros(2, 4, dtype=torch.long), kernels_on=fast)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -324,14 +324,14 @@ def test_one_token_completions_have_log_probs(tiny_model, tokenizer, prompts):
 def test_entropy_by_hand(fast):
     # logits [0, ln 3]: p = [1/4, 3/4], H = 1/4 ln 4 + 3/4 ln(4/3) = 0.346574 + 0.215762 = 0.562335
     logits = torch.tensor([[[0.0, math.log(3.0)]]])
-    logprobs, entropy = common.token_logprobs(logits, torch.tensor([[1]]), with_entropy=True, fast=fast)
+    logprobs, entropy = common.token_logprobs(logits, torch.tensor([[1]]), with_entropy=True, kernels_on=fast)
     assert entropy.item() == pytest.approx(0.562335, abs=1e-6) and logprobs.item() == pytest.approx(
         math.log(0.75)
     )
     # at temperature 2 the logits are [0, ln 3 / 2]: p = [1/(1+√3), √3/(1+√3)] = [0.366025, 0.633975]
     # H = -(0.366025 ln 0.366025 + 0.633975 ln 0.633975) = 0.367875 + 0.288932 = 0.656806
     _, entropy = common.token_logprobs(
-        logits, torch.tensor([[1]]), temperature=2.0, with_entropy=True, fast=fast
+        logits, torch.tensor([[1]]), temperature=2.0, with_entropy=True, kernels_on=fast
     )
     assert entropy.item() == pytest.approx(0.656806, abs=1e-6)
 
@@ -386,7 +386,7 @@ def test_bf16_mixed_keeps_every_small_update_and_bf16_true_loses_most(tokenizer,
 def test_bf16_mixed_computes_in_bf16_and_returns_float32_log_probs(tokenizer, prompts, fast):
     completions = torch.randint(5, 90, (4, 6), generator=torch.Generator().manual_seed(1))
     fp32, mixed = (
-        models.load_model("tiny", len(tokenizer), torch.device("cpu"), p, seed=0, use_kernels=fast)
+        models.load_model("tiny", len(tokenizer), torch.device("cpu"), p, seed=0, kernels_on=fast)
         for p in ("fp32", "bf16-mixed")
     )
     assert all(p.dtype == torch.float32 for p in mixed.parameters())  # master weights
@@ -427,7 +427,7 @@ def test_metrics_keep_six_significant_digits_not_six_decimals(tmp_path):
 def test_a_minus_infinity_logit_gives_a_finite_entropy_and_gradient(fast):
     # a vocabulary masked with -inf: logits [0, -inf, ln 3] have p = [1/4, 0, 3/4], H = 0.562335 as without it
     logits = torch.tensor([[[0.0, -math.inf, math.log(3.0)]]], requires_grad=True)
-    logprobs, entropy = common.token_logprobs(logits, torch.tensor([[2]]), with_entropy=True, fast=fast)
+    logprobs, entropy = common.token_logprobs(logits, torch.tensor([[2]]), with_entropy=True, kernels_on=fast)
     assert entropy.item() == pytest.approx(0.562335, abs=1e-6) and logprobs.item() == pytest.approx(
         math.log(0.75)
     )

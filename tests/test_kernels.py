@@ -17,7 +17,9 @@ def plain_and_fast(logits, labels, g, h, **kwargs):
     results = []
     for fast in (False, True):
         logits.grad = None
-        logprobs, entropy = common.token_logprobs(logits, labels, with_entropy=True, fast=fast, **kwargs)
+        logprobs, entropy = common.token_logprobs(
+            logits, labels, with_entropy=True, kernels_on=fast, **kwargs
+        )
         (logprobs * g + entropy * h).sum().backward()
         results.append((logprobs, entropy, logits.grad))
     return results
@@ -35,7 +37,9 @@ def test_token_logprobs_kernel_equals_the_plain_path_in_values_and_gradients(dty
     results = []
     for fast in (False, True):
         full.grad = None
-        logprobs, entropy = common.token_logprobs(view, labels, temperature=0.7, with_entropy=True, fast=fast)
+        logprobs, entropy = common.token_logprobs(
+            view, labels, temperature=0.7, with_entropy=True, kernels_on=fast
+        )
         (logprobs * g + entropy * h).sum().backward()
         results.append((logprobs, entropy, full.grad))
     (plain_lp, plain_h, plain_grad), (fast_lp, fast_h, fast_grad) = results
@@ -73,13 +77,10 @@ NO_BF16_MATMUL = not torch.ops.mkldnn._is_mkldnn_bf16_supported()
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
 def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer, prompts, precision, lora):
-    model = models.load_model(
-        "tiny", len(tokenizer), torch.device("cpu"), precision, seed=0, use_kernels=True
-    )
+    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, seed=0, kernels_on=True)
     assert model.config._attn_implementation == "eager"  # training and scoring (kernels.choose_attention)
-    if (
-        lora
-    ):  # peft keeps the adapter in float32; under bf16-true it computes in float32, so it must not be packed
+    # peft keeps the adapter in float32; under bf16-true it computes in float32, so it must not be packed
+    if lora:
         pytest.importorskip("peft")
         model = common.add_lora(model, "tiny", common.LoraOptions(lora_r=4, lora_alpha=8.0))
         with torch.no_grad():
@@ -128,7 +129,7 @@ def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer
     # nn.Linear.forward again, even after an error
     assert not any("forward" in m.__dict__ for m in model.modules())
     assert model.config._attn_implementation == "eager"
-    fp32 = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, use_kernels=True)
+    fp32 = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, kernels_on=True)
     with kernels.cpu_bf16_decoding(fp32, rows=2):  # float32: nothing to gain, nothing changed
         assert (
             not any("forward" in m.__dict__ for m in fp32.modules())
@@ -143,7 +144,7 @@ def test_cpu_bf16_decoding_leaves_layers_with_a_forward_of_their_own_alone(token
             return super().forward(x) * 2
 
     model = models.load_model(
-        "tiny", len(tokenizer), torch.device("cpu"), "bf16-true", seed=0, use_kernels=True
+        "tiny", len(tokenizer), torch.device("cpu"), "bf16-true", seed=0, kernels_on=True
     )
     mlp = model.model.layers[0].mlp
     mlp.down_proj = QuantizedLinear(
@@ -194,9 +195,9 @@ def test_in_float32_the_kernels_change_no_number(tokenizer, prompts):
     # In bfloat16 they differ by bf16 rounding (eager attention against sdpa), which docs/performance.md states.
     ids, mask = prompts
     results = []
-    for use_kernels in (False, True):
+    for kernels_on in (False, True):
         model = models.load_model(
-            "tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, use_kernels=use_kernels
+            "tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, kernels_on=kernels_on
         )
         generator = torch.Generator().manual_seed(0)
         completions = common.sample_completions(

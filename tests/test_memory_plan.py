@@ -103,11 +103,11 @@ def test_activation_bytes_by_hand():
     )
     # with the kernel, 2 tensors (the logits and their gradient): 2·6·10·4 = 480 bytes in fp32, 2·6·10·2 = 240 in bf16
     assert (
-        memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False, fast_kernels=True)
+        memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=False, kernels_on=True)
         == 9984 + 480
     )
     assert (
-        memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False, fast_kernels=True)
+        memory_plan.activation_bytes(config, 2, 8, 6, "bf16-mixed", checkpointing=False, kernels_on=True)
         == 4992 + 240
     )
     # checkpointing keeps each layer's input 2·(s·b·h) = 2·64 = 128 bytes (×2 in fp32) and one layer's full set
@@ -193,16 +193,16 @@ def test_the_planner_prints_each_scripts_plan_and_starts_nothing(tmp_path, algo,
     assert not list(tmp_path.iterdir())  # no run folder: nothing was started
 
 
-@pytest.mark.parametrize("fast_kernels", [False, True])
+@pytest.mark.parametrize("kernels_on", [False, True])
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
-def test_the_plans_logits_term_matches_the_allocators_live_bytes(precision, fast_kernels):
+def test_the_plans_logits_term_matches_the_allocators_live_bytes(precision, kernels_on):
     """As above where the vocabulary dominates (32,768 tokens, hidden size 64), in float32 and under bf16 autocast:
     the peak of live bytes through a forward and backward was 0.87 and 1.01 of the plan (activations + gradients)
     on the plain path (one piece), 0.89 and 1.00 with kernels.token_logprobs. Three float32 tensors for both (an
     earlier plan) gave 0.64 and 0.44 with the kernel."""
 
     model = models.make_tiny_model(32768, "llama").train()
-    model.bf16_mixed, model.fast_kernels = precision == "bf16-mixed", fast_kernels
+    model.bf16_mixed, model.kernels_on = precision == "bf16-mixed", kernels_on
     P, G, S, T = 2, 4, 6, 15
     generator = torch.Generator().manual_seed(0)
     prompt_ids = torch.randint(3, 32768, (P, S), generator=generator)
@@ -224,7 +224,7 @@ def test_the_plans_logits_term_matches_the_allocators_live_bytes(precision, fast
     peak = peak_live_bytes(forward_backward)
     gradients = 4 * sum(p.numel() for p in model.parameters())
     planned = memory_plan.activation_bytes(
-        model.config, P * G, P * S + P * G * T, P * G * (T + 1), precision, False, fast_kernels
+        model.config, P * G, P * S + P * G * T, P * G * (T + 1), precision, False, kernels_on
     )
     assert 0.8 < peak / (planned + gradients) < 1.2, peak / (planned + gradients)
 

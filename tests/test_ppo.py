@@ -468,9 +468,8 @@ def test_kl_budget_stops_before_the_update_and_a_resume_redraws_that_batch(
     def run(out, **overrides):
         return main(tiny_args(out, tiny_reward_model_path, steps=3, eval_every=1, **overrides))
 
-    def stopping_kl() -> (
-        float
-    ):  # the KL per completion of the batch that stopped the last run, as it printed it
+    # the KL per completion of the batch that stopped the last run, as it printed it
+    def stopping_kl() -> float:
         return float(
             re.search(r"step 2: KL per completion ([\d.]+) > --kl-budget", capsys.readouterr().out).group(1)
         )
