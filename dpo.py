@@ -505,16 +505,17 @@ def main(args: Args) -> dict:
         run.evaluate(step, evaluate)
         run.save_if_due(step)
 
+    def results(before: dict, after: dict) -> dict:
+        numbers = tasks.before_and_after(before, after)
+        numbers["pairs_train"] = len(train_pairs)
+        numbers["pairs_heldout"] = len(heldout_pairs)
+        if not args.online:  # online: pairs/kept, step by step
+            numbers["pairs_used"] = args.steps * args.batch_size
+        return numbers
+
     return run.finish(
         evaluate,
-        lambda before, after: {
-            **tasks.before_and_after(before, after),
-            "pairs_train": len(train_pairs),
-            "pairs_heldout": len(heldout_pairs),
-            **(
-                {} if args.online else {"pairs_used": args.steps * args.batch_size}
-            ),  # online: pairs/kept, step by step
-        },
+        results,
         lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}",
     )
 

@@ -207,9 +207,8 @@ def from_pretrained(auto_class, name: str, **kwargs):
             )
             try:
                 return auto_class.from_pretrained(name, **kwargs)
-            except (
-                Exception
-            ) as e:  # a truncated or corrupt file raises safetensors' own error type, among others
+            # a truncated or corrupt file raises safetensors' own error type, among others
+            except Exception as e:
                 first = _first_line(e) if str(e).strip() else ""
                 raise InputError(
                     f"cannot load {name!r}: {type(e).__name__}: {first} (is a file truncated?)"
