@@ -541,20 +541,23 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             for iteration in range(args.num_iterations):
                 for s in slices:
                     logprobs, entropy = logprobs_of(policy, s, with_entropy=iteration == 0)
+                    # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
+                    old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
+                    ref = ref_logprobs[s] if ref_logprobs is not None else None
                     loss, m = grpo_loss(
                         logprobs,
-                        old_logprobs[s] if old_logprobs is not None else logprobs.detach(),
-                        ref_logprobs[s] if ref_logprobs is not None else None,
+                        old,
+                        ref,
                         advantages[s],
                         mask[s],
-                        args.eps_low,
-                        args.eps_high,
-                        args.beta,
-                        args.loss_agg,
-                        args.max_new_tokens,
-                        args.kl_estimator,
-                        args.importance_level,
-                        args.loss_type,
+                        eps_low=args.eps_low,
+                        eps_high=args.eps_high,
+                        beta=args.beta,
+                        loss_agg=args.loss_agg,
+                        max_completion_length=args.max_new_tokens,
+                        kl_kind=args.kl_estimator,
+                        importance_level=args.importance_level,
+                        loss_type=args.loss_type,
                     )
                     run.check_finite(loss, step)
                     weight = micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)

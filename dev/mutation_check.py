@@ -139,8 +139,8 @@ MUTATIONS = [
     ),
     Mutation(
         "grpo.py",
-        "old_logprobs[s] if old_logprobs is not None else logprobs.detach(),",
-        "old_logprobs[s] if old_logprobs is not None else logprobs,",
+        "old_logprobs[s] if old_logprobs is not None else logprobs.detach()\n",
+        "old_logprobs[s] if old_logprobs is not None else logprobs\n",
         "μ = 1: old log-probs not detached (ratio ≡ 1, no policy gradient)",
         f"{GRPO} -k dense_reward",
     ),
@@ -225,8 +225,12 @@ MUTATIONS = [
     ),
     Mutation(
         "grpo.py",
-        "args.kl_estimator,\n                        args.importance_level,\n                        args.loss_type,\n",
-        "args.kl_estimator,\n",
+        (
+            "kl_kind=args.kl_estimator,\n"
+            "                        importance_level=args.importance_level,\n"
+            "                        loss_type=args.loss_type,\n"
+        ),
+        "kl_kind=args.kl_estimator,\n",
         "GSPO/CISPO: options never reach the loss in the loop",
         f"{GRPO} -k run_together",
     ),
