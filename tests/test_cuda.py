@@ -24,7 +24,10 @@ import grpo  # noqa: E402
 from infra import kernels  # noqa: E402
 from infra import models  # noqa: E402
 import tasks  # noqa: E402
-from conftest import PAIRS, REPO, args_of, assert_resume_is_exact, digit_fraction, metrics_of, run_script  # noqa: E402
+from test_dpo import tiny_args as dpo_tiny_args  # noqa: E402
+from test_grpo import spy_on_grpo_loss  # noqa: E402
+from test_grpo import tiny_args as grpo_tiny_args  # noqa: E402
+from conftest import PAIRS, REPO, assert_resume_is_exact, digit_fraction, metrics_of, run_script  # noqa: E402
 
 DEVICE = os.environ.get("CUDA_TIER_DEVICE", "cuda")
 # auto is off on CUDA: the CPU stand-in takes that plain path too
@@ -37,39 +40,14 @@ pytestmark = [
 
 
 def grpo_args(tmp_path, **overrides) -> grpo.Args:
-    defaults = dict(
-        model="tiny",
-        steps=2,
-        prompts_per_step=2,
-        group_size=4,
-        max_new_tokens=8,
-        eval_size=8,
-        eval_every=0,
-        output_dir=str(tmp_path),
-        lr=1e-3,
-        warmup_steps=1,
-        **BF16,
-    )
-    return args_of(grpo.Args, **{**defaults, **overrides})
-
-
-def recorded_grpo_losses(monkeypatch) -> list[dict]:
-    """What each grpo_loss call gets: log π_θ and log π_θold (detached copies)."""
-    calls = []
-    real = grpo.grpo_loss
-
-    def spy(logprobs, old_logprobs, *args, **kwargs):
-        calls.append({"logprobs": logprobs.detach().clone(), "old": old_logprobs.detach().clone()})
-        return real(logprobs, old_logprobs, *args, **kwargs)
-
-    monkeypatch.setattr(grpo, "grpo_loss", spy)
-    return calls
+    """test_grpo.py's tiny run, in bf16-mixed on DEVICE."""
+    return grpo_tiny_args(tmp_path, **BF16, **overrides)
 
 
 def test_the_first_update_has_ratio_one_and_dpo_starts_at_ln_2(tmp_path, monkeypatch):
     # μ = 2: log π_θold comes from a forward of its own before the first update; the same weights, kernels and
     # batch give the same numbers, so ρ = 1 and nothing clips
-    calls = recorded_grpo_losses(monkeypatch)
+    calls = spy_on_grpo_loss(monkeypatch)
     grpo.main(
         grpo_args(tmp_path / "grpo", steps=1, beta=0.1, num_iterations=2, temperature=0.7),
         reward_fn=digit_fraction,
@@ -77,21 +55,7 @@ def test_the_first_update_has_ratio_one_and_dpo_starts_at_ln_2(tmp_path, monkeyp
     log_ratio = calls[0]["logprobs"] - calls[0]["old"]
     assert log_ratio.abs().max().item() <= 1e-3, log_ratio.abs().max().item()
     # DPO: the policy is its reference at step 1, so every margin is 0 and the loss -log σ(0) = ln 2
-    dpo_run = dpo.main(
-        args_of(
-            dpo.Args,
-            model="tiny",
-            dataset=PAIRS,
-            steps=1,
-            batch_size=4,
-            max_new_tokens=8,
-            eval_size=8,
-            output_dir=str(tmp_path / "dpo"),
-            lr=1e-3,
-            warmup_steps=1,
-            **BF16,
-        )
-    )
+    dpo_run = dpo.main(dpo_tiny_args(tmp_path / "dpo", steps=1, **BF16))
     assert metrics_of(dpo_run)[0]["loss"] == pytest.approx(math.log(2), abs=1e-3)
 
 
