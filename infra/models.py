@@ -327,7 +327,7 @@ def load_model(
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
     # a LoRA run's checkpoint: its base, then the adapter
     if os.path.isfile(os.path.join(name, "adapter_config.json")):
-        peft = runs.import_peft(f"the LoRA checkpoint {name}")
+        peft = common.import_peft(f"the LoRA checkpoint {name}")
         base = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
         base_model = load_model(
             base,
