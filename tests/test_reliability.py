@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import transformers
 import tyro
 
 import common
@@ -387,8 +386,9 @@ def test_a_missing_tracker_package_is_one_line_before_anything_loads(tmp_path, m
 def test_a_transformers_older_than_5_23_is_one_line_before_anything_loads(
     tmp_path, monkeypatch, version, refused
 ):
-    # a CUDA image's transformers 5.17 failed at the first step: no activation_checkpointing_enable before 5.23
-    monkeypatch.setattr(transformers, "__version__", version)
+    # a CUDA image's transformers 5.17 failed at the first step: no activation_checkpointing_enable before 5.23.
+    # The module runs.py holds (importing peft can put another `transformers` into sys.modules).
+    monkeypatch.setattr(runs.transformers, "__version__", version)
     args = args_of(grpo.Args, output_dir=str(tmp_path))
     if refused:
         with pytest.raises(
