@@ -197,3 +197,8 @@ def test_joins_by_hand():
 def test_no_joins_the_formatter_keeps(name):
     found = joins((REPO / f"{name}.py").read_text(), algorithm=name in ALGORITHMS)
     assert not found, f"{name}.py: {found}"
+
+
+def test_the_readme_is_a_first_page():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines: move a section to docs/"
