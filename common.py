@@ -406,8 +406,13 @@ def check_fits(model, prompt_tokens: int, max_new_tokens: int) -> None:
         )
 
 
+def sample_completions(*args, **kwargs) -> torch.Tensor:
+    """The completions of sample_with_logprobs alone: (P, S) -> (P*G, T) token ids."""
+    return sample_with_logprobs(*args, **kwargs)[0]
+
+
 @torch.no_grad()
-def sample_completions(
+def sample_with_logprobs(
     model,
     prompt_ids: torch.Tensor,  # (P, S) left-padded
     prompt_mask: torch.Tensor,  # (P, S)
@@ -418,13 +423,16 @@ def sample_completions(
     temperature: float = 1.0,  # 0 = greedy
     top_p: float = 1.0,
     generator: Optional[torch.Generator] = None,
-) -> torch.Tensor:
-    """Sample G completions for each prompt with a key/value cache: (P, S) -> (P*G, T), T <= max_new_tokens.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample G completions for each prompt with a key/value cache: (P, S) -> ids (P*G, T), T <= max_new_tokens,
+    and the sampler's log-prob of each token it drew (P*G, T), float32, 0 after a row's EOS.
 
     Completions of prompt p are rows p*G .. p*G+G-1. The prompt is encoded once and its cache
     repeated G times. Sampling is from softmax(logits / temperature), nucleus-truncated when
     top_p < 1, no top-k. Rows that have emitted EOS are padded with pad_token_id; the loop stops
-    when every row has finished.
+    when every row has finished. The log-probs are those of the distribution each token was drawn
+    from (after the temperature and the nucleus's renormalisation), computed by this code path (its
+    attention, its cache, its kernels): the trainer's forward may differ from them (offpolicy.py).
     """
     _check_left_padded(prompt_mask)
     check_fits(model, prompt_ids.shape[1], max_new_tokens)
@@ -476,10 +484,12 @@ def _sample(
     next_logits = out.logits[:, -1].repeat_interleave(repeats, dim=0)  # (B, V)
     finished = torch.zeros(attention_mask.shape[0], dtype=torch.bool, device=prompt_ids.device)
     tokens = []
+    logprobs = []
     for _ in range(max_new_tokens):
-        token = _sample_token(next_logits.float(), temperature, top_p, generator)  # (B,)
+        token, logprob = _sample_token(next_logits.float(), temperature, top_p, generator)  # (B,), (B,)
         token = torch.where(finished, pad_token_id, token)
         tokens.append(token)
+        logprobs.append(torch.where(finished, 0.0, logprob))
         finished |= token == eos_token_id
         if all_finished(model, finished):
             break
@@ -493,7 +503,7 @@ def _sample(
             **{CACHE: cache},
         )
         next_logits = out.logits[:, -1]
-    return torch.stack(tokens, dim=1)
+    return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
 
 
 def all_finished(model, finished: torch.Tensor) -> bool:
@@ -505,9 +515,13 @@ def all_finished(model, finished: torch.Tensor) -> bool:
     return bool(done)
 
 
-def _sample_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> torch.Tensor:
+def _sample_token(logits: torch.Tensor, temperature: float, top_p: float, generator):
+    """One token a row from softmax(logits / temperature), nucleus-truncated when top_p < 1: (B, V) -> token (B,)
+    and its log-prob under the distribution it was drawn from (B,): log(p_k / Σ kept p), 0 when greedy (a point mass).
+    """
     if temperature == 0:
-        return logits.argmax(-1)
+        token = logits.argmax(-1)
+        return token, torch.zeros(token.shape, device=logits.device)
     probs = torch.softmax(logits / temperature, dim=-1)  # (B, V)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
@@ -520,5 +534,7 @@ def _sample_token(logits: torch.Tensor, temperature: float, top_p: float, genera
     u = torch.rand(cdf.shape[0], 1, device=cdf.device, generator=generator) * cdf[:, -1:]
     # The first token whose cumulative mass exceeds u (right=True): at u = 0 exactly, the first with any mass,
     # never a token of zero mass before it (searchsorted's default would return token 0 there).
-    token = torch.searchsorted(cdf, u, right=True)
-    return token.squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+    token = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[-1] - 1)  # (B, 1)
+    # the draw's distribution is p / cdf[-1], the kept mass (1 up to rounding without a nucleus)
+    logprob = torch.log(probs.gather(-1, token)) - torch.log(cdf[:, -1:])
+    return token.squeeze(-1), logprob.squeeze(-1)

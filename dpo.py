@@ -61,6 +61,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import common
+import offpolicy
 from infra import distributed
 from infra import fsdp
 from infra import models
@@ -204,15 +205,16 @@ def sample_pairs(
     max_new_tokens: int,
     temperature: float,
     generator: torch.Generator,
-) -> tuple[list[dict], int]:
+) -> tuple[list[dict], int, dict]:
     """Two samples per problem from the policy, the one the verifier passes chosen; a pair of equal
-    labels dropped."""
+    labels dropped. Also the sampler against the trainer on the samples (offpolicy.mismatch_metrics), by
+    one more forward without gradient: the loss reads the pairs as text, tokenized again."""
     device = next(policy.parameters()).device
     eos = tokenizer.eos_token_id
     policy.eval()
     prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
-    # (2P, T)
-    completion_ids = common.sample_completions(
+    # (2P, T) each
+    completion_ids, sampler_logprobs = common.sample_with_logprobs(
         policy,
         prompt_ids,
         prompt_mask,
@@ -224,7 +226,14 @@ def sample_pairs(
         1.0,
         generator,
     )
-    texts = tasks.decode_completions(tokenizer, completion_ids, common.completion_mask(completion_ids, eos))
+    mask = common.completion_mask(completion_ids, eos)
+    with torch.no_grad():
+        repeats = torch.full((len(problems),), 2, device=device)
+        trainer_logprobs, _ = common.completion_logprobs(
+            policy, prompt_ids, prompt_mask, completion_ids, repeats, temperature
+        )
+    mismatch = offpolicy.mismatch_metrics(trainer_logprobs, sampler_logprobs, mask)
+    texts = tasks.decode_completions(tokenizer, completion_ids, mask)
     finished = (completion_ids == eos).any(1).tolist()  # a sample cut off at max_new_tokens gets no EOS later
     pairs = []
     for i, problem in enumerate(problems):  # rows 2i and 2i + 1 are the problem's two samples
@@ -240,7 +249,7 @@ def sample_pairs(
                     "rejected_finished": finished[rejected],
                 }
             )
-    return pairs, len(problems) - len(pairs)
+    return pairs, len(problems) - len(pairs), mismatch
 
 
 def pair_metrics(
@@ -430,7 +439,7 @@ def main(args: Args) -> dict:
         pairs = [train_pairs[i] for i in batch]
         # ---- online: two samples per prompt from the policy, labelled by the verifier -------
         if args.online:
-            pairs, dropped = sample_pairs(
+            pairs, dropped, mismatch = sample_pairs(
                 policy,
                 tokenizer,
                 [next(train_stream) for _ in range(args.batch_size)],
@@ -440,7 +449,8 @@ def main(args: Args) -> dict:
             )
             # all labels equal: no update and no scheduler step; logged, evaluated, saved as usual
             if not pairs:
-                run.log(step, {"pairs/kept": 0, "pairs/dropped": dropped, "time/step": time.time() - t0})
+                stats = {"pairs/kept": 0, "pairs/dropped": dropped, **mismatch, "time/step": time.time() - t0}
+                run.log(step, stats)
                 run.evaluate(step, evaluate)
                 run.save_if_due(step)
                 continue
@@ -488,7 +498,7 @@ def main(args: Args) -> dict:
             }
         )
         if args.online:
-            stats.update({"pairs/kept": len(pairs), "pairs/dropped": dropped})
+            stats.update({"pairs/kept": len(pairs), "pairs/dropped": dropped, **mismatch})
         # each rank's mean over an equal share: their mean is the batch's
         stats = distributed.mean_over_ranks(stats)
         run.log(

@@ -66,6 +66,7 @@ from typing import Annotated, Callable, Literal, Optional
 import torch
 
 import common
+import offpolicy
 from infra import distributed
 from infra import fsdp
 from infra import models
@@ -144,6 +145,17 @@ class Args:
     """DAPO's soft overlong punishment over the last this-many tokens before max_new_tokens (0 = off)"""
     overlong_penalty: float = 1.0
     """penalty at max_new_tokens when overlong_buffer > 0"""
+    # ---- off-policy: the sampler against the trainer (offpolicy.py) ------------------------------
+    is_correction: Literal["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"] = (
+        "none"
+    )
+    """weight each token's policy-gradient term by w = π_train / π_sampler, truncated (min(w, C)) or
+    masked (0 outside [1/C, C]), per token or per sequence (geometric mean); see offpolicy.py"""
+    is_cap: float = 2.0
+    """C, the cap of --is-correction"""
+    staleness: int = 0
+    """train each step on the batch sampled this many optimizer steps earlier (a queue, as
+    asynchronous trainers do); 0 = on-policy"""
     # ---- generation: sampling the completions ----------------------------------------------------
     max_new_tokens: int = 32
     """completion length limit, in training and evaluation"""
@@ -202,6 +214,12 @@ def check_args(args: Args) -> None:
     )
     require(
         args.overlong_buffer < args.max_new_tokens, "--overlong-buffer must be smaller than --max-new-tokens"
+    )
+    require(args.is_cap > 1, f"--is-cap must be > 1 (weights are kept within [1/C, C]), not {args.is_cap}")
+    require(args.staleness >= 0, f"--staleness must be >= 0, not {args.staleness}")
+    require(
+        not (args.staleness and args.run.resume),
+        "--staleness with --resume: the queue of sampled batches is not in a checkpoint; resume with --staleness 0",
     )
     require(
         len(args.reward_weights or args.rewards) == len(args.rewards) > 0,
@@ -268,6 +286,7 @@ def grpo_loss(
     kl_kind: str = "k3",
     importance_level: str = "token",
     loss_type: str = "clip",  # GSPO: "sequence"; CISPO: "cispo"
+    is_weights: Optional[torch.Tensor] = None,  # (B, T) π_train / π_sampler, capped, constant (offpolicy.py)
 ) -> tuple[torch.Tensor, dict]:
     """The negated GRPO objective (see the module docstring), to be minimised.
 
@@ -279,6 +298,8 @@ def grpo_loss(
                                padded width of this batch, so adding padding changes nothing)
     GSPO (eq. 5): s_i = exp(1/|o_i| Σ_t log ρ_it) for every ρ_it of o_i, clipped whole, gradient through the mean.
     CISPO (MiniMax-M1 eq. 4): l_it = -sg(min(ρ_it, 1+eps_high)) Â_i log π_θ(o_it); no lower bound, no gradient lost.
+    is_weights multiply each token's policy-gradient term, not its KL (as TRL): the tokens came from the
+    sampler, π_θold is the trainer's (AReaL's decoupled PPO, Fu et al. 2025, arXiv:2505.24298).
     Returns (loss, metrics) with metrics as floats, token means over this batch's mask: kl (only
     when β != 0), clip_ratio, clip_ratio/low, clip_ratio/high (CISPO: tokens with Â > 0 whose weight was cut, as TRL).
     """
@@ -295,6 +316,8 @@ def grpo_loss(
     per_token = torch.max(pg_loss1, pg_loss2)  # (B, T) pessimistic bound, PPO eq. 7
     if loss_type == "cispo":  # instead: the weight is a constant, so every token's gradient is -w Â ∇log π
         per_token = -torch.clamp(ratio, max=1.0 + eps_high).detach() * adv * logprobs
+    if is_weights is not None:
+        per_token = per_token * is_weights
     kl = None
     if beta != 0.0:
         if ref_logprobs is None:
@@ -357,6 +380,20 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, pe
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """One sampled and scored batch, as the update reads it: the groups dynamic sampling kept (B rows, maybe 0)."""
+
+    prompt_ids: torch.Tensor  # (P, S) left-padded
+    prompt_mask: torch.Tensor  # (P, S)
+    completion_ids: torch.Tensor  # (B, T)
+    mask: torch.Tensor  # (B, T)
+    sampler_logprobs: torch.Tensor  # (B, T) as the sampler drew the tokens
+    advantages: torch.Tensor  # (B,)
+    stats: dict  # the rewards and completions of every sampled group, and the sampling's time
+    sampled_tokens: int  # completion tokens sampled, kept or not
+
+
 def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) -> dict:
     """Train with GRPO; returns the final metrics (also in eval.json). reward_fn(completion, answer)
     -> float is the `correct` reward (default: --verifier's); held-out accuracy is always the
@@ -422,16 +459,15 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     def evaluate(step: int, pass_k: int = 0) -> dict:
         return tasks.evaluate_policy(policy, tokenizer, heldout, args.max_new_tokens, args.seed, step, pass_k)
 
-    run.begin(evaluate)
-    for step in range(run.first_step, args.steps + 1):
+    def sample_batch() -> Batch:
         # ---- 1. sample G completions per prompt from the current policy -------------------------
         t0 = time.time()
         # P/N on a rank
         problems = distributed.share([next(train_stream) for _ in range(args.prompts_per_step)])
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
-        # (B, T)
-        completion_ids = common.sample_completions(
+        # (B, T) each: the tokens, and their log-probs as the sampler drew them
+        completion_ids, sampler_logprobs = common.sample_with_logprobs(
             policy,
             prompt_ids,
             prompt_mask,
@@ -460,7 +496,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         per_reward = scored.rewards  # (B, K), one column per reward
         if not torch.isfinite(per_reward).all():
             raise InputError(
-                f"reward became {per_reward[~torch.isfinite(per_reward)][0].item()} at step {step}: "
+                f"reward became {per_reward[~torch.isfinite(per_reward)][0].item()}: "
                 "the reward function returned a non-finite score"
             )
         scores = weighted_rewards(
@@ -488,19 +524,43 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             # 1/G: a group all alike
             "completions/distinct": common.distinct_fraction(completion_ids, mask, G),
             "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # cut: no EOS
+            "time/generate": time_generate,
+            "tokens_per_second/generate": lengths.sum().item() / time_generate,
         }
         if reward_model is not None:  # the true reward, beside the learned one
             stats["verifier"] = scored.verified.mean().item()
+        # dynamic sampling drops the groups of equal rewards; the columns that are padding in every kept row go
+        width = int((mask * keep[:, None]).sum(1).max())
+        return Batch(
+            prompt_ids[keep_groups],
+            prompt_mask[keep_groups],
+            completion_ids[keep, :width],
+            mask[keep, :width],
+            sampler_logprobs[keep, :width],
+            advantages[keep],
+            stats,
+            int(lengths.sum()),
+        )
+
+    run.begin(evaluate)
+    # phases 1-3 above: this step's batch, or with --staleness k the one sampled k updates earlier
+    batches = offpolicy.StaleQueue(sample_batch, args.staleness, args.steps - run.first_step + 1)
+    for step in range(run.first_step, args.steps + 1):
+        t0 = time.time()
+        batch = batches.next()
+        prompt_ids = batch.prompt_ids
+        prompt_mask = batch.prompt_mask
+        completion_ids = batch.completion_ids
+        mask = batch.mask
+        advantages = batch.advantages
+        # its sampling's (with --staleness, some steps ago)
+        stats = dict(batch.stats)
         t1 = time.time()
         # dynamic sampling may leave no group: no update, but the batch still counts
-        update = bool(keep.any())
+        update = completion_ids.shape[0] > 0
 
         # ---- 4. old and reference log-probs, once per batch -------------------------------------
         if update:
-            prompt_ids, prompt_mask = prompt_ids[keep_groups], prompt_mask[keep_groups]
-            completion_ids, mask, advantages = completion_ids[keep], mask[keep], advantages[keep]
-            width = int(mask.sum(1).max())  # drop columns that are padding in every row
-            completion_ids, mask = completion_ids[:, :width], mask[:, :width]
             B = completion_ids.shape[0]
             micro = min(args.batch_size or B, B)  # dynamic sampling may have shrunk this batch
             slices = [slice(i, min(i + micro, B)) for i in range(0, B, micro)]
@@ -522,9 +582,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 )
 
             with torch.no_grad():
-                # With μ = 1 the sampling policy *is* the current one, so old = current.detach()
-                # below and ratio is exactly 1 (no extra forward); with μ > 1 they must be frozen
-                # before the first update.
+                # With μ = 1, π_θold is the trainer's current π: old = current.detach() below, so ρ is exactly
+                # 1 (no extra forward); with μ > 1 they must be frozen before the first update. Either way the
+                # sampler's own log-probs differ (offpolicy.py): --is-correction weighs that gap.
                 old_logprobs = None
                 if args.num_iterations > 1:
                     old_logprobs = torch.cat([logprobs_of(policy, s)[0] for s in slices])
@@ -538,12 +598,19 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             # metric -> Σ over micro-batches and iterations of value × weight
             sums = {}
             entropy_sum = 0.0
+            trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
             for iteration in range(args.num_iterations):
                 for s in slices:
                     logprobs, entropy = logprobs_of(policy, s, with_entropy=iteration == 0)
                     # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
                     old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
                     ref = ref_logprobs[s] if ref_logprobs is not None else None
+                    if iteration == 0:
+                        trainer_logprobs.append(old)
+                    # (B_s, T) constant: all 1 without --is-correction
+                    is_weights, cut = offpolicy.importance_weights(
+                        old, batch.sampler_logprobs[s], mask[s], args.is_correction, args.is_cap
+                    )
                     loss, m = grpo_loss(
                         logprobs,
                         old,
@@ -558,7 +625,11 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         kl_kind=args.kl_estimator,
                         importance_level=args.importance_level,
                         loss_type=args.loss_type,
+                        is_weights=is_weights,
                     )
+                    if args.is_correction != "none":
+                        m["is/weight_mean"] = masked_mean(is_weights, mask[s]).item()
+                        m["is/frac_cut"] = masked_mean(cut.float(), mask[s]).item()
                     run.check_finite(loss, step)
                     weight = micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
@@ -592,6 +663,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             # each iteration's token shares (and loss weights) sum to 1: dividing by μ averages the iterations
             # ranks' parts
             stats.update({k: distributed.all_sum(v) / args.num_iterations for k, v in sums.items()})
+            # the sampler against the trainer, at the tokens sampled
+            stats.update(
+                offpolicy.mismatch_metrics(torch.cat(trainer_logprobs), batch.sampler_logprobs, mask)
+            )
             stats.update(
                 {
                     "entropy": distributed.all_sum(entropy_sum),
@@ -604,11 +679,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         stats.update(
             {
                 "lr": lr,
-                "time/generate": time_generate,
                 "time/train": time_train,
                 "time/step": step_time,
-                "tokens_per_second": lengths.sum().item() / step_time,
-                "tokens_per_second/generate": lengths.sum().item() / time_generate,
+                "tokens_per_second": batch.sampled_tokens / step_time,
             }
         )
         # each rank's mean over an equal share: their mean is the batch's

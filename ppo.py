@@ -63,6 +63,7 @@ import torch
 from tqdm.auto import tqdm
 
 import common
+import offpolicy
 from infra import distributed
 from infra import fsdp
 from infra import models
@@ -518,7 +519,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         problems = distributed.share([next(train_stream) for _ in range(args.batch_size)])  # B/N on a rank
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
-        completion_ids = common.sample_completions(
+        # (B, T) each: the tokens, and their log-probs as the sampler drew them
+        completion_ids, sampler_logprobs = common.sample_with_logprobs(
             policy,
             prompt_ids,
             prompt_mask,
@@ -533,6 +535,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
         width = int(mask.sum(1).max())  # drop columns that are padding in every row
         completion_ids, mask = completion_ids[:, :width], mask[:, :width]
+        sampler_logprobs = sampler_logprobs[:, :width]
         # this rank's rows of a (mini)batch
         B = len(problems)
         M = args.minibatch_size // distributed.world_size()
@@ -689,6 +692,8 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "completion_finished": finished.float().mean().item(),
             # the batch (a rank's share)
             "completions/distinct": common.distinct_fraction(completion_ids, mask, B),
+            # the sampler against the trainer (π_old), at the sampled tokens
+            **offpolicy.mismatch_metrics(old_logprobs, sampler_logprobs, mask),
             "time/generate": time_generate,
             "time/score": time_score,
             "time/update": time_update,

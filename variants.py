@@ -77,6 +77,7 @@ import torch
 import torch.nn.functional as F
 
 import common
+import offpolicy
 from infra import distributed
 from infra import fsdp
 from infra import models
@@ -510,7 +511,8 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
             prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
             k = 1 if args.algo == "remax" else args.group_size
             policy.eval()
-            completion_ids = common.sample_completions(
+            # (B, T) each: the tokens, and their log-probs as the sampler drew them
+            completion_ids, sampler_logprobs = common.sample_with_logprobs(
                 policy,
                 prompt_ids,
                 prompt_mask,
@@ -591,6 +593,8 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
                 "completions/distinct": common.distinct_fraction(
                     completion_ids, mask, k if k > 1 else len(mask)
                 ),
+                # the sampler against the trainer, at the sampled tokens
+                **offpolicy.mismatch_metrics(logprobs, sampler_logprobs, mask),
             }
 
         # ---- update, log ---------------------------------------------------------------------------------

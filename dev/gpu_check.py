@@ -14,6 +14,8 @@ Steps, each timed and recorded in DIR/summary.json (ok, seconds, and what it mea
             second, peak memory (torch.cuda.max_memory_allocated) beside what scripts/memory_plan.py predicts
   decode    one sampling call at GRPO's default batch: seconds per token step against the floor of reading every
             weight once per step at the copy bandwidth measured above
+  mismatch  scripts/mismatch.py: the sampler's log-probs (the cached decode) against the trainer's (the full
+            forward) at GRPO's default batch, bf16-mixed and float32, and under a nucleus (top-p 0.9)
 DIR also gets check.log (this whole console), tier.log and runs.tar.gz (each run's logs, metrics and eval.json):
 4 files, whatever a machine lets come back. The runs themselves go to a temporary folder.
 --part tests runs machine, copy and tier; --part model the rest.
@@ -342,6 +344,19 @@ def decode(check: Check) -> dict:
     }
 
 
+def mismatch(check: Check) -> dict:
+    """scripts/mismatch.py on this device: the gap between the sampler's log-probs and the trainer's."""
+    settings = ["fp32:off:1.0", "bf16-mixed:off:1.0", "bf16-mixed:off:0.9"]
+    sizes = []
+    if check.dry_run:
+        settings = ["fp32:off:1.0", "fp32:off:0.9"]
+        sizes = ["--model", "tiny", "--prompts", "2", "--group-size", "2", "--batches", "1"]
+    out = check.work / "mismatch.json"
+    command = [sys.executable, "scripts/mismatch.py", *sizes, "--device", check.device, "--out", str(out)]
+    check.run("mismatch", [*command, "--settings", *settings], 240)
+    return {"rows": json.loads(out.read_text())}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -371,6 +386,7 @@ def main() -> int:
             check.step("decode", lambda: decode(check))
             for name in GPU_RUNS:
                 check.step(name, lambda: training_run(check, name))
+            check.step("mismatch", lambda: mismatch(check))
     failed = [name for name, record in check.summary["steps"].items() if not record["ok"]]
     print(
         f"gpu check: {len(check.summary['steps']) - len(failed)} steps ok, failed: {failed or 'none'}; {out}"

@@ -64,6 +64,7 @@ GRPO, PPO, DPO, RM = (
 COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/test_variants.py"
 REL, SFT, BANDIT = "tests/test_reliability.py", "tests/test_sft.py", "tests/test_bandit.py"
 MEMORY, PRM, DIST = "tests/test_memory_plan.py", "tests/test_prm.py", "tests/test_distributed.py"
+OFF = "tests/test_offpolicy.py"
 
 MUTATIONS = [
     # ---- grpo.py: advantages, KL, the clipped loss, aggregation, the loop ---------------------------------
@@ -293,6 +294,154 @@ MUTATIONS = [
         "return map(r1, train_stream), heldout",
         "R1 prompt: held-out questions not asked for the format",
         f"{TASKS} -k r1_prompt",
+    ),
+    # ---- offpolicy.py and the sampler's log-probs: the mismatch, the corrections, staleness -----------------------
+    Mutation(
+        "offpolicy.py",
+        "return weights.clamp(max=cap), cut",
+        "return weights, cut",
+        "truncated IS: the cap never applied",
+        f"{OFF} -k truncation",
+    ),
+    Mutation(
+        "offpolicy.py",
+        "cut = log_w.abs() > math.log(cap)  # w outside [1/C, C]",
+        "cut = log_w > math.log(cap)  # w outside [1/C, C]",
+        "masked IS: only the upper bound (w < 1/C kept)",
+        f"{OFF} -k masking",
+    ),
+    Mutation(
+        "offpolicy.py",
+        "return weights.masked_fill(cut, 0.0), cut",
+        "return torch.ones_like(weights).masked_fill(cut, 0.0), cut",
+        "masked IS: the tokens kept weighted 1, not w",
+        f"{OFF} -k masking",
+    ),
+    Mutation(
+        "offpolicy.py",
+        "log_w = masked_mean(log_w, mask, dim=1)[:, None].expand_as(log_w)",
+        "log_w = log_w.mean(dim=1, keepdim=True).expand_as(log_w)",
+        "sequence weight: padding counted in the geometric mean",
+        f"{OFF} -k geometric",
+    ),
+    Mutation(
+        "offpolicy.py",
+        "log_w = masked_mean(log_w, mask, dim=1)[:, None].expand_as(log_w)",
+        "log_w = torch.log(masked_mean(torch.exp(log_w), mask, dim=1))[:, None].expand_as(log_w)",
+        "sequence weight: the arithmetic mean of w, not the geometric",
+        f"{OFF} -k geometric",
+    ),
+    Mutation(
+        "offpolicy.py",
+        "    log_w = (trainer_logprobs - sampler_logprobs).detach().float()\n    if correction",
+        "    log_w = (trainer_logprobs - sampler_logprobs).float()\n    if correction",
+        "importance weight not detached (its own gradient joins the loss's)",
+        f"{OFF} -k constant_of_the_gradient",
+    ),
+    Mutation(
+        "offpolicy.py",
+        "    log_w = (trainer_logprobs - sampler_logprobs).detach().float()\n    if correction",
+        "    log_w = (sampler_logprobs - trainer_logprobs).detach().float()\n    if correction",
+        "importance weight inverted (π_sampler / π_train)",
+        f"{OFF} -k truncation",
+    ),
+    Mutation(
+        "offpolicy.py",
+        "k3 = torch.exp(log_w) - 1.0 - log_w",
+        "k3 = -log_w",
+        "mismatch KL by k1, not k3",
+        f"{OFF} -k mismatch_metrics",
+    ),
+    Mutation(
+        "offpolicy.py",
+        "largest = log_w.abs().masked_fill(mask == 0, 0.0).max()",
+        "largest = log_w.abs().max()",
+        "largest log ratio read from padding too",
+        f"{OFF} -k mismatch_metrics",
+    ),
+    Mutation(
+        "offpolicy.py",
+        "while len(self.queue) <= self.staleness and self.left > 0:",
+        "while len(self.queue) < self.staleness and self.left > 0:",
+        "stale queue one batch short (staleness k - 1, and none at 0)",
+        f"{OFF} -k queue",
+    ),
+    Mutation(
+        "offpolicy.py",
+        "while len(self.queue) <= self.staleness and self.left > 0:",
+        "while len(self.queue) <= self.staleness:",
+        "stale queue samples past the run's batches (more sampling than at staleness 0)",
+        f"{OFF} -k queue",
+    ),
+    Mutation(
+        "common.py",
+        "logprob = torch.log(probs.gather(-1, token)) - torch.log(cdf[:, -1:])",
+        "logprob = torch.log(probs.gather(-1, token))",
+        "sampler log-prob: the nucleus's renormalisation left out",
+        f"{COMMON} -k 'distribution_it_drew or nucleus'",
+    ),
+    Mutation(
+        "common.py",
+        "logprobs.append(torch.where(finished, 0.0, logprob))",
+        "logprobs.append(logprob)",
+        "sampler log-probs after EOS not zeroed (padding's draws kept)",
+        f"{COMMON} -k nucleus",
+    ),
+    Mutation(
+        "grpo.py",
+        "per_token = per_token * is_weights",
+        "per_token = per_token",
+        "--is-correction: the weights never reach the loss",
+        f"{GRPO} -k importance_weights_scale",
+    ),
+    Mutation(
+        "grpo.py",
+        "per_token = per_token + beta * kl",
+        "per_token = (per_token + beta * kl) * (1.0 if is_weights is None else is_weights)",
+        "--is-correction: the KL term weighted too",
+        f"{GRPO} -k importance_weights_scale",
+    ),
+    Mutation(
+        "grpo.py",
+        "old, batch.sampler_logprobs[s], mask[s], args.is_correction, args.is_cap",
+        "old, batch.sampler_logprobs[s], mask[s], args.is_correction, 2.0",
+        "--is-cap ignored in the loop",
+        f"{GRPO} -k sampler_against",
+    ),
+    Mutation(
+        "grpo.py",
+        "offpolicy.mismatch_metrics(torch.cat(trainer_logprobs), batch.sampler_logprobs, mask)",
+        "offpolicy.mismatch_metrics(batch.sampler_logprobs, torch.cat(trainer_logprobs), mask)",
+        "mismatch measured the wrong way round (KL(train || sampler))",
+        f"{GRPO} -k sampler_against",
+    ),
+    Mutation(
+        "grpo.py",
+        "offpolicy.StaleQueue(sample_batch, args.staleness,",
+        "offpolicy.StaleQueue(sample_batch, 0,",
+        "--staleness ignored: every batch on-policy",
+        f"{GRPO} -k stale_batches",
+    ),
+    Mutation(
+        "ppo.py",
+        "**offpolicy.mismatch_metrics(old_logprobs, sampler_logprobs, mask)",
+        "**offpolicy.mismatch_metrics(ref_logprobs, sampler_logprobs, mask)",
+        "PPO's mismatch measured against the reference, not π_old",
+        f"{PPO} -k run_folder_and_metrics",
+    ),
+    Mutation(
+        "variants.py",
+        "**offpolicy.mismatch_metrics(logprobs, sampler_logprobs, mask)",
+        "**offpolicy.mismatch_metrics(ref_logprobs, sampler_logprobs, mask)",
+        "online variants' mismatch measured against the reference, not the trainer",
+        f"{VARIANTS} -k sampler_against",
+    ),
+    Mutation(
+        "dpo.py",
+        "policy, prompt_ids, prompt_mask, completion_ids, repeats, temperature",
+        "policy, prompt_ids, prompt_mask, completion_ids, repeats",
+        "online DPO's trainer log-probs without the sampling temperature",
+        f"{DPO} -k logs_the_sampler",
     ),
     # ---- ppo.py: per-token rewards, GAE, both losses, the KL controller, the loop -------------------------
     Mutation(

@@ -108,6 +108,20 @@ ALGORITHMS = {
         [*GRPO, "--rewards", "correct", "format", "--reward-weights", "1", "0.5", "--prompt-style", "r1"],
         32,
     ),
+    # each step trains on the batch sampled k updates earlier, uncorrected or with truncated IS (offpolicy.py)
+    "grpo-tis": ("GRPO, token-truncate IS", [*GRPO, "--is-correction", "token-truncate"], 32),
+    "grpo-stale2": ("GRPO, staleness 2", [*GRPO, "--staleness", "2"], 32),
+    "grpo-stale2-tis": (
+        "GRPO, staleness 2, token-truncate IS",
+        [*GRPO, "--staleness", "2", "--is-correction", "token-truncate"],
+        32,
+    ),
+    "grpo-stale4": ("GRPO, staleness 4", [*GRPO, "--staleness", "4"], 32),
+    "grpo-stale4-tis": (
+        "GRPO, staleness 4, token-truncate IS",
+        [*GRPO, "--staleness", "4", "--is-correction", "token-truncate"],
+        32,
+    ),
 }
 # Choices by name only: the default set is the one the README's comparison was run with.
 NOT_BY_DEFAULT = (
@@ -118,6 +132,11 @@ NOT_BY_DEFAULT = (
     "gspo",
     "cispo",
     "r1-rewards",
+    "grpo-tis",
+    "grpo-stale2",
+    "grpo-stale2-tis",
+    "grpo-stale4",
+    "grpo-stale4-tis",
 )
 CPU_BUDGET, GPU_BUDGET = 160, 3200  # training completions per run
 

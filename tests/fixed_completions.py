@@ -38,9 +38,34 @@ def digit_fraction(completion: str, answer: str) -> float:
     return sum(c.isdigit() for c in completion) / max(1, len(completion))
 
 
-if os.environ.get("SAMPLE") != "1":
-    common.sample_completions = fixed_completions
-tasks.VERIFIERS["last-number"] = digit_fraction  # GRPO's reward
-tasks.verify = digit_fraction  # PPO's --reward verifier, and held-out accuracy
-sys.argv = sys.argv[1:]
-runpy.run_path(str(REPO / sys.argv[0]), run_name="__main__")
+def sampler_from(completions_of):
+    """A stand-in for common.sample_with_logprobs made from one for common.sample_completions (same arguments, the
+    completions alone): its completions, and the log-probs the trainer's forward gives them, as a sampler that
+    agrees with the trainer would return them (0 after EOS, and when greedy)."""
+
+    def sample(
+        model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos, pad, temperature=1.0, *args, **kw
+    ):
+        ids = completions_of(
+            model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos, pad, temperature, *args, **kw
+        )
+        mask = common.completion_mask(ids, eos)
+        if temperature == 0:
+            return ids, torch.zeros(ids.shape)
+        repeats = torch.full((len(prompt_ids),), len(ids) // len(prompt_ids))
+        with torch.no_grad():
+            logprobs, _ = common.completion_logprobs(
+                model, prompt_ids, prompt_mask, ids, repeats, temperature
+            )
+        return ids, logprobs * mask
+
+    return sample
+
+
+if __name__ == "__main__":
+    if os.environ.get("SAMPLE") != "1":
+        common.sample_with_logprobs = sampler_from(fixed_completions)
+    tasks.VERIFIERS["last-number"] = digit_fraction  # GRPO's reward
+    tasks.verify = digit_fraction  # PPO's --reward verifier, and held-out accuracy
+    sys.argv = sys.argv[1:]
+    runpy.run_path(str(REPO / sys.argv[0]), run_name="__main__")

@@ -214,7 +214,7 @@ def test_greedy_sampling_follows_argmax_and_pads_after_eos(tiny_model, tokenizer
 
 def test_inverse_cdf_sampling_has_the_right_distribution():
     logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]])).expand(20000, 3)
-    tokens = common._sample_token(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
+    tokens, _ = common._sample_token(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
     freq = torch.bincount(tokens, minlength=3).float() / 20000
     assert freq.tolist() == pytest.approx([0.2, 0.5, 0.3], abs=0.015)
 
@@ -222,7 +222,7 @@ def test_inverse_cdf_sampling_has_the_right_distribution():
 def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]])).expand(5000, 3)
     # sorted 0.5, 0.3, 0.2: top_p = 0.6 keeps {0.5, 0.3} (0.5 alone is < 0.6), renormalised to 5/8, 3/8
-    tokens = common._sample_token(logits, 1.0, 0.6, torch.Generator().manual_seed(0))
+    tokens, _ = common._sample_token(logits, 1.0, 0.6, torch.Generator().manual_seed(0))
     freq = torch.bincount(tokens, minlength=3).float() / 5000
     assert freq[0] == 0 and freq[1].item() == pytest.approx(0.625, abs=0.03)
 
@@ -236,8 +236,8 @@ def test_a_uniform_of_exactly_zero_never_draws_a_token_of_zero_mass(monkeypatch)
     # the nucleus (top_p = 0.6 keeps tokens 1 and 2, 0.4879 each). Where token 0 has no mass, its cdf is 0, and
     # u = 0 must land on token 1, the first with mass.
     logits = torch.tensor([[-float("inf"), 0.0, 0.0], [0.0, 3.0, 3.0]])
-    assert common._sample_token(logits, 1.0, 1.0, None).tolist() == [1, 0]
-    assert common._sample_token(logits, 1.0, 0.6, None).tolist() == [1, 1]
+    assert common._sample_token(logits, 1.0, 1.0, None)[0].tolist() == [1, 0]
+    assert common._sample_token(logits, 1.0, 0.6, None)[0].tolist() == [1, 1]
 
 
 def test_temperature_divides_the_logits_before_sampling():
@@ -245,9 +245,62 @@ def test_temperature_divides_the_logits_before_sampling():
     # T = 0.5: softmax(log p / 0.5) = p² / Σ p²; p² = 0.04, 0.25, 0.09, sum 0.38: 0.04/0.38 = 0.105263,
     # 0.25/0.38 = 0.657895, 0.09/0.38 = 0.236842 (at T = 1 it would be 0.2, 0.5, 0.3). The sampling std of a
     # frequency of 5000 draws is at most sqrt(0.25 / 5000) = 0.0071, so abs=0.03 is over 4 of them.
-    tokens = common._sample_token(logits, 0.5, 1.0, torch.Generator().manual_seed(0))
+    tokens, _ = common._sample_token(logits, 0.5, 1.0, torch.Generator().manual_seed(0))
     freq = torch.bincount(tokens, minlength=3).float() / 5000
     assert freq.tolist() == pytest.approx([0.105263, 0.657895, 0.236842], abs=0.03)
+
+
+def test_the_sampler_returns_the_log_prob_of_the_distribution_it_drew_from():
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]])).expand(300, 3)
+    generator = torch.Generator().manual_seed(0)
+    # T = 1, no nucleus: log p_k
+    tokens, logprobs = common._sample_token(logits, 1.0, 1.0, generator)
+    expected = torch.log(torch.tensor([0.2, 0.5, 0.3]))[tokens]
+    assert torch.allclose(logprobs, expected, atol=1e-6)
+    # top_p = 0.6 keeps 0.5 and 0.3, mass 0.8: log(0.5 / 0.8) = log 0.625, log(0.3 / 0.8) = log 0.375 (the full
+    # softmax's log 0.5 and log 0.3 would miss by log 0.8 = -0.223)
+    tokens, logprobs = common._sample_token(logits, 1.0, 0.6, generator)
+    expected = torch.log(torch.tensor([0.0, 0.625, 0.375]))[tokens]
+    assert set(tokens.tolist()) == {1, 2} and torch.allclose(logprobs, expected, atol=1e-6)
+    # T = 0.5: p² / Σ p² = 0.04 / 0.38, 0.25 / 0.38, 0.09 / 0.38
+    tokens, logprobs = common._sample_token(logits, 0.5, 1.0, generator)
+    expected = torch.log(torch.tensor([0.04, 0.25, 0.09]) / 0.38)[tokens]
+    assert torch.allclose(logprobs, expected, atol=1e-6)
+    # greedy: a point mass, log 1
+    tokens, logprobs = common._sample_token(logits, 0.0, 1.0, generator)
+    assert (tokens == 1).all() and (logprobs == 0).all()
+
+
+def test_sampler_log_probs_equal_the_trainers_in_float32_and_exceed_them_by_the_nucleus(
+    tiny_model, tokenizer, prompts
+):
+    ids, mask = prompts
+    eos = tokenizer.eos_token_id
+    generator = torch.Generator().manual_seed(0)
+    completions, sampled = common.sample_with_logprobs(
+        tiny_model, ids, mask, 3, 6, eos, tokenizer.pad_token_id, 0.7, 1.0, generator
+    )
+    kept = common.completion_mask(completions, eos)
+    trained, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([3, 3]), 0.7)
+    # one float32 model, two code paths (cache against full forward): equal to rounding, 0 after EOS
+    assert torch.allclose(sampled * kept, trained * kept, atol=1e-5)
+    assert (sampled[kept == 0] == 0).all()
+    # top_p = 0.9: each token's sampler log-prob exceeds the full softmax's by -log(the mass kept), computed here
+    # from the trainer's own softmax at that position
+    completions, sampled = common.sample_with_logprobs(
+        tiny_model, ids, mask, 3, 6, eos, tokenizer.pad_token_id, 0.7, 0.9, generator
+    )
+    kept = common.completion_mask(completions, eos)
+    trained, _ = common.completion_logprobs(tiny_model, ids, mask, completions, torch.tensor([3, 3]), 0.7)
+    for b in range(6):
+        prompt = ids[b // 3][mask[b // 3].bool()]
+        for t in range(int(kept[b].sum())):
+            probs = torch.softmax(
+                tiny_model(torch.cat([prompt, completions[b, :t]])[None]).logits[0, -1] / 0.7, -1
+            )
+            ordered = probs.sort(descending=True).values
+            mass = ordered[ordered.cumsum(0) - ordered <= 0.9].sum()
+            assert (sampled[b, t] - trained[b, t]).item() == pytest.approx(-math.log(mass.item()), abs=1e-4)
 
 
 # ---- checkpoints and loaded models ---------------------------------------------------------------------------

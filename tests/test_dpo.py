@@ -13,6 +13,7 @@ from infra import models
 import preferences
 from infra import runs
 import tasks
+from fixed_completions import sampler_from
 from conftest import (
     HAS_EMBEDDED_MODEL,
     PAIRS,
@@ -252,7 +253,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 
 # ---- online DPO ------------------------------------------------------------------------------------------------------
 def fixed_samples(tokenizer, texts: list[str], finished: list[bool]):
-    """A stand-in for common.sample_completions that returns these completions (EOS where finished), right-padded."""
+    """A stand-in for common.sample_completions that returns these completions (EOS where finished), right-padded;
+    sampler_from makes it one for common.sample_with_logprobs."""
     ids, _ = tasks.tokenize_completions(tokenizer, texts, "cpu", finished=finished)
     return lambda *args, **kwargs: ids
 
@@ -276,10 +278,12 @@ def test_online_pairs_take_the_verifiers_order_and_drop_equal_labels(monkeypatch
         "8",
     ]
     monkeypatch.setattr(
-        common, "sample_completions", fixed_samples(tokenizer, texts, [True] * 6 + [False, True])
+        common,
+        "sample_with_logprobs",
+        sampler_from(fixed_samples(tokenizer, texts, [True] * 6 + [False, True])),
     )
     policy = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
-    pairs, dropped = sample_pairs(policy, tokenizer, problems, 8, 1.0, None)
+    pairs, dropped, _ = sample_pairs(policy, tokenizer, problems, 8, 1.0, None)
     assert dropped == 2
     assert pairs == [
         {
@@ -299,17 +303,29 @@ def test_online_pairs_take_the_verifiers_order_and_drop_equal_labels(monkeypatch
     ]
 
 
+def test_online_dpo_logs_the_sampler_against_the_trainer(tmp_path):
+    # float32 at temperature 0.7: the sampler's log-probs are the trainer's to rounding, also after an update
+    rows = metrics_of(
+        main(
+            tiny_args(
+                tmp_path, dataset=None, online=True, steps=2, temperature=0.7, lr=1e-2, save_model=False
+            )
+        )
+    )
+    assert all(row["mismatch/max_log_ratio"] < 1e-4 and row["mismatch/kl"] < 1e-8 for row in rows)
+
+
 def test_online_loss_equals_offline_dpo_on_the_same_pairs(tmp_path, monkeypatch, tokenizer):
     # The loop draws 4 problems a step from the same stream as this copy; each step's samples are, per problem,
     # [right, wrong], [wrong, right], [wrong, wrong], [right, right]: 2 pairs kept, 2 dropped.
     stream, _ = tasks.load_problems(None, 0, 8, 4)
     # the starting model
     reference = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0)
-    real, expected = common.sample_completions, []
+    real, expected = common.sample_with_logprobs, []
 
     def two_samples(model, prompt_ids, prompt_mask, num_samples, *args, **kwargs):
         if num_samples != 2:  # the held-out evaluation's greedy answers
-            return real(model, prompt_ids, prompt_mask, num_samples, *args, **kwargs)
+            return real(model, prompt_ids, prompt_mask, num_samples, *args, **kwargs)[0]
         problems = [next(stream) for _ in range(len(prompt_ids))]
         right = [f"= {p.answer}" for p in problems]
         wrong = [f"= {int(p.answer) + 1}" for p in problems]
@@ -335,7 +351,7 @@ def test_online_loss_equals_offline_dpo_on_the_same_pairs(tmp_path, monkeypatch,
         )
         return tasks.tokenize_completions(tokenizer, texts, "cpu")[0]
 
-    monkeypatch.setattr(common, "sample_completions", two_samples)
+    monkeypatch.setattr(common, "sample_with_logprobs", sampler_from(two_samples))
     rows = metrics_of(
         main(tiny_args(tmp_path, dataset=None, online=True, steps=2, lr=1e-2, save_model=False))
     )

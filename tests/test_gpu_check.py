@@ -5,9 +5,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
-STEPS = ["machine", "copy", "tier", "convert", "decode", "grpo", "ppo-verifier", "dpo", "sft"]
+STEPS = ["machine", "copy", "tier", "convert", "decode", "grpo", "ppo-verifier", "dpo", "sft", "mismatch"]
 
 
 def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
@@ -25,7 +27,14 @@ def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
     assert list(steps) == STEPS and all(step["ok"] for step in steps.values())
     assert steps["tier"]["tests"] >= 8 and steps["tier"]["failures"] == 0
     assert steps["grpo"]["accuracy"] == "0.000 -> 0.000" and steps["grpo"]["median time/generate"] > 0
-    assert all(isinstance(steps[name]["memory_plan_gib"], float) for name in STEPS[5:])
+    assert all(isinstance(steps[name]["memory_plan_gib"], float) for name in STEPS[5:9])
+    # float32: the sampler agrees with the trainer to rounding; under the nucleus the gap is -log(mass kept)
+    plain, nucleus = steps["mismatch"]["rows"]
+    assert plain["mismatch/max_log_ratio"] < 1e-4
+    assert (
+        nucleus["mean_log_ratio"] == pytest.approx(nucleus["predicted"], abs=1e-4)
+        and nucleus["predicted"] > 0.01
+    )
     assert 0 < steps["decode"]["fraction_of_bound"] < 1 and steps["decode"]["token_steps"] == [32, 32, 32]
 
 

@@ -11,6 +11,7 @@ import common
 from infra import models
 from infra import runs
 import tasks
+from fixed_completions import sampler_from
 from conftest import (
     HAS_EMBEDDED_MODEL,
     HAS_PEFT,
@@ -342,6 +343,31 @@ def test_with_old_equal_to_current_the_ratio_is_exactly_one(importance_level, lo
     assert torch.allclose(logprobs.grad, expected, atol=1e-6)
 
 
+def test_importance_weights_scale_each_tokens_policy_gradient_and_not_its_kl():
+    # μ = 1 (ρ = 1): the gradient is -w_t Â_i / (B |o_i|) on each token, REINFORCE's scaled by the weight
+    weights = torch.tensor([[2.0, 0.5, 1.0], [3.0, 7.0, 7.0], [0.25, 1.0, 7.0]])  # 7: padding, never read
+    logprobs = LOGPROBS3.clone().requires_grad_(True)
+    loss, _ = grpo_loss(logprobs, logprobs.detach(), None, ADVANTAGES3, MASK3, beta=0.0, is_weights=weights)
+    loss.backward()
+    expected = torch.tensor([[-2 / 9, -0.5 / 9, -1 / 9], [2 * 3 / 3, 0, 0], [-0.5 * 0.25 / 6, -0.5 / 6, 0]])
+    assert torch.allclose(logprobs.grad, expected, atol=1e-6)
+
+    # the β·KL term is the same with the weights as without: only the policy-gradient term is weighted
+    def kl_part(is_weights):
+        with_kl, _ = grpo_loss(
+            LOGPROBS3, LOGPROBS3, REF3, ADVANTAGES3, MASK3, beta=0.5, is_weights=is_weights
+        )
+        without, _ = grpo_loss(
+            LOGPROBS3, LOGPROBS3, REF3, ADVANTAGES3, MASK3, beta=0.0, is_weights=is_weights
+        )
+        return (with_kl - without).item()
+
+    # k3 per token (log r = -0.2, 0.1, -0.1 | 0.2 | -0.1, 0.2): 0.018731, 0.005171, 0.004837 | 0.021403 | 0.004837,
+    # 0.021403; per-sequence means 0.009580, 0.021403, 0.013120; their mean 0.014701, times β = 0.5: 0.007350
+    assert kl_part(None) == pytest.approx(0.007350, abs=1e-6)
+    assert kl_part(weights) == pytest.approx(0.007350, abs=1e-6)
+
+
 @pytest.mark.parametrize(
     "options, trl_loss",
     [
@@ -465,7 +491,7 @@ def test_eos_is_inside_the_loss_mask_and_gets_gradient(tokenizer, prompts):
 # ---- the whole loop at tiny size ------------------------------------------------------------------------------
 def spy_on_grpo_loss(monkeypatch) -> list[dict]:
     """Record what the loop hands grpo_loss on every call: log π_θ, log π_θold, log π_ref, Â (detached copies), mask,
-    and the options after it (ε_low, ..., importance_level, loss_type)."""
+    the options after it (ε_low, ..., importance_level, loss_type) and the importance weights."""
     import grpo
 
     calls, real = [], grpo.grpo_loss
@@ -478,7 +504,8 @@ def spy_on_grpo_loss(monkeypatch) -> list[dict]:
                 "ref": None if ref_logprobs is None else ref_logprobs.clone(),
                 "advantages": args[0].clone(),
                 "mask": args[1].clone(),
-                "options": args[2:] + tuple(kwargs.values()),
+                "options": args[2:] + tuple(v for k, v in kwargs.items() if k != "is_weights"),
+                "is_weights": kwargs.get("is_weights"),
             }
         )
         return real(logprobs, old_logprobs, ref_logprobs, *args, **kwargs)
@@ -630,7 +657,7 @@ def test_completion_truncated_counts_rows_without_eos(tmp_path, monkeypatch):
     ):
         return torch.tensor([[5, 6, eos], [5, 6, 7]] * (prompt_ids.shape[0] * num_samples // 2))
 
-    monkeypatch.setattr(common, "sample_completions", fixed_completions)
+    monkeypatch.setattr(common, "sample_with_logprobs", sampler_from(fixed_completions))
     result = main(tiny_args(tmp_path, steps=1, max_new_tokens=3, save_model=False), reward_fn=digit_fraction)
     assert metrics_of(result)[0]["completion_truncated"] == 0.5
     assert metrics_of(result)[0]["completions/distinct"] == 0.5  # each group of 4 is [a, b, a, b]
@@ -657,7 +684,9 @@ def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypat
     # the second row's score must be read at its EOS, not at the padding
     table = torch.tensor([[40, 41, eos], [42, eos, pad]])
     monkeypatch.setattr(
-        common, "sample_completions", lambda model, prompt_ids, *a, **k: table.repeat(prompt_ids.shape[0], 1)
+        common,
+        "sample_with_logprobs",
+        sampler_from(lambda model, prompt_ids, *a, **k: table.repeat(prompt_ids.shape[0], 1)),
     )
     args = tiny_args(
         tmp_path / "grpo",
@@ -694,9 +723,52 @@ def test_overlong_penalty_is_added_to_the_reward_in_the_loop(tmp_path):
         assert row["score"] == 1.0 and 0.0 <= row["reward"] < 0.9
 
 
+def shifted_sampler(monkeypatch, shift: float) -> None:
+    """The real sampler, reporting each drawn token's log-prob `shift` nats below its own: π_train / π_sampler = e^shift
+    at every token of a float32 run, where the two paths otherwise agree to 1e-6."""
+    real = common.sample_with_logprobs
+
+    def sample(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos, *args, **kwargs):
+        ids, logprobs = real(
+            model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos, *args, **kwargs
+        )
+        return ids, logprobs - shift * common.completion_mask(ids, eos)
+
+    monkeypatch.setattr(common, "sample_with_logprobs", sample)
+
+
+def test_the_sampler_against_the_trainer_is_logged_and_corrected(tmp_path, monkeypatch):
+    shifted_sampler(monkeypatch, 0.3)
+    # w = e^0.3 = 1.349859 at every token: k3 = w - 1 - log w = 0.049859; capped at 1.2
+    rows = metrics_of(main(tiny_args(tmp_path / "a", steps=1, is_correction="token-truncate", is_cap=1.2)))
+    assert rows[0]["mismatch/kl"] == pytest.approx(0.049859, abs=1e-5)
+    assert rows[0]["mismatch/max_log_ratio"] == pytest.approx(0.3, abs=1e-5)
+    assert rows[0]["mismatch/frac_over_0.1"] == 1.0
+    assert rows[0]["is/weight_mean"] == pytest.approx(1.2) and rows[0]["is/frac_cut"] == 1.0
+    # masked per sequence: every sequence's w = 1.35 > 1.2 leaves the loss, so without a KL nothing moves
+    args = tiny_args(tmp_path / "b", steps=1, is_correction="sequence-mask", is_cap=1.2, beta=0.0)
+    rows = metrics_of(main(args, reward_fn=digit_fraction))
+    assert rows[0]["is/weight_mean"] == 0.0 and rows[0]["grad_norm"] == 0.0
+    # at a cap of 1.5 the same sequences stay, weighted 1.35
+    args = tiny_args(tmp_path / "c", steps=1, is_correction="sequence-mask", is_cap=1.5, beta=0.0)
+    rows = metrics_of(main(args, reward_fn=digit_fraction))
+    assert rows[0]["is/weight_mean"] == pytest.approx(1.349859, abs=1e-5) and rows[0]["grad_norm"] > 0
+
+
+def test_stale_batches_are_off_policy_by_the_updates_between(tmp_path):
+    # float32: sampler and trainer agree to rounding on policy. With staleness 1, steps 1 and 2 train on batches
+    # drawn by the starting policy, step 3 on one drawn after the first update: from step 2 on the trainer is one
+    # update ahead of the sampler (lr 1e-3 moves the tiny model's log-probs by far more than rounding).
+    on_policy = metrics_of(main(tiny_args(tmp_path / "a", steps=3), reward_fn=digit_fraction))
+    assert all(row["mismatch/max_log_ratio"] < 1e-4 for row in on_policy)
+    stale = metrics_of(main(tiny_args(tmp_path / "b", steps=3, staleness=1), reward_fn=digit_fraction))
+    assert stale[0]["mismatch/max_log_ratio"] < 1e-4
+    assert all(row["mismatch/max_log_ratio"] > 1e-2 for row in stale[1:])
+
+
 def test_non_finite_reward_is_reported_as_the_rewards_fault(tmp_path):
     with pytest.raises(
-        runs.InputError, match=r"reward became nan at step 1: the reward function returned a non-finite score"
+        runs.InputError, match=r"reward became nan: the reward function returned a non-finite score"
     ):
         main(tiny_args(tmp_path, steps=2), reward_fn=lambda completion, answer: float("nan"))
 
@@ -873,6 +945,9 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
         (dict(kl_estimator="k1"), "--kl-estimator k1 in the loss has zero expected gradient"),
         (dict(pass_k=-1), "--pass-k must be 0"),
         (dict(rewards=("correct", "format"), reward_weights=(1.0,)), "--reward-weights: one per --rewards"),
+        (dict(is_cap=1.0), "--is-cap must be > 1"),
+        (dict(staleness=-1), "--staleness must be >= 0"),
+        (dict(staleness=2, resume="runs/x"), "--staleness with --resume: the queue of sampled batches"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):

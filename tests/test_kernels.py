@@ -104,7 +104,7 @@ def test_cpu_bf16_decoding_packs_weights_bit_identically_and_is_undone(tokenizer
             1.0,
             1.0,
             torch.Generator().manual_seed(0),
-        )
+        )[0]
         model.set_attn_implementation("eager")
         with kernels.cpu_bf16_decoding(model, rows=2):
             packed_layers = [m for m in model.modules() if "forward" in vars(m)]

@@ -15,6 +15,7 @@ import ppo
 import reward_model
 from infra import runs
 import tasks
+from fixed_completions import sampler_from
 from conftest import (
     HAS_EMBEDDED_MODEL,
     PAIRS,
@@ -75,8 +76,8 @@ def fixed_completions(monkeypatch, rows: list[list[int]]) -> None:
     table = torch.tensor(rows)
     monkeypatch.setattr(
         common,
-        "sample_completions",
-        lambda model, prompt_ids, *a, **k: table.repeat(len(prompt_ids), 1)[: len(prompt_ids)],
+        "sample_with_logprobs",
+        sampler_from(lambda model, prompt_ids, *a, **k: table.repeat(len(prompt_ids), 1)[: len(prompt_ids)]),
     )
 
 
@@ -324,6 +325,9 @@ def test_run_folder_and_metrics(tmp_path, tiny_reward_model_path):
         assert key in row, key
     assert row["rlhf_reward"] == pytest.approx(row["score_penalised"] + row["non_score_reward"], abs=1e-5)
     assert row["grad_norm"] > 0 and row["critic/grad_norm"] > 0  # before clipping, as TRL logs them
+    # float32: the sampler's log-probs are the trainer's (π_old's) to rounding, at every step
+    assert all(row["mismatch/max_log_ratio"] < 1e-4 for row in metrics_of(result))
+    assert all(row["mismatch/kl"] < 1e-8 for row in metrics_of(result))
 
 
 def test_ppo_raises_a_rule_based_score_on_the_tiny_model_with_bounded_kl(tmp_path):

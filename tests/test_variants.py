@@ -327,6 +327,14 @@ def test_online_baseline_cancels_a_constant_reward_in_the_loop(tmp_path, algo):
     assert row["advantage_abs"] == 0.0 and row["loss"] == 0.0
 
 
+@pytest.mark.parametrize("algo", ["rloo", "remax", "reinforce_pp"])
+def test_online_runs_log_the_sampler_against_the_trainer(tmp_path, algo):
+    # float32 at temperature 0.7: the sampler's log-probs are the trainer's to rounding, also after an update
+    rows = metrics_of(main(tiny_args(tmp_path, algo, steps=2, temperature=0.7), reward_fn=digit_fraction))
+    assert all(row["mismatch/max_log_ratio"] < 1e-4 and row["mismatch/kl"] < 1e-8 for row in rows)
+    assert all(row["mismatch/frac_over_0.1"] == 0.0 for row in rows)
+
+
 @pytest.mark.parametrize("algo", ["kto", "rloo", "remax"])
 def test_resume_continues_exactly(tmp_path, algo):
     assert_resume_is_exact(

@@ -1,0 +1,115 @@
+"""The sampler is not the trainer: how far apart they are, and the importance weights that correct for it.
+
+An RL step draws completions with one computation and differentiates another. Here the sampler decodes
+token by token against a key/value cache (on a CPU in bfloat16 with sdpa attention and packed weights, see
+infra/kernels.py), truncates to a nucleus when --top-p < 1, and with --staleness k is the policy of k
+optimizer steps ago; the trainer runs the full sequence through the current weights. Their log-probs of the
+same tokens differ, so a loss that assumes the tokens came from the trainer's π takes a gradient that is
+not the on-policy one. Every sampling script logs the gap (mismatch_metrics); grpo.py can correct for it
+(importance_weights, `--is-correction`, `--is-cap`).
+
+With w = π_train(y_t | ·) / π_sampler(y_t | ·) at a token the sampler drew, E_sampler[w · f] = E_train[f]:
+weighting each token's policy-gradient term by w makes the sampler's tokens stand in for the trainer's.
+An unbounded w has an unbounded variance, so it is capped:
+- truncated (TIS: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training";
+  the truncation of IMPALA's V-trace, Espeholt et al. 2018, arXiv:1802.01561): min(w, C). Biased toward
+  the sampler where w > C, variance at most C².
+- masked (MIS: Liu et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse from the
+  Training-Inference Mismatch"): w where 1/C <= w <= C, else 0, so a token (or sequence) the two
+  disagree on by more than a factor C leaves the loss, and the rest keep their w.
+Per sequence, w_i = exp(1/|o_i| Σ_t log w_it), the geometric mean (as GSPO's sequence ratio), one weight
+for every token of o_i: a single odd token cannot dominate, and a sequence is kept or dropped whole.
+The weight is a constant (no gradient): it rescales each token's ∇ log π, it is not optimised.
+
+Shapes: B sequences, T completion tokens; log-probs float32, mask 1 on the completion's tokens.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any, Callable
+
+import torch
+
+from common import masked_mean
+
+CORRECTIONS = ("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+# |log w| beyond which a token counts as mismatched in `mismatch/frac_over_0.1`: w outside [0.905, 1.105]
+MISMATCH_THRESHOLD = 0.1
+
+
+def mismatch_metrics(
+    trainer_logprobs: torch.Tensor,  # (B, T) log π_train at the sampled tokens
+    sampler_logprobs: torch.Tensor,  # (B, T) log π_sampler of the same tokens, as the sampler drew them
+    mask: torch.Tensor,  # (B, T)
+) -> dict[str, float]:
+    """The gap between trainer and sampler at the tokens the sampler drew, as floats:
+    mismatch/kl              token mean of k3 = w - 1 - log w: an unbiased estimate of KL(π_sampler || π_train)
+                             from the sampler's tokens (Schulman 2020, "Approximating KL"), >= 0, 0 only
+                             where the two agree
+    mismatch/max_log_ratio   the largest |log w| of any token
+    mismatch/frac_over_0.1   the share of tokens with |log w| > MISMATCH_THRESHOLD (0.1 nats)
+    """
+    log_w = (trainer_logprobs - sampler_logprobs).detach().float()  # (B, T) log w
+    k3 = torch.exp(log_w) - 1.0 - log_w
+    beyond = (log_w.abs() > MISMATCH_THRESHOLD).float()
+    largest = log_w.abs().masked_fill(mask == 0, 0.0).max()
+    return {
+        "mismatch/kl": masked_mean(k3, mask).item(),
+        "mismatch/max_log_ratio": largest.item(),
+        "mismatch/frac_over_0.1": masked_mean(beyond, mask).item(),
+    }
+
+
+def importance_weights(
+    trainer_logprobs: torch.Tensor,  # (B, T) log π_train
+    sampler_logprobs: torch.Tensor,  # (B, T) log π_sampler
+    mask: torch.Tensor,  # (B, T)
+    correction: str,
+    cap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight of each token's policy-gradient term (see the module docstring) and where the cap acted:
+    (B, T) each -> weights (B, T), constant, and cut (B, T) bool: the tokens truncated to C, or dropped.
+
+      none                 1
+      token-truncate       min(w_t, C)                                  TIS
+      token-mask           w_t · 1[1/C <= w_t <= C]                     MIS, per token
+      sequence-truncate    min(w_i, C),  w_i = exp(mean_t log w_it)     for every token of o_i
+      sequence-mask        w_i · 1[1/C <= w_i <= C]                     MIS, per sequence
+    """
+    if correction not in CORRECTIONS:
+        raise ValueError(f"unknown correction {correction!r}; one of {CORRECTIONS}")
+    # (B, T) log w, a constant: no gradient flows through a weight
+    log_w = (trainer_logprobs - sampler_logprobs).detach().float()
+    if correction == "none":
+        return torch.ones_like(log_w), torch.zeros_like(log_w, dtype=torch.bool)
+    level, action = correction.split("-")
+    if level == "sequence":  # the geometric mean over the sequence's own tokens, padding left out
+        log_w = masked_mean(log_w, mask, dim=1)[:, None].expand_as(log_w)
+    weights = torch.exp(log_w)
+    if action == "truncate":
+        cut = log_w > math.log(cap)
+        return weights.clamp(max=cap), cut
+    cut = log_w.abs() > math.log(cap)  # w outside [1/C, C]
+    return weights.masked_fill(cut, 0.0), cut
+
+
+class StaleQueue:
+    """Batches sampled ahead of the trainer: `next()` returns the batch sampled `staleness` optimizer steps
+    before the current one, as an asynchronous trainer's queue would. The first call samples staleness + 1
+    batches from the starting policy, each later call one more, and the last `staleness` calls none, so a run
+    samples exactly `total` batches and makes as many updates at any staleness. Batch t is then drawn by the
+    policy after max(0, t - 1 - staleness) updates."""
+
+    def __init__(self, sample: Callable[[], Any], staleness: int, total: int):
+        self.sample = sample
+        self.staleness = staleness
+        self.left = total
+        self.queue = collections.deque()
+
+    def next(self):
+        while len(self.queue) <= self.staleness and self.left > 0:
+            self.queue.append(self.sample())
+            self.left -= 1
+        return self.queue.popleft()
