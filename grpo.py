@@ -23,6 +23,10 @@ Options from later papers, each off by default unless said:
 - Weighted rewards (`--rewards correct format --reward-weights 1 0.5`), summed, then normalised per
   group, as TRL does; `format` pays DeepSeek-R1's `<think>…</think><answer>…</answer>`
   (arXiv:2501.12948), `--prompt-style r1` asks for it.
+- The sampler against the trainer (offpolicy.py): `mismatch/*` logs how far the sampler's log-probs
+  of its tokens are from the update's; `--is-correction` weighs each token's policy-gradient term by
+  π_train / π_sampler, truncated (TIS) or masked (MIS), per token or per sequence; `--staleness k`
+  trains each step on the batch sampled k updates earlier, as an asynchronous trainer would.
 
 The reward is the verifier's 0/1: the last number in the completion, which also pays for restating
 an operand ("the sum of 0 and 24"), or with `--verifier strict` only a result stated as one ("= 24",
@@ -146,9 +150,7 @@ class Args:
     overlong_penalty: float = 1.0
     """penalty at max_new_tokens when overlong_buffer > 0"""
     # ---- off-policy: the sampler against the trainer (offpolicy.py) ------------------------------
-    is_correction: Literal["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"] = (
-        "none"
-    )
+    is_correction: offpolicy.Correction = "none"
     """weight each token's policy-gradient term by w = π_train / π_sampler, truncated (min(w, C)) or
     masked (0 outside [1/C, C]), per token or per sequence (geometric mean); see offpolicy.py"""
     is_cap: float = 2.0

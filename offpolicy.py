@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Literal, get_args
 
 import torch
 
 from common import masked_mean
 
-CORRECTIONS = ("none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask")
+Correction = Literal["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"]
+CORRECTIONS = get_args(Correction)
 # |log w| beyond which a token counts as mismatched in `mismatch/frac_over_0.1`: w outside [0.905, 1.105]
 MISMATCH_THRESHOLD = 0.1
 
@@ -45,9 +46,12 @@ def mismatch_metrics(
     mask: torch.Tensor,  # (B, T)
 ) -> dict[str, float]:
     """The gap between trainer and sampler at the tokens the sampler drew, as floats:
-    mismatch/kl              token mean of k3 = w - 1 - log w: an unbiased estimate of KL(π_sampler || π_train)
-                             from the sampler's tokens (Schulman 2020, "Approximating KL"), >= 0, 0 only
-                             where the two agree
+    mismatch/kl              token mean of k3 = w - 1 - log w (Schulman 2020, "Approximating KL"): >= 0, 0 only
+                             where the two agree, low in variance; an unbiased estimate of KL(π_sampler || π_train)
+                             only while E_sampler[w] = 1, i.e. the sampler can draw every token the trainer can
+    mismatch/k1              token mean of k1 = -log w: unbiased always, noisy, may be < 0. Under a nucleus
+                             the sampler never draws the tokens it cut, E_sampler[w] = m (the mass kept) < 1,
+                             and k3 reads m - 1 - log m where the KL is -log m: there, read k1
     mismatch/max_log_ratio   the largest |log w| of any token
     mismatch/frac_over_0.1   the share of tokens with |log w| > MISMATCH_THRESHOLD (0.1 nats)
     """
@@ -57,6 +61,7 @@ def mismatch_metrics(
     largest = log_w.abs().masked_fill(mask == 0, 0.0).max()
     return {
         "mismatch/kl": masked_mean(k3, mask).item(),
+        "mismatch/k1": masked_mean(-log_w, mask).item(),
         "mismatch/max_log_ratio": largest.item(),
         "mismatch/frac_over_0.1": masked_mean(beyond, mask).item(),
     }

@@ -354,6 +354,13 @@ MUTATIONS = [
     ),
     Mutation(
         "offpolicy.py",
+        '"mismatch/k1": masked_mean(-log_w, mask).item()',
+        '"mismatch/k1": masked_mean(log_w, mask).item()',
+        "mismatch k1 with its sign flipped (KL(train || sampler)'s k1)",
+        f"{OFF} -k 'mismatch_metrics or nucleus'",
+    ),
+    Mutation(
+        "offpolicy.py",
         "largest = log_w.abs().masked_fill(mask == 0, 0.0).max()",
         "largest = log_w.abs().max()",
         "largest log ratio read from padding too",

@@ -169,15 +169,15 @@ def full_logits(policy, prompt_ids, prompt_mask, completion_ids, repeats) -> tor
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| precision : kernels : top-p | tokens | mismatch/kl (k3) | mean log(π_sampler / π_train) | predicted "
-        "-log m | largest abs log w | share beyond 0.1 nats |",
+        "| precision : kernels : top-p | tokens | mismatch/kl (k3) | mismatch/k1 | predicted -log m "
+        "| largest abs log w | share beyond 0.1 nats |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
-        predicted = f"{row['predicted']:.4f}" if not row["setting"].endswith(":1.0") else "0"
+        predicted = "0" if row["setting"].endswith(":1.0") else f"{row['predicted']:.5f}"
         lines.append(
             f"| {row['setting']} | {row['tokens']} | {row['mismatch/kl']:.2e} | {row['mean_log_ratio']:.2e} | "
-            f"{predicted} | {row['mismatch/max_log_ratio']:.3f} | {row['mismatch/frac_over_0.1']:.4f} |"
+            f"{predicted} | {row['mismatch/max_log_ratio']:.2e} | {row['mismatch/frac_over_0.1']:.4f} |"
         )
     return "\n".join(lines)
 

@@ -99,8 +99,20 @@ def test_mismatch_metrics_by_hand():
     # 0.001210. Their mean over 4 tokens: 0.501210 / 4 = 0.125302. (KL the other way, -log w summed, is 0.)
     assert metrics["mismatch/kl"] == pytest.approx(0.125302, abs=1e-6)
     assert metrics["mismatch/max_log_ratio"] == pytest.approx(math.log(2.0), abs=1e-6)
+    # k1 = -log w: (-0.693147 + 0.693147 - 0 - 0.048790) / 4 = -0.012198, below 0 though the KL is not
+    assert metrics["mismatch/k1"] == pytest.approx(-0.012198, abs=1e-6)
     # |log w| > 0.1: 2 and 1/2, not 1 or 1.05 (0.0488)
     assert metrics["mismatch/frac_over_0.1"] == 0.5
+
+
+def test_under_a_nucleus_k1_is_the_kl_and_k3_is_not():
+    # A nucleus keeping mass m = 0.9 samples p_k / 0.9: w = π_train / π_sampler = 0.9 at every token it draws, and
+    # KL(π_sampler || π_train) = -log 0.9 = 0.105361. k1 reads exactly that; k3 reads 0.9 - 1 + 0.105361 = 0.005361,
+    # since E_sampler[w] = 0.9, not 1 (the trainer's mass on the cut tokens is never drawn).
+    sampler = torch.log(torch.tensor([[0.5, 0.25, 0.4]]))
+    metrics = offpolicy.mismatch_metrics(sampler + math.log(0.9), sampler, torch.ones(1, 3))
+    assert metrics["mismatch/k1"] == pytest.approx(0.105361, abs=1e-6)
+    assert metrics["mismatch/kl"] == pytest.approx(0.005361, abs=1e-6)
 
 
 def test_the_stale_queue_trains_each_step_on_the_batch_sampled_k_updates_earlier():
