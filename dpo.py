@@ -207,8 +207,9 @@ def sample_pairs(
     generator: torch.Generator,
 ) -> tuple[list[dict], int, dict]:
     """Two samples per problem from the policy, the one the verifier passes chosen; a pair of equal
-    labels dropped. Also the sampler against the trainer on the samples (offpolicy.mismatch_metrics), by
-    one more forward without gradient: the loss reads the pairs as text, tokenized again."""
+    labels dropped. Also the sampler's cached decode against a full forward of the same tokens at the same
+    temperature (offpolicy.mismatch_metrics), by one more forward without gradient: the loss itself reads
+    the pairs as text, tokenized again, at temperature 1."""
     device = next(policy.parameters()).device
     eos = tokenizer.eos_token_id
     policy.eval()

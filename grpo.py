@@ -26,7 +26,7 @@ Options from later papers, each off by default unless said:
 - The sampler against the trainer (offpolicy.py): `mismatch/*` logs how far the sampler's log-probs
   of its tokens are from the update's; `--is-correction` weighs each token's policy-gradient term by
   π_train / π_sampler, truncated (TIS) or masked (MIS), per token or per sequence; `--staleness k`
-  trains each step on the batch sampled k updates earlier, as an asynchronous trainer would.
+  trains each step on the batch sampled k training steps earlier, as an asynchronous trainer would.
 
 The reward is the verifier's 0/1: the last number in the completion, which also pays for restating
 an operand ("the sum of 0 and 24"), or with `--verifier strict` only a result stated as one ("= 24",
@@ -156,8 +156,8 @@ class Args:
     is_cap: float = 2.0
     """C, the cap of --is-correction"""
     staleness: int = 0
-    """train each step on the batch sampled this many optimizer steps earlier (a queue, as
-    asynchronous trainers do); 0 = on-policy"""
+    """train each step on the batch sampled this many training steps (× μ optimizer steps) earlier (a
+    queue, as asynchronous trainers do); 0 = on-policy"""
     # ---- generation: sampling the completions ----------------------------------------------------
     max_new_tokens: int = 32
     """completion length limit, in training and evaluation"""
@@ -461,7 +461,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     def evaluate(step: int, pass_k: int = 0) -> dict:
         return tasks.evaluate_policy(policy, tokenizer, heldout, args.max_new_tokens, args.seed, step, pass_k)
 
-    def sample_batch() -> Batch:
+    def sample_batch(index: int) -> Batch:
+        step = run.first_step + index  # the step that trains on this batch
         # ---- 1. sample G completions per prompt from the current policy -------------------------
         t0 = time.time()
         # P/N on a rank
@@ -498,7 +499,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         per_reward = scored.rewards  # (B, K), one column per reward
         if not torch.isfinite(per_reward).all():
             raise InputError(
-                f"reward became {per_reward[~torch.isfinite(per_reward)][0].item()}: "
+                f"reward became {per_reward[~torch.isfinite(per_reward)][0].item()} at step {step}: "
                 "the reward function returned a non-finite score"
             )
         scores = weighted_rewards(
@@ -545,7 +546,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         )
 
     run.begin(evaluate)
-    # phases 1-3 above: this step's batch, or with --staleness k the one sampled k updates earlier
+    # phases 1-3 above: this step's batch, or with --staleness k the one sampled k steps earlier
     batches = offpolicy.StaleQueue(sample_batch, args.staleness, args.steps - run.first_step + 1)
     for step in range(run.first_step, args.steps + 1):
         t0 = time.time()

@@ -3,7 +3,7 @@
 An RL step draws completions with one computation and differentiates another. Here the sampler decodes
 token by token against a key/value cache (on a CPU in bfloat16 with sdpa attention and packed weights, see
 infra/kernels.py), truncates to a nucleus when --top-p < 1, and with --staleness k is the policy of k
-optimizer steps ago; the trainer runs the full sequence through the current weights. Their log-probs of the
+training steps ago; the trainer runs the full sequence through the current weights. Their log-probs of the
 same tokens differ, so a loss that assumes the tokens came from the trainer's π takes a gradient that is
 not the on-policy one. Every sampling script logs the gap (mismatch_metrics); grpo.py can correct for it
 (importance_weights, `--is-correction`, `--is-cap`).
@@ -101,20 +101,21 @@ def importance_weights(
 
 
 class StaleQueue:
-    """Batches sampled ahead of the trainer: `next()` returns the batch sampled `staleness` optimizer steps
-    before the current one, as an asynchronous trainer's queue would. The first call samples staleness + 1
-    batches from the starting policy, each later call one more, and the last `staleness` calls none, so a run
-    samples exactly `total` batches and makes as many updates at any staleness. Batch t is then drawn by the
-    policy after max(0, t - 1 - staleness) updates."""
+    """Batches sampled ahead of the trainer: `next()` returns the batch sampled `staleness` training steps
+    before the current one (× μ optimizer steps in GRPO), as an asynchronous trainer's queue would. The first
+    call samples staleness + 1 batches from the starting policy, each later call one more, and the last
+    `staleness` calls none, so a run samples exactly `total` batches, as many as on-policy. Batch t (from 0)
+    is drawn by sample(t), by the policy after max(0, t - staleness) training steps."""
 
-    def __init__(self, sample: Callable[[], Any], staleness: int, total: int):
+    def __init__(self, sample: Callable[[int], Any], staleness: int, total: int):
         self.sample = sample
         self.staleness = staleness
-        self.left = total
+        self.total = total
+        self.drawn = 0
         self.queue = collections.deque()
 
     def next(self):
-        while len(self.queue) <= self.staleness and self.left > 0:
-            self.queue.append(self.sample())
-            self.left -= 1
+        while len(self.queue) <= self.staleness and self.drawn < self.total:
+            self.queue.append(self.sample(self.drawn))
+            self.drawn += 1
         return self.queue.popleft()

@@ -368,14 +368,14 @@ MUTATIONS = [
     ),
     Mutation(
         "offpolicy.py",
-        "while len(self.queue) <= self.staleness and self.left > 0:",
-        "while len(self.queue) < self.staleness and self.left > 0:",
+        "while len(self.queue) <= self.staleness and self.drawn < self.total:",
+        "while len(self.queue) < self.staleness and self.drawn < self.total:",
         "stale queue one batch short (staleness k - 1, and none at 0)",
         f"{OFF} -k queue",
     ),
     Mutation(
         "offpolicy.py",
-        "while len(self.queue) <= self.staleness and self.left > 0:",
+        "while len(self.queue) <= self.staleness and self.drawn < self.total:",
         "while len(self.queue) <= self.staleness:",
         "stale queue samples past the run's batches (more sampling than at staleness 0)",
         f"{OFF} -k queue",

@@ -10,7 +10,8 @@ token), the largest |log w| and the share of tokens beyond 0.1 nats, with w = π
 A nucleus (--top-p p < 1) samples from p_k / m over the kept tokens, m the mass kept, and the trainer reads the
 full softmax p_k: log w = log m at every token, so KL(π_sampler ‖ π_train) = E[-log m]. The `predicted` column is
 that mean of -log m over the sampled tokens, m computed from the trainer's own softmax at each position; the
-measured mismatch/kl should equal it in float32, and exceed it by the precision's own gap in bfloat16.
+measured mismatch/k1 should equal it in float32, and exceed it by the precision's own gap in bfloat16 (k3,
+mismatch/kl, reads m - 1 - log m a token there: see offpolicy.mismatch_metrics).
 
 Run:
     python scripts/mismatch.py                               # fp32, bf16-mixed with kernels on and off, top-p 1 and 0.9

@@ -768,7 +768,7 @@ def test_stale_batches_are_off_policy_by_the_updates_between(tmp_path):
 
 def test_non_finite_reward_is_reported_as_the_rewards_fault(tmp_path):
     with pytest.raises(
-        runs.InputError, match=r"reward became nan: the reward function returned a non-finite score"
+        runs.InputError, match=r"reward became nan at step 1: the reward function returned a non-finite score"
     ):
         main(tiny_args(tmp_path, steps=2), reward_fn=lambda completion, answer: float("nan"))
 

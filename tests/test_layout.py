@@ -28,7 +28,7 @@ BUDGETS = {
     "prm": 3100,
     "preferences": 1350,
     "tasks": 3600,
-    "offpolicy": 480,
+    "offpolicy": 490,
     "infra/models": 2110,
     "common": 3050,
     "infra/runs": 4000,

@@ -119,8 +119,8 @@ def test_the_stale_queue_trains_each_step_on_the_batch_sampled_k_updates_earlier
     updates = 0
     drawn_at = []
 
-    def sample():
-        drawn_at.append(updates)
+    def sample(index):
+        drawn_at.append(index)
         return updates  # a batch remembers the policy that drew it: the number of updates it had seen
 
     queue = offpolicy.StaleQueue(sample, staleness=2, total=5)
@@ -130,12 +130,12 @@ def test_the_stale_queue_trains_each_step_on_the_batch_sampled_k_updates_earlier
         updates += 1
     # batch t is drawn after max(0, t - 1 - 2) updates: three by the starting policy, then one per step
     assert trained_on == [0, 0, 0, 1, 2]
-    assert len(drawn_at) == 5  # as many batches as at staleness 0, none wasted at the end
+    assert drawn_at == [0, 1, 2, 3, 4]  # as many batches as at staleness 0, none wasted at the end, in order
 
 
 def test_staleness_zero_is_on_policy():
     updates = 0
-    queue = offpolicy.StaleQueue(lambda: updates, staleness=0, total=3)
+    queue = offpolicy.StaleQueue(lambda index: updates, staleness=0, total=3)
     trained_on = []
     for _ in range(3):
         trained_on.append(queue.next())
