@@ -81,7 +81,8 @@ class Args:
     """which verifier keeps a completion: the last number, or strict (only a result stated as one)"""
     # ---- algorithm: the rounds of sampling, filtering and fine-tuning --------------------------------------------
     steps: int = 80
-    """optimizer steps in all; a round samples at the start of every --steps-per-round of them"""
+    """optimizer steps in all; a round samples at the start of every --steps-per-round of them (the last
+    round may be cut short)"""
     steps_per_round: int = 8
     """optimizer steps on each round's kept set (reshuffled each time it runs out)"""
     prompts_per_round: int = 64
@@ -167,10 +168,6 @@ def check_args(args: Args) -> None:
             "max_new_tokens",
             "eval_size",
         ),
-    )
-    require(
-        args.steps % args.steps_per_round == 0,
-        f"--steps {args.steps} must be a whole number of rounds of --steps-per-round {args.steps_per_round}",
     )
     require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
 
@@ -343,7 +340,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         lambda before, after: {**tasks.before_and_after(before, after), "kept_total": len(all_kept)},
         lambda before, after: (
             f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
-            f"{len(all_kept)} completions kept over {args.steps // args.steps_per_round} rounds"
+            f"{len(all_kept)} completions kept over {-(-args.steps // args.steps_per_round)} rounds"
         ),
     )
 

@@ -65,6 +65,7 @@ COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/
 REL, SFT, BANDIT = "tests/test_reliability.py", "tests/test_sft.py", "tests/test_bandit.py"
 MEMORY, PRM, DIST = "tests/test_memory_plan.py", "tests/test_prm.py", "tests/test_distributed.py"
 OFF = "tests/test_offpolicy.py"
+RFT = "tests/test_rft.py"
 
 MUTATIONS = [
     # ---- grpo.py: advantages, KL, the clipped loss, aggregation, the loop ---------------------------------
@@ -612,6 +613,77 @@ MUTATIONS = [
         "    for _ in range(0):",
         "online DPO: a resumed run draws the problems of the steps before again",
         f"{DPO} -k online_resume",
+    ),
+    # ---- rft.py -------------------------------------------------------------------------------------------
+    Mutation(
+        "rft.py",
+        "if reward != 1.0 or not done",
+        "if reward <= 0.0 or not done",
+        "RFT keeps a partly right completion (any positive reward), not only the verified",
+        f"{RFT} -k filter",
+    ),
+    Mutation(
+        "rft.py",
+        "if reward != 1.0 or not done or",
+        "if reward != 1.0 or",
+        "RFT keeps completions cut off at max_new_tokens",
+        f"{RFT} -k filter",
+    ),
+    Mutation(
+        "rft.py",
+        "or (prompt, completion) in seen or",
+        "or",
+        "RFT keeps duplicates of one completion",
+        f"{RFT} -k filter",
+    ),
+    Mutation(
+        "rft.py",
+        "count == max_per_prompt:",
+        "count > max_per_prompt:",
+        "RFT's cap per prompt off by one",
+        f"{RFT} -k filter",
+    ),
+    Mutation(
+        "rft.py",
+        "return -masked_sum(logprobs, mask) / mask.sum().clamp(min=1)",
+        "return -(masked_sum(logprobs, mask, dim=1) / mask.sum(1)).mean()",
+        "RFT loss as a mean of per-sequence means, not a token mean",
+        f"{RFT} -k token_mean",
+    ),
+    Mutation(
+        "rft.py",
+        "return -masked_sum(logprobs, mask) / mask.sum().clamp(min=1)",
+        "return masked_sum(logprobs, mask) / mask.sum().clamp(min=1)",
+        "RFT loss sign flipped: the kept completions made less likely",
+        f"{RFT} -k raises",
+    ),
+    Mutation(
+        "rft.py",
+        'tasks.tokenize_completions(tokenizer, [r["completion"] for r in rows], device)',
+        'tasks.tokenize_completions(tokenizer, [r["completion"] for r in rows], device, None, [False] * len(rows))',
+        "RFT never learns to end: no EOS target",
+        f"{RFT} -k only_completion",
+    ),
+    Mutation(
+        "rft.py",
+        'all_kept = resumed["kept"] if resumed else []',
+        "all_kept = []",
+        "RFT resumed mid-round forgets the round's kept set",
+        f"{RFT} -k resume",
+    ),
+    Mutation(
+        "rft.py",
+        "    for _ in range(rounds_begun * args.prompts_per_round):",
+        "    for _ in range(0):",
+        "RFT resumed draws the problems of earlier rounds again",
+        f"{RFT} -k resume",
+    ),
+    Mutation(
+        "rft.py",
+        "if (step - 1) % args.steps_per_round == 0:",
+        "if step % args.steps_per_round == 0:",
+        "RFT samples a round's set after its first step, not before",
+        f"{RFT} -k raises",
     ),
     # ---- sft.py -------------------------------------------------------------------------------------------
     Mutation(
