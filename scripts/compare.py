@@ -3,6 +3,8 @@
 The budget is a number of *training completions*: the completions a loss is computed on.
 - Online algorithms count their samples. GRPO and RLOO sample 32 per step; PPO and ReMax sample 8.
   ReMax's 8 greedy baselines are not counted, since no loss is computed on them.
+- RFT counts its samples too, kept or not: 4 prompts × 8 a round, one update per round, so it
+  samples exactly what GRPO samples and trains once per batch as GRPO does.
 - SFT counts demonstrations: 16 per step.
 - The pairwise offline algorithms (DPO, IPO, SimPO, ORPO) count the chosen and the rejected
   completion of each pair: 16 per step.
@@ -108,6 +110,8 @@ ALGORITHMS = {
         [*GRPO, "--rewards", "correct", "format", "--reward-weights", "1", "0.5", "--prompt-style", "r1"],
         32,
     ),
+    # GRPO's shape without the RL: 4 prompts × 8 samples a round, the verified kept, one SFT step on them
+    "rft": ("RFT (rejection sampling)", ["rft.py", "--prompts-per-round", "4", "--steps-per-round", "1"], 32),
     # each step trains on the batch sampled k updates earlier, uncorrected or with truncated IS (offpolicy.py)
     "grpo-tis": ("GRPO, token-truncate IS", [*GRPO, "--is-correction", "token-truncate"], 32),
     "grpo-stale2": ("GRPO, staleness 2", [*GRPO, "--staleness", "2"], 32),
@@ -125,6 +129,7 @@ ALGORITHMS = {
 }
 # Choices by name only: the default set is the one the README's comparison was run with.
 NOT_BY_DEFAULT = (
+    "rft",
     "reinforce-pp",
     "reinforce-pp-baseline",
     "online-dpo",

@@ -31,6 +31,7 @@ def test_completions_per_step_are_the_scripts_own_defaults():
     import dpo
     import grpo
     import ppo
+    import rft
     import sft
     import variants
 
@@ -39,6 +40,11 @@ def test_completions_per_step_are_the_scripts_own_defaults():
     # the table's shape
     assert all(command[:3] == ["grpo.py", "--prompts-per-step", "4"] for command in grpo_rows)
     assert per_step["grpo"] == 4 * args_of(grpo.Args).group_size
+    rft_args = args_of(rft.Args, prompts_per_round=4, steps_per_round=1)  # its row's command
+    assert (
+        per_step["rft"]
+        == rft_args.prompts_per_round * rft_args.samples_per_prompt // rft_args.steps_per_round
+    )
     assert per_step["ppo-verifier"] == per_step["ppo-rm"] == args_of(ppo.Args).batch_size
     assert (
         per_step["sft"] == args_of(sft.Args).batch_size
