@@ -10,7 +10,7 @@ import torch
 import common
 from infra import models
 import tasks
-from conftest import args_of, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script
+from conftest import REPO, args_of, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script
 from fixed_completions import fixed_completions
 from rft import Args, kept_logprobs, main, rft_loss, select_verified
 
@@ -143,3 +143,42 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     assert_one_line_error(proc, "--temperature must be > 0")
     proc = run_script("rft.py", "--model", "tiny", "--max-per-prompt", "0", "--output-dir", str(tmp_path))
     assert_one_line_error(proc, "--max-per-prompt must be at least 1")
+
+
+def test_the_r1_recipe_chains_its_four_stages(tmp_path):
+    """scripts/r1_recipe.sh on the tiny model: each stage starts from the model the stage before it left, and the
+    table has a row per stage."""
+    import subprocess
+
+    out = tmp_path / "r1"
+    proc = subprocess.run(
+        [
+            "bash",
+            "scripts/r1_recipe.sh",
+            str(out),
+            "--eval-size",
+            "4",
+            "--max-new-tokens",
+            "8",
+            "--pass-k",
+            "0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MODEL": "tiny"},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    started_from = {}
+    for stage in ("sft", "grpo", "rft", "grpo-2"):
+        (run_dir,) = (out / stage).iterdir()
+        started_from[stage] = (
+            json.loads((run_dir / "args.json").read_text())["model"],
+            str(run_dir / "model"),
+        )
+    assert started_from["sft"][0] == "tiny"
+    assert started_from["grpo"][0] == started_from["sft"][1]
+    assert started_from["rft"][0] == started_from["grpo"][1]
+    assert started_from["grpo-2"][0] == started_from["rft"][1]
+    assert (out / "stages.md").read_text().count("\n| ") == 5  # the header's rule and 4 stages
