@@ -239,8 +239,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         policy.eval()
         completions = []
         finished = []
-        for start in range(0, len(problems), max(1, 256 // args.samples_per_prompt)):  # 256 rows at a time
-            chunk = problems[start : start + max(1, 256 // args.samples_per_prompt)]
+        prompts_per_chunk = max(1, 256 // args.samples_per_prompt)  # 256 sampled rows at a time
+        for start in range(0, len(problems), prompts_per_chunk):
+            chunk = problems[start : start + prompts_per_chunk]
             prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in chunk], device)
             completion_ids = common.sample_completions(
                 policy,

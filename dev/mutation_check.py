@@ -65,7 +65,7 @@ COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/
 REL, SFT, BANDIT = "tests/test_reliability.py", "tests/test_sft.py", "tests/test_bandit.py"
 MEMORY, PRM, DIST = "tests/test_memory_plan.py", "tests/test_prm.py", "tests/test_distributed.py"
 OFF = "tests/test_offpolicy.py"
-RFT = "tests/test_rft.py"
+RFT, JUDGE = "tests/test_rft.py", "tests/test_judge.py"
 
 MUTATIONS = [
     # ---- grpo.py: advantages, KL, the clipped loss, aggregation, the loop ---------------------------------
@@ -1278,6 +1278,49 @@ MUTATIONS = [
         "        if args.kl_budget is not None and kl_per_completion > args.kl_budget and step > 2:",
         "KL budget checked one update late",
         f"{PPO} -k kl_budget",
+    ),
+    # ---- scripts/judge.py ------------------------------------------------------------------------------------------
+    Mutation(
+        "scripts/judge.py",
+        "right_second = p_chosen_second < 0.5",
+        "right_second = p_chosen_second > 0.5",
+        "judge: a verdict in the swapped order read as if unswapped",
+        f"{JUDGE} -k by_hand",
+    ),
+    Mutation(
+        "scripts/judge.py",
+        "first = torch.cat([p_chosen_first > 0.5, p_chosen_second > 0.5]).float()",
+        "first = torch.cat([p_chosen_first > 0.5, p_chosen_second < 0.5]).float()",
+        "judge: position bias counted as accuracy",
+        f"{JUDGE} -k by_hand",
+    ),
+    Mutation(
+        "scripts/judge.py",
+        "if score < 0.5 or (score == 0.5 and coin.random() < 0.5):",
+        "if score < 0.5:",
+        "judge: a tie keeps the verifier's order (the label leaks)",
+        f"{JUDGE} -k labels",
+    ),
+    Mutation(
+        "scripts/judge.py",
+        "p_chosen_second = first_is_better(judge, tokenizer, questions, rejected, chosen)",
+        "p_chosen_second = first_is_better(judge, tokenizer, questions, chosen, rejected)",
+        "judge: both orders show the correct answer first",
+        f"{JUDGE} -k script",
+    ),
+    Mutation(
+        "scripts/judge.py",
+        'letters = [tokenizer(space + letter, add_special_tokens=False).input_ids[-1] for letter in "AB"]',
+        'letters = [tokenizer(space + letter, add_special_tokens=False).input_ids[-1] for letter in "BA"]',
+        "judge: the letters' probabilities swapped",
+        f"{JUDGE} -k verdict",
+    ),
+    Mutation(
+        "scripts/judge.py",
+        "probabilities.append(torch.softmax(logits[:, -1, letters].float(), -1)[:, 0])",
+        "probabilities.append(torch.softmax(logits[:, 0, letters].float(), -1)[:, 0])",
+        "judge: the verdict read at the first position, a padding token's",
+        f"{JUDGE} -k verdict",
     ),
     # ---- scripts/compare.py ----------------------------------------------------------------------------------------
     Mutation(

@@ -15,22 +15,22 @@ import judge  # noqa: E402
 
 # P(A) for 4 pairs with the correct answer shown first, then second
 P_FIRST = torch.tensor([0.9, 0.8, 0.3, 0.6])
-P_SECOND = torch.tensor([0.7, 0.2, 0.6, 0.4])
+P_SECOND = torch.tensor([0.7, 0.2, 0.6, 0.7])
 
 
 def test_the_report_by_hand():
     chosen_longer = torch.tensor([True, False, False, True])
     equal_length = torch.tensor([False, False, True, False])
     report = judge.judge_report(P_FIRST, P_SECOND, chosen_longer, equal_length)
-    # right when shown first: 0.9, 0.8, 0.6 (3 of 4); right when shown second (P(A) < 0.5): 0.2, 0.4 (2 of 4)
-    assert report["accuracy"] == pytest.approx(5 / 8)
-    # for the first answer shown: 0.9, 0.8, 0.6, then 0.7, 0.6
-    assert report["position/first"] == pytest.approx(5 / 8)
-    # the same answer in both orders: pair 0 no (right, then wrong); 1 and 3 right twice; 2 wrong twice
-    assert report["order_agreement"] == pytest.approx(3 / 4)
+    # right when shown first: 0.9, 0.8, 0.6 (3 of 4); right when shown second (P(A) < 0.5): 0.2 (1 of 4)
+    assert report["accuracy"] == pytest.approx(4 / 8)
+    # for the first answer shown: 0.9, 0.8, 0.6, then 0.7, 0.6, 0.7
+    assert report["position/first"] == pytest.approx(6 / 8)
+    # the same answer in both orders: pair 1 right twice, pair 2 wrong twice; 0 and 3 right, then wrong
+    assert report["order_agreement"] == pytest.approx(2 / 4)
     # unequal pairs 0, 1, 3: the longer picked by (0: right, longer) (1: right, shorter) (3: right, longer), then
-    # (0: wrong, shorter) (1: right, shorter) (3: right, longer): 3 of 6; the truth is longer in 2 of 3
-    assert report["length/longer"] == pytest.approx(3 / 6)
+    # (0: wrong, shorter) (1: right, shorter) (3: wrong, shorter): 2 of 6; the truth is longer in 2 of 3
+    assert report["length/longer"] == pytest.approx(2 / 6)
     assert report["length/correct_is_longer"] == pytest.approx(2 / 3)
 
 
@@ -40,8 +40,8 @@ def test_labels_follow_the_mean_over_both_orders_and_a_coin_on_a_tie():
         for i in range(4)
     ]
     labelled = judge.judge_labels(pairs, P_FIRST, P_SECOND, seed=0)
-    # mean P(right) over the orders: 0.6, 0.8, 0.35, 0.6: only pair 2 is swapped, its finished flags with it
-    assert [row["chosen"] for row in labelled] == ["right0", "right1", "wrong2", "right3"]
+    # mean P(right) over the orders: 0.6, 0.8, 0.35, 0.45: pairs 2 and 3 are swapped, their finished flags with them
+    assert [row["chosen"] for row in labelled] == ["right0", "right1", "wrong2", "wrong3"]
     assert labelled[2]["chosen_finished"] is False and labelled[2]["rejected_finished"] is True
     assert pairs[2]["chosen"] == "right2"  # the verifier's pairs are left as they were
     # a judge that always answers A is at exactly 1/2 on every pair: a coin decides, never the pair's own order
