@@ -284,8 +284,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         round_index = (step - 1) // args.steps_per_round + 1
         round_stats = {}
         if (step - 1) % args.steps_per_round == 0:  # a round begins: phases 1-2
-            kept, round_stats = sample_round(round_index)
-            all_kept.extend(kept)
+            sampled_and_kept, round_stats = sample_round(round_index)
+            all_kept.extend(sampled_and_kept)
             if run.main:
                 write_kept(run.dir, all_kept)
         kept = [r for r in all_kept if r["round"] == round_index]  # a resumed round's too
