@@ -3,6 +3,7 @@ completions, exact resume mid-round, and the CLI."""
 
 import json
 import os
+import subprocess
 
 import pytest
 import torch
@@ -148,14 +149,14 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
 def test_the_r1_recipe_chains_its_four_stages(tmp_path):
     """scripts/r1_recipe.sh on the tiny model: each stage starts from the model the stage before it left, and the
     table has a row per stage."""
-    import subprocess
-
     out = tmp_path / "r1"
     proc = subprocess.run(
         [
             "bash",
             "scripts/r1_recipe.sh",
             str(out),
+            "--steps",
+            "1",
             "--eval-size",
             "4",
             "--max-new-tokens",
