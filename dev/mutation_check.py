@@ -685,6 +685,20 @@ MUTATIONS = [
         "RFT samples a round's set after its first step, not before",
         f"{RFT} -k raises",
     ),
+    Mutation(
+        "scripts/r1_recipe.sh",
+        'python rft.py --model "$GRPO"',
+        'python rft.py --model "$SFT"',
+        "R1 recipe: rejection sampling from the cold-start model, not the RL policy",
+        f"{RFT} -k r1_recipe",
+    ),
+    Mutation(
+        "scripts/r1_recipe.sh",
+        "--steps 8 --steps-per-round 8",
+        "--steps 16 --steps-per-round 8",
+        "R1 recipe: two rounds of rejection sampling, not one",
+        f"{RFT} -k r1_recipe",
+    ),
     # ---- sft.py -------------------------------------------------------------------------------------------
     Mutation(
         "sft.py",
