@@ -163,8 +163,9 @@ def dpo_loss(
 # ---------------------------------------------------------------------------------------------
 def concatenated_logps(
     model, tokenizer, pairs: list[dict], max_completion_tokens: int
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Summed log-probs of chosen and rejected completions, both in one batch: (P,), (P,), tokens processed.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Summed log-probs of chosen and rejected completions, both in one batch: (P,), (P,), their lengths in
+    tokens (P, 2), tokens processed.
 
     Rows are [chosen_0, rejected_0, chosen_1, ...]; each prompt is encoded once and shared by its two
     completions (common.completion_logprobs), which is the same function as two separate forwards.
@@ -179,7 +180,7 @@ def concatenated_logps(
     )
     tokens = int(2 * prompt_tokens + lengths.sum())
     logps = logps.view(len(pairs), 2)  # (P, 2) sums, never means
-    return logps[:, 0], logps[:, 1], tokens
+    return logps[:, 0], logps[:, 1], lengths.view(len(pairs), 2), tokens
 
 
 @torch.no_grad()
@@ -191,7 +192,7 @@ def score_pairs(
     model.eval()
     out = []
     for start in tqdm(range(0, len(pairs), batch_size), desc=desc, dynamic_ncols=True, leave=False):
-        chosen, rejected, _ = concatenated_logps(
+        chosen, rejected, _, _ = concatenated_logps(
             model, tokenizer, pairs[start : start + batch_size], max_completion_tokens
         )
         out.append(torch.stack([chosen, rejected], dim=1))
@@ -461,13 +462,13 @@ def main(args: Args) -> dict:
             ref_chosen, ref_rejected = train_ref[batch].unbind(1)  # (P,), (P,)
         else:
             with torch.no_grad(), common.reference(policy, ref_model) as ref:
-                ref_chosen, ref_rejected, _ = concatenated_logps(
+                ref_chosen, ref_rejected, _, _ = concatenated_logps(
                     ref, tokenizer, pairs, args.max_completion_tokens
                 )
 
         # ---- 3. log π_θ of chosen and rejected in one batch, then the DPO loss ------------------
         policy.train()
-        policy_chosen, policy_rejected, tokens = concatenated_logps(
+        policy_chosen, policy_rejected, lengths, tokens = concatenated_logps(
             policy, tokenizer, pairs, args.max_completion_tokens
         )
         losses, chosen_rewards, rejected_rewards = dpo_loss(
@@ -496,6 +497,9 @@ def main(args: Args) -> dict:
                 "lr": lr,
                 "time/step": step_time,
                 "tokens_per_second": tokens / step_time,  # prompt + completion tokens of the 2P sequences
+                # y_w systematically shorter or longer than y_l: a length bias the loss can learn instead
+                "lengths/chosen": lengths[:, 0].float().mean().item(),
+                "lengths/rejected": lengths[:, 1].float().mean().item(),
             }
         )
         if args.online:

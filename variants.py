@@ -69,6 +69,7 @@ Shapes: P pairs or prompts, B sequences, k samples per prompt, T completion toke
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
@@ -146,6 +147,9 @@ class Args:
     """KTO λ_D, the weight of desirable samples"""
     undesirable_weight: float = 1.0
     """KTO λ_U, the weight of undesirable samples"""
+    desirable_fraction: float = 1.0
+    """KTO on imbalanced data: the desirable sample of only this fraction of each batch's pairs counts (the paper
+    keeps λ_D·n_D / λ_U·n_U in [1, 4/3], so raise --desirable-weight to match)"""
     group_size: int = 4
     """RLOO, REINFORCE++: samples per prompt, k (>= 2 for rloo and reinforce_pp_baseline; ReMax takes one sample and
     one greedy completion)"""
@@ -354,6 +358,10 @@ def offline_loss(
             args.undesirable_weight,
         )
         chosen_rewards, rejected_rewards = rewards[0::2], rewards[1::2]
+        # imbalanced data: only the first ⌈f·P⌉ pairs' desirable samples count (the batch is shuffled)
+        counted = ~desirable
+        counted[0 : 2 * math.ceil(args.desirable_fraction * len(pairs)) : 2] = True
+        losses = losses[counted]
     metrics = {
         "loss": losses.mean().item(),
         "rewards/chosen": chosen_rewards.mean().item(),
@@ -362,6 +370,8 @@ def offline_loss(
         "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item(),
         "logps/chosen": chosen.mean().item(),
         "logps/rejected": rejected.mean().item(),
+        "lengths/chosen": lengths[0::2].float().mean().item(),
+        "lengths/rejected": lengths[1::2].float().mean().item(),
     }
     if args.algo == "kto":
         metrics["kl"] = z0.item()
@@ -383,6 +393,10 @@ def check_args(args: Args) -> None:
     )
     require(distributed.world_size() == 1 or args.algo != "kto", "--algo kto does not run under torchrun yet")
     require(args.beta is None or args.beta > 0, "--beta must be > 0")
+    require(
+        0 <= args.desirable_fraction <= 1,
+        f"--desirable-fraction must be in [0, 1], not {args.desirable_fraction}",
+    )
     require(
         args.algo != "rloo" or args.group_size >= 2,
         f"--group-size must be at least 2 for RLOO (the other samples are the baseline), not {args.group_size}",

@@ -308,6 +308,7 @@ def sampled_measures(
     - pass@k: Chen et al.'s unbiased estimator with n = k, the same as tasks.evaluate_pass_at_k.
     - KL: k1 = Σ_t log π − log π_ref of each completion, averaged over all k·eval_size completions;
       0 without scoring when `model` is `base`.
+    - length: the mean completion length in tokens, EOS included.
     The generator is seeded by `seed`, so every model of a seed draws the same random numbers."""
     import torch
 
@@ -326,7 +327,7 @@ def sampled_measures(
     )
     _, problems = tasks.with_prompt_style(prompt_style, iter([]), tasks.heldout_problems(eval_size))
     generator = torch.Generator(device=dev).manual_seed(seed)
-    passed, kl, prompts_per_batch = 0.0, 0.0, max(1, 128 // k)
+    passed, kl, tokens, prompts_per_batch = 0.0, 0.0, 0, max(1, 128 // k)
     with torch.no_grad():
         for start in range(0, len(problems), prompts_per_batch):
             batch = problems[start : start + prompts_per_batch]
@@ -345,6 +346,7 @@ def sampled_measures(
                 generator,
             )
             completion_mask = common.completion_mask(completion_ids, tokenizer.eos_token_id)
+            tokens += int(completion_mask.sum())
             texts = tasks.decode_completions(tokenizer, completion_ids, completion_mask)
             for i, p in enumerate(batch):
                 passed += tasks.pass_at_k(
@@ -355,7 +357,11 @@ def sampled_measures(
                 logprobs, _ = common.completion_logprobs(policy, ids, mask, completion_ids, repeats)
                 ref_logprobs, _ = common.completion_logprobs(reference, ids, mask, completion_ids, repeats)
                 kl += common.masked_sum(logprobs - ref_logprobs, completion_mask).item()
-    return {f"pass@{k}": passed / len(problems), "kl": kl / (k * len(problems))}
+    return {
+        f"pass@{k}": passed / len(problems),
+        "kl": kl / (k * len(problems)),
+        "length": tokens / (k * len(problems)),
+    }
 
 
 def measured(path: Path, measure) -> dict:
@@ -372,7 +378,7 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
     folder = out / slug / f"seed-{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     setup_s = 0.0
-    if slug == "ppo-rm":  # its reward model first, on the same seed
+    if command[:3] == ["ppo.py", "--reward", "model"]:  # its reward model first, on the same seed
         rm_folder = out / "reward-model" / f"seed-{seed}"
         rm_folder.mkdir(parents=True, exist_ok=True)
         rm_command = [

@@ -114,7 +114,9 @@ def test_concatenated_forward_equals_two_separate_forwards_and_sums_tokens(tiny_
     tiny_model, tokenizer = (
         tiny_model_and_tokenizer  # on tiny-gpt2 pad = EOS: the EOS still counts, and is scored
     )
-    chosen, rejected, tokens = concatenated_logps(tiny_model, tokenizer, PAIR_ROWS, max_completion_tokens=256)
+    chosen, rejected, lengths, tokens = concatenated_logps(
+        tiny_model, tokenizer, PAIR_ROWS, max_completion_tokens=256
+    )
     chosen_alone = [
         concatenated_logps(tiny_model, tokenizer, [{**p, "rejected": p["chosen"]}], 256)[0].item()
         for p in PAIR_ROWS
@@ -134,6 +136,8 @@ def test_concatenated_forward_equals_two_separate_forwards_and_sums_tokens(tiny_
     # characters + EOS
     completion_tokens = sum(len(p[k]) + 1 for p in PAIR_ROWS for k in ("chosen", "rejected"))
     assert tokens == 2 * prompt_tokens + completion_tokens
+    # each completion's own length, chosen then rejected, for the lengths/* metrics
+    assert lengths.tolist() == [[len(p["chosen"]) + 1, len(p["rejected"]) + 1] for p in PAIR_ROWS]
 
 
 def test_completions_are_tokenised_apart_so_the_prompt_tokens_are_the_same():
@@ -344,8 +348,8 @@ def test_online_loss_equals_offline_dpo_on_the_same_pairs(tmp_path, monkeypatch,
             {"prompt": p.prompt, "chosen": right[i], "rejected": wrong[i]} for i, p in enumerate(problems[:2])
         ]
         with torch.no_grad():
-            policy_chosen, policy_rejected, _ = concatenated_logps(model, tokenizer, pairs, 256)
-            ref_chosen, ref_rejected, _ = concatenated_logps(reference, tokenizer, pairs, 256)
+            policy_chosen, policy_rejected, _, _ = concatenated_logps(model, tokenizer, pairs, 256)
+            ref_chosen, ref_rejected, _, _ = concatenated_logps(reference, tokenizer, pairs, 256)
         expected.append(
             dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, 0.1)[0].mean().item()
         )

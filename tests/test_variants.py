@@ -303,8 +303,14 @@ def test_kto_reference_point_pairs_each_prompt_with_the_next_pairs_completions(t
         # the two are told apart
         assert z0.item() > 0 and matched_z0 > 0 and abs(z0.item() - matched_z0) > 0.05
         loss, metrics = offline_loss(args_of(Args, algo="kto"), 0.1, policy, ref, tokenizer, ROWS)
+        # imbalanced: half the pairs' desirable samples count, the first pair's; every undesirable one does
+        imbalanced, _ = offline_loss(
+            args_of(Args, algo="kto", desirable_fraction=0.5), 0.1, policy, ref, tokenizer, ROWS
+        )
     assert metrics["kl"] == pytest.approx(z0.item(), rel=1e-5)
     assert loss.item() == pytest.approx(expected.mean().item(), rel=1e-5)
+    assert imbalanced.item() == pytest.approx(expected[[0, 1, 3]].mean().item(), rel=1e-5)
+    assert metrics["lengths/chosen"] == (2 + 13) / 2  # "7" and "12 + 45 = 57", each with its EOS
 
 
 def test_simpo_and_orpo_load_no_reference_model(tmp_path):

@@ -1,0 +1,280 @@
+"""One knob at a time: what each setting the source documents name does, measured on 3 seeds.
+
+Each study varies one option of one script (or swaps one algorithm for another) at one stated budget,
+every other option at the script's defaults, and tests one claim of the source documents. Each row is
+run on every seed by scripts/compare.py's machinery, so its columns mean what they mean there:
+- held-out accuracy: greedy, by the verifier, on --eval-size problems;
+- KL to start: k1 per completion on --pass-k temperature-1 samples per held-out problem;
+- sampled length: the mean length in tokens of those same samples;
+- the columns of the claim: a metric the script logs, averaged over the run's steps (`mean`), or its
+  value at the last step (`last`).
+A difference smaller than the seed-to-seed spread (the ± columns, a sample std over the seeds) is no
+difference at this budget: it may be real at a larger one, but this study cannot tell.
+
+Run (a finished (row, seed) is read back from its eval.json, never rerun):
+    python scripts/sensitivity.py --list                       # the studies, their rows and claims
+    python scripts/sensitivity.py --studies dpo-beta ppo-clip  # some of them
+    python scripts/sensitivity.py                              # all of them (several hours on 2 CPU cores)
+
+Writes OUT/STUDY/table.md for each study and OUT/results.jsonl (one row per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402  the run / read-back / KL helpers
+
+
+@dataclass(frozen=True)
+class Study:
+    claim: str  # the source documents' words
+    base: str  # the row of scripts/compare.py that every setting starts from
+    budget: int  # training completions per run
+    rows: tuple[tuple, ...]  # (setting, the options it adds), or (setting, options, another compare.py row)
+    columns: tuple[tuple[str, str], ...] = ()  # (logged metric, mean | last)
+
+
+PPO_COLUMNS = (("kl", "mean"), ("entropy", "mean"), ("explained_variance", "mean"))
+PAIR_COLUMNS = (("lengths/chosen", "mean"), ("lengths/rejected", "mean"), ("rewards/margins", "last"))
+STUDIES = {
+    "ppo-clip": Study(
+        "ε = 0.1–0.2; too large blows up the KL",
+        "ppo-verifier",
+        80,
+        (
+            ("ε = 0.1", ("--clip-eps", "0.1")),
+            ("ε = 0.2", ("--clip-eps", "0.2")),
+            ("ε = 0.3", ("--clip-eps", "0.3")),
+        ),
+        PPO_COLUMNS,
+    ),
+    "ppo-gae": Study(
+        "γ = 1, λ = 0.95; don't copy γ = 0.99",
+        "ppo-verifier",
+        80,
+        (
+            ("γ = 1, λ = 0.9", ("--lam", "0.9")),
+            ("γ = 1, λ = 0.95", ("--lam", "0.95")),
+            ("γ = 1, λ = 1", ("--lam", "1.0")),
+            ("γ = 0.99, λ = 0.95", ("--gamma", "0.99")),
+        ),
+        PPO_COLUMNS,
+    ),
+    "ppo-coefficients": Study(
+        "c_v = 0.5, c_e = 0.01",
+        "ppo-verifier",
+        80,
+        (
+            ("c_v = 0.1, c_e = 0 (ppo.py's)", ()),
+            ("c_v = 0.5", ("--vf-coef", "0.5")),
+            ("c_e = 0.01", ("--entropy-coef", "0.01")),
+            ("c_v = 0.5, c_e = 0.01", ("--vf-coef", "0.5", "--entropy-coef", "0.01")),
+        ),
+        PPO_COLUMNS,
+    ),
+    "ppo-critic-init": Study(
+        "value init from RM or SFT",
+        "ppo-rm",
+        80,
+        (
+            ("critic from the reward model", ("--critic-init", "reward-model")),
+            ("critic from the policy", ("--critic-init", "policy")),
+        ),
+        PPO_COLUMNS,
+    ),
+    "ppo-kl": Study(
+        "adaptive KL steers to a target; InstructGPT's β = 0.02",
+        "ppo-verifier",
+        80,
+        (
+            ("fixed β = 0.05 (ppo.py's)", ()),
+            ("fixed β = 0.02 (InstructGPT's)", ("--kl-coef", "0.02")),
+            # a horizon of one run's completions, so that the controller moves within it (its default is 10,000)
+            ("adaptive, target 2 per completion", ("--target-kl", "2", "--kl-horizon", "80")),
+        ),
+        (*PPO_COLUMNS, ("kl_coef", "last")),
+    ),
+    "dpo-beta": Study(
+        "β < 0.01 flat; β > 1 collapses; check lengths: y_w systematically shorter → bug",
+        "dpo",
+        160,
+        (
+            ("β = 0.01", ("--beta", "0.01")),
+            ("β = 0.1", ("--beta", "0.1")),
+            ("β = 0.5", ("--beta", "0.5")),
+            ("β = 1", ("--beta", "1.0")),
+        ),
+        PAIR_COLUMNS,
+    ),
+    "simpo-gamma": Study(
+        "SimPO's margin γ; length normalisation removes DPO's length bias",
+        "simpo",
+        160,
+        (
+            ("SimPO γ = 0", ("--simpo-gamma", "0")),
+            ("SimPO γ = 0.5", ("--simpo-gamma", "0.5")),
+            ("SimPO γ = 1.5", ("--simpo-gamma", "1.5")),
+            ("DPO", (), "dpo"),
+        ),
+        PAIR_COLUMNS,
+    ),
+    "kto-imbalance": Study(
+        "KTO needs only thumbs up/down; λ_D·n_D / λ_U·n_U in [1, 4/3] for imbalanced data",
+        "kto",
+        160,
+        (
+            ("balanced", ()),
+            ("1 pair in 8 with its desirable, λ_D = 1", ("--desirable-fraction", "0.125")),
+            ("1 pair in 8 with its desirable, λ_D = 8", ("--desirable-fraction", "0.125", "--desirable-weight", "8")),
+        ),
+        (("rewards/chosen", "last"), ("rewards/rejected", "last"), ("kl", "mean")),
+    ),
+    "dapo-overlong": Study(
+        "DAPO's soft overlong punishment shortens the truncated tail",
+        "dapo",
+        160,
+        (("no overlong penalty", ()), ("overlong buffer 8 of 32 tokens", ("--overlong-buffer", "8"))),
+        (("completion_length", "mean"), ("completion_truncated", "mean")),
+    ),
+    "ipo-dpo": Study(
+        "with deterministic labels DPO overfits (its margin keeps growing) and IPO stays bounded",
+        "dpo",
+        480,
+        (("DPO", ()), ("IPO", (), "ipo")),
+        PAIR_COLUMNS,
+    ),
+}
+DPO_FAMILY = ("dpo", "simpo", "kto")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--studies", nargs="+", default=list(STUDIES), choices=list(STUDIES), metavar="STUDY")
+    parser.add_argument(
+        "--list", action="store_true", help="print the studies, their rows and claims, and stop"
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="(default: 0 1 2)")
+    parser.add_argument(
+        "--budget", type=int, default=None, help="one budget for every study (default: each its own)"
+    )
+    parser.add_argument(
+        "--model", default="smollm2", help="the starting model of every run (default: smollm2)"
+    )
+    parser.add_argument("--eval-size", type=int, default=50, help="held-out problems (default: 50)")
+    parser.add_argument(
+        "--pass-k", type=int, default=4, help="temperature-1 samples per problem (default: 4)"
+    )
+    parser.add_argument("--device", default="auto", help="passed to every script (default: auto)")
+    parser.add_argument("--out", default="runs/sensitivity", help="output folder (default: runs/sensitivity)")
+    parser.add_argument("--extra", default="", help="more options for every script, one string")
+    args = parser.parse_args(argv)
+    args.keep_models = False
+    if args.pass_k < 1:
+        parser.error(f"--pass-k must be at least 1 (the samples per problem of the KL), not {args.pass_k}")
+    return args
+
+
+def row_slug(study: str, setting: str) -> str:
+    """A folder name for a row: 'dpo-beta/β-=-0.01' is awkward on a command line, so the index is used."""
+    return f"{study}/row-{[row[0] for row in STUDIES[study].rows].index(setting)}"
+
+
+def logged(run_dir: Path, key: str, how: str):
+    """A metric from the run's metrics.jsonl: its mean over the steps that logged it, or its last value."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    values = [row[key] for row in map(json.loads, lines) if key in row]
+    if not values:
+        return None
+    return statistics.mean(values) if how == "mean" else values[-1]
+
+
+def table(study: str, rows: list[dict], args) -> str:
+    spec = STUDIES[study]
+    columns = [f"{key} ({how})" for key, how in spec.columns]
+    lines = [
+        f"Claim: {spec.claim}. {compare.ALGORITHMS[spec.base][0]}, {rows[0]['completions']} training completions "
+        f"({rows[0]['steps']} steps); seeds {' '.join(map(str, args.seeds))}; {args.eval_size} held-out problems; "
+        "mean ± sample std over seeds.",
+        "",
+        f"| setting | held-out accuracy | KL to start | sampled length | {' | '.join(columns)} | wall time (min) |",
+        "| --- " * (5 + len(columns)) + "|",
+    ]
+    starts = {r["seed"]: r["accuracy_before"] for r in rows}
+    lines.append(
+        f"| starting model | {compare.mean_std(list(starts.values()))} | 0 | | {'| ' * len(columns)}|"
+    )
+    for setting, *_ in spec.rows:
+        runs = [r for r in rows if r["setting"] == setting]
+        if not runs:
+            continue
+        cells = [
+            compare.mean_std([r["accuracy"] for r in runs]),
+            compare.mean_std([r["kl"] for r in runs], 2),
+            compare.mean_std([r["length"] for r in runs], 1),
+        ]
+        for key, _ in spec.columns:
+            values = [r[key] for r in runs if r[key] is not None]
+            cells.append(compare.mean_std(values, 3) if values else "")
+        cells.append(compare.mean_std([r["wall_time_s"] / 60 for r in runs], 1))
+        lines.append(f"| {setting} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def one_row(args, study: str, row: tuple, seed: int, out: Path) -> dict:
+    spec = STUDIES[study]
+    setting, extra, *base = row
+    _, command, per_step = compare.ALGORITHMS[base[0] if base else spec.base]
+    slug = row_slug(study, setting)
+    # a row is a compare.py row with its options added: the same run, read-back and KL code
+    compare.ALGORITHMS[slug] = (setting, [*command, *extra], per_step)
+    run_args = argparse.Namespace(**vars(args))
+    run_args.budget = args.budget or spec.budget
+    result = compare.one_run(run_args, slug, seed, out)
+    run_dir = Path(result["run_dir"])
+    sampled = json.loads((run_dir / f"sampled-k{args.pass_k}.json").read_text())
+    result.update({"study": study, "setting": setting, "length": sampled.get("length")})
+    for key, how in spec.columns:
+        result[key] = logged(run_dir, key, how)
+    return result
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.list:
+        for study in args.studies:
+            spec = STUDIES[study]
+            print(f"{study}: {spec.claim} ({spec.base}, {spec.budget} completions)")
+            for setting, extra, *base in spec.rows:
+                print(
+                    f"    {setting}: {' '.join(compare.ALGORITHMS[base[0] if base else spec.base][1] + list(extra))}"
+                )
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for study in args.studies:
+        rows = []
+        total = len(STUDIES[study].rows) * len(args.seeds)
+        for seed in args.seeds:  # seed-major: a stopped study has every row on its first seeds
+            for row in STUDIES[study].rows:
+                print(f"{study} [{len(rows) + 1}/{total}] {row[0]}, seed {seed}", flush=True)
+                rows.append(one_row(args, study, row, seed, out))
+                (out / study).mkdir(parents=True, exist_ok=True)
+                (out / study / "table.md").write_text(table(study, rows, args))
+        results.extend(rows)
+        (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+        print(table(study, rows, args))
+    print(f"wrote {out}/*/table.md and {out / 'results.jsonl'}")
+
+
+if __name__ == "__main__":
+    main()
