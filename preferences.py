@@ -206,7 +206,7 @@ def load_preference_pairs(
         )
         print(f"preference pairs: {len(data['train'])} train, {len(data['heldout'])} held-out, from {folder}")
         return data["train"], data["heldout"], data["heldout_samples"]
-    pairs = tasks.read_jsonl(dataset, ("prompt", "chosen", "rejected"))
+    pairs = tasks.read_rows(dataset, ("prompt", "chosen", "rejected"))
     if len(pairs) < 2:
         raise InputError(f"{dataset}: {len(pairs)} pair; need at least 2 (one to train on, one held out)")
     random.Random(seed).shuffle(pairs)

@@ -154,7 +154,7 @@ def load_demonstrations(
             if len(rows) == num_demonstrations:
                 break
     else:
-        rows = tasks.read_jsonl(dataset, ("prompt", "completion"))
+        rows = tasks.read_rows(dataset, ("prompt", "completion"))
         random.Random(seed).shuffle(rows)
     n_heldout = max(1, min(64, len(rows) // 10))
     if len(rows) - n_heldout < 1:

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 
 import common
 from infra import distributed
+from infra import hub
 from infra import runs
 from infra.runs import InputError
 
@@ -473,7 +474,7 @@ def load_problems(
     if dataset is None:
         heldout = heldout_problems(eval_size)
         return train_problems(seed, heldout), heldout
-    rows = read_jsonl(dataset, ("prompt", "answer"))
+    rows = read_rows(dataset, ("prompt", "answer"))
     for line_no, row in enumerate(rows, 1):
         if extract_final_number(row["answer"]) is None:
             raise InputError(
@@ -550,9 +551,20 @@ def read_splits(folder: Path, names) -> dict[str, list[dict]]:
     return {name: [json.loads(line) for line in open(folder / f"{name}.jsonl")] for name in names}
 
 
+def read_rows(path: str, fields: tuple[str, ...]) -> list[dict]:
+    """--dataset's rows, each checked to hold `fields` as strings; errors name the file and line (or row). A JSONL
+    file (UTF-8, with or without a byte-order mark), or a Hugging Face dataset: a save_to_disk folder or a Hub id
+    (infra/hub.py, GSM8K's fields mapped). A numeric "answer" (42, not "42") is read as its text."""
+    if hub.is_hf_dataset(path):
+        rows = [checked_row(row, fields, f"{path}: row {i}") for i, row in enumerate(hub.load_rows(path), 1)]
+    else:
+        rows = read_jsonl(path, fields)
+    if not rows:
+        raise InputError(f"{path}: the dataset is empty")
+    return rows
+
+
 def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
-    """Rows of a JSONL file, each checked to hold `fields` as strings; errors name file and line. UTF-8, with or
-    without a byte-order mark; a numeric "answer" (42, not "42") is read as its text."""
     if not os.path.isfile(path):
         raise InputError(f"--dataset {path}: no such file")
     rows = []
@@ -571,17 +583,18 @@ def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{path}:{line_no}: expected a JSON object with fields {', '.join(fields)}")
-            if isinstance(row.get("answer"), (int, float)) and not isinstance(row["answer"], bool):
-                row["answer"] = str(row["answer"])
-            for field in fields:
-                if not isinstance(row.get(field), str) or not row[field].strip():
-                    raise InputError(
-                        f"{path}:{line_no}: field {field!r} missing or not a non-empty string "
-                        f"(need {', '.join(fields)})"
-                    )
-            rows.append(row)
-    if not rows:
-        raise InputError(f"{path}: the dataset is empty")
+            rows.append(checked_row(row, fields, f"{path}:{line_no}"))
     return rows
+
+
+def checked_row(row, fields: tuple[str, ...], where: str) -> dict:
+    if not isinstance(row, dict):
+        raise InputError(f"{where}: expected a JSON object with fields {', '.join(fields)}")
+    if isinstance(row.get("answer"), (int, float)) and not isinstance(row["answer"], bool):
+        row["answer"] = str(row["answer"])
+    for field in fields:
+        if not isinstance(row.get(field), str) or not row[field].strip():
+            raise InputError(
+                f"{where}: field {field!r} missing or not a non-empty string (need {', '.join(fields)})"
+            )
+    return row

@@ -18,7 +18,6 @@ import os
 import random
 import shutil
 import sys
-import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ import transformers
 import common
 from common import InputError, require
 from infra import distributed
+from infra import hub
 from infra import kernels
 from infra import runs
 
@@ -164,28 +164,11 @@ def smollm2_checkpoint() -> Path:
     return target
 
 
-def _hub_reachable() -> bool:
-    from huggingface_hub import constants
-
-    return not constants.HF_HUB_OFFLINE and runs.reachable(urllib.parse.urlparse(constants.ENDPOINT).hostname)
-
-
-def _looks_like_a_path(name: str) -> bool:
-    # A hub id is "name" or "org/name"; "runs/rm-x/model", "./m", "/abs" or "~/m" can only be paths.
-    return (
-        name.startswith((".", "/", "~"))
-        or name.count("/") > 1
-        or (os.sep in name and os.path.isdir(name.split(os.sep)[0]))
-    )
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-
-
 def from_pretrained(auto_class, name: str, **kwargs):
     """Load from a local directory, else the Hugging Face cache, else the Hub; any failure is one line."""
-    require(os.path.isdir(name) or not _looks_like_a_path(name), f"cannot load {name!r}: no such directory")
+    require(
+        os.path.isdir(name) or not hub.looks_like_a_path(name), f"cannot load {name!r}: no such directory"
+    )
     tokenizer = auto_class is transformers.AutoTokenizer
     try:
         if os.path.isdir(name):
@@ -209,21 +192,21 @@ def from_pretrained(auto_class, name: str, **kwargs):
                 return auto_class.from_pretrained(name, **kwargs)
             # a truncated or corrupt file raises safetensors' own error type, among others
             except Exception as e:
-                first = _first_line(e) if str(e).strip() else ""
+                first = hub.first_line(e) if str(e).strip() else ""
                 raise InputError(
                     f"cannot load {name!r}: {type(e).__name__}: {first} (is a file truncated?)"
                 ) from None
         with contextlib.suppress(OSError, ValueError):
             return auto_class.from_pretrained(name, local_files_only=True, **kwargs)
         require(
-            _hub_reachable(),
+            hub.hub_reachable(),
             f"cannot load {name!r}: it is not a local directory or in the Hugging Face cache, "
             f"and the Hub cannot be reached from this machine. Offline choices: "
             f"{OFFLINE_CHOICES}",
         )
         return auto_class.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot load {name!r}: {_first_line(e)}") from None
+        raise InputError(f"cannot load {name!r}: {hub.first_line(e)}") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import os
 import re
 import resource
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -289,9 +288,11 @@ class MetricsLog:
         elif report_to == "wandb":
             import wandb
 
+            from infra import hub  # its network probe, needed only here
+
             # Offline (files in the run folder, `wandb sync` them later) unless WANDB_MODE says otherwise
             # and the service can be reached: a machine without a network must not hang or fail here.
-            mode = os.environ.get("WANDB_MODE") or ("online" if reachable("api.wandb.ai") else "offline")
+            mode = os.environ.get("WANDB_MODE") or ("online" if hub.reachable("api.wandb.ai") else "offline")
             self.wandb = wandb.init(
                 project="minimal-rlhf",
                 name=path.parent.name,
@@ -364,15 +365,6 @@ def plot_curves(run_dir: Path, evals: list[dict], accuracy_key: str = "accuracy"
     fig.savefig(run_dir / "curves.tmp.png", dpi=110)
     plt.close(fig)
     (run_dir / "curves.tmp.png").replace(run_dir / "curves.png")
-
-
-def reachable(host: str) -> bool:
-    """A 3-second TCP probe: an offline machine fails (or goes offline) at once, not after minutes of retries."""
-    try:
-        socket.create_connection((host, 443), timeout=3).close()
-        return True
-    except OSError:
-        return False
 
 
 def progress(steps: int, desc: str, initial: int = 0, leave: bool = True):

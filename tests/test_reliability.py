@@ -14,6 +14,7 @@ import tyro
 import common
 import dpo
 import grpo
+from infra import hub
 from infra import models
 import ppo
 import reward_model
@@ -456,7 +457,7 @@ def test_the_command_line_builds_the_same_flat_args_as_python():
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb (optional) not installed")
 def test_report_to_wandb_goes_offline_without_a_network(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    monkeypatch.setattr(runs, "reachable", lambda host: False)
+    monkeypatch.setattr(hub, "reachable", lambda host: False)
     result = grpo.main(
         args_of(
             grpo.Args,

@@ -294,13 +294,13 @@ def test_read_jsonl_reports_file_and_line(tmp_path, lines, message):
     path = tmp_path / "data.jsonl"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(runs.InputError, match=message):
-        tasks.read_jsonl(str(path), ("prompt", "answer"))
+        tasks.read_rows(str(path), ("prompt", "answer"))
 
 
 def test_read_jsonl_reads_valid_rows(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_text(json.dumps({"prompt": "a", "answer": "1", "extra": 3}) + "\n")
-    assert tasks.read_jsonl(str(path), ("prompt", "answer")) == [{"prompt": "a", "answer": "1", "extra": 3}]
+    assert tasks.read_rows(str(path), ("prompt", "answer")) == [{"prompt": "a", "answer": "1", "extra": 3}]
 
 
 # ---- preference data ----------------------------------------------------------------------------------------------
