@@ -430,6 +430,26 @@ def evaluate_pass_at_k(
     return total / len(problems)
 
 
+# ten paragraphs of everyday English prose, nothing the task rewards: the forgetting measure's text
+GENERAL_TEXT = Path(__file__).resolve().parent / "data" / "general.txt"
+
+
+@torch.no_grad()
+def general_text_nll(model, tokenizer) -> float:
+    """The forgetting measure: mean negative log-likelihood per token, in nats, of GENERAL_TEXT, each paragraph
+    scored from its start. Training on the narrow task can overwrite general ability ("mitigate with LoRA, a
+    general-data mix, fewer epochs"); this rises when it does, and no reward in the project sees it."""
+    device = next(model.parameters()).device
+    total = 0.0
+    count = 0
+    for paragraph in GENERAL_TEXT.read_text().split("\n\n"):
+        ids = torch.tensor(tokenizer(paragraph.strip(), add_special_tokens=False).input_ids, device=device)
+        logits = model(ids[None]).logits[0, :-1].float()  # (T-1, V): each token predicts the next
+        total += torch.nn.functional.cross_entropy(logits, ids[1:], reduction="sum").item()
+        count += len(ids) - 1
+    return total / count
+
+
 def evaluate_policy(
     model,
     tokenizer,
@@ -440,8 +460,9 @@ def evaluate_policy(
     pass_k: int = 0,
     score: Optional[Callable] = None,
 ) -> dict:
-    """The held-out evaluation every algorithm reports: greedy accuracy (evaluate_accuracy, with its `score`) and,
-    with pass_k, pass@k from pass_k samples a problem at temperature 1 (evaluate_pass_at_k); each said in a line.
+    """The held-out evaluation every algorithm reports: greedy accuracy (evaluate_accuracy, with its `score`),
+    the general text's NLL (general_text_nll, the forgetting measure) and, with pass_k, pass@k from pass_k samples
+    a problem at temperature 1 (evaluate_pass_at_k); each said in a line.
     Under torchrun the greedy accuracy is split over the ranks; pass@k is drawn whole by each (the same numbers)."""
     model.eval()
     result = evaluate_accuracy(model, tokenizer, problems, max_new_tokens, score=score)
@@ -456,13 +477,22 @@ def evaluate_policy(
             f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} "
             f"({pass_k} samples per problem at temperature 1)"
         )
+    result["general_nll"] = general_text_nll(model, tokenizer)
     tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(problems)} problems)")
+    tqdm.write(
+        f"step {step}: general text NLL {result['general_nll']:.4f} nats/token (forgetting if it rises)"
+    )
     return result
 
 
 def before_and_after(before: dict, after: dict) -> dict:
-    """eval.json's comparable numbers, in pairs: accuracy, unearned and pass@k (when measured), before and after."""
-    keys = [k for k in after if (k in ("accuracy", "unearned") or k.startswith("pass@")) and k in before]
+    """eval.json's comparable numbers, in pairs: accuracy, unearned, the general text's NLL and pass@k (when
+    measured), before and after."""
+    keys = [
+        k
+        for k in after
+        if (k in ("accuracy", "unearned", "general_nll") or k.startswith("pass@")) and k in before
+    ]
     return {f"{k}_{when}": result[k] for k in keys for when, result in (("before", before), ("after", after))}
 
 

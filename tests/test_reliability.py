@@ -2,6 +2,7 @@
 
 import dataclasses
 import importlib.util
+import itertools
 import json
 import os
 from pathlib import Path
@@ -18,6 +19,7 @@ from infra import hub
 from infra import models
 import ppo
 import reward_model
+import rft
 from infra import runs
 import sft
 import tasks
@@ -497,6 +499,43 @@ def test_evaluation_is_scaled_to_the_model_unless_set(name):
         chosen(model="tiny", pass_k=2).pass_k,
     ) == (40, 2)
     assert chosen(model="gpt2", eval_size=8, pass_k=0).pass_k == 0  # an explicit 0 stays off
+
+
+@pytest.mark.parametrize("name", ["grpo", "dpo", "ppo", "variants", "sft", "rft"])
+def test_every_policy_script_reports_the_forgetting_measure_before_and_after(tmp_path, name):
+    """The general text's NLL, of the starting policy and of the trained one (the reward models have no LM head)."""
+    script = rft if name == "rft" else SCRIPTS[name]
+    options = {
+        "grpo": dict(prompts_per_step=2, group_size=2),
+        "dpo": dict(dataset=PAIRS, batch_size=2),
+        "ppo": dict(reward="verifier", batch_size=2, minibatch_size=2),
+        "variants": dict(algo="ipo", dataset=PAIRS, batch_size=2),
+        "sft": dict(batch_size=2, num_demonstrations=8),
+        "rft": dict(prompts_per_round=2, samples_per_prompt=2),
+    }[name]
+    args = args_of(
+        script.Args,
+        model="tiny",
+        steps=1,
+        max_new_tokens=4,
+        eval_size=4,
+        lr=0.05,
+        output_dir=str(tmp_path),
+        **options,
+    )
+    # rewards that move the tiny policy, which answers nothing right: GRPO's alternate within a group, RFT keeps all
+    calls = itertools.count()
+    rewards = {
+        "grpo": lambda completion, answer: float(next(calls) % 2),
+        "rft": lambda completion, answer: 1.0,
+    }
+    result = script.main(args, **({"reward_fn": rewards[name]} if name in rewards else {}))
+    tokenizer = models.make_tiny_tokenizer()
+    start = tasks.general_text_nll(
+        models.load_model("tiny", len(tokenizer), torch.device("cpu"), seed=0), tokenizer
+    )
+    assert result["general_nll_before"] == pytest.approx(start, rel=1e-4)
+    assert result["general_nll_after"] != result["general_nll_before"]  # measured on the trained policy
 
 
 def test_a_tiny_run_records_the_evaluation_it_chose(tmp_path):

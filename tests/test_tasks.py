@@ -207,22 +207,53 @@ def test_evaluate_policy_times_pass_at_k_alone(tiny_model, tokenizer, monkeypatc
     monkeypatch.setattr(tasks, "evaluate_accuracy", taking(3.0, lambda: {"accuracy": 0.25}))
     monkeypatch.setattr(tasks, "evaluate_pass_at_k", taking(7.0, lambda: 0.5))
     problems = tasks.heldout_problems(4)
+    monkeypatch.setattr(tasks, "general_text_nll", lambda model, tokenizer: 3.5)
     assert tasks.evaluate_policy(tiny_model, tokenizer, problems, 4, seed=0, step=0, pass_k=2) == {
         "accuracy": 0.25,
         "pass@2": 0.5,
         "pass_k_seconds": 7.0,
+        "general_nll": 3.5,
     }
     assert "pass_k_seconds" not in tasks.evaluate_policy(tiny_model, tokenizer, problems, 4, seed=0, step=0)
 
 
+def test_general_text_nll_is_the_mean_over_every_token_of_every_paragraph(tiny_model, tokenizer):
+    # transformers' own shifted loss, paragraph by paragraph, weighted by the tokens each predicts
+    paragraphs = tasks.GENERAL_TEXT.read_text().split("\n\n")
+    assert len(paragraphs) == 10
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for paragraph in paragraphs:
+            ids = torch.tensor([tokenizer(paragraph.strip(), add_special_tokens=False).input_ids])
+            total += tiny_model(ids, labels=ids).loss.item() * (ids.shape[1] - 1)
+            count += ids.shape[1] - 1
+    assert tasks.general_text_nll(tiny_model, tokenizer) == pytest.approx(total / count, rel=1e-5)
+
+
 def test_before_and_after_pairs_the_comparable_numbers():
-    before = {"accuracy": 0.25, "unearned": 0.0, "pass@8": 0.5, "samples": [], "score": 1.0}
-    after = {"accuracy": 0.75, "unearned": 0.1, "pass@8": 0.625, "samples": [], "score": 2.0}
+    before = {
+        "accuracy": 0.25,
+        "unearned": 0.0,
+        "pass@8": 0.5,
+        "samples": [],
+        "score": 1.0,
+        "general_nll": 3.0,
+    }
+    after = {
+        "accuracy": 0.75,
+        "unearned": 0.1,
+        "pass@8": 0.625,
+        "samples": [],
+        "score": 2.0,
+        "general_nll": 3.5,
+    }
     assert tasks.before_and_after(before, after) == {
         "accuracy_before": 0.25,
         "accuracy_after": 0.75,
         "unearned_before": 0.0,
         "unearned_after": 0.1,
+        "general_nll_before": 3.0,
+        "general_nll_after": 3.5,
         "pass@8_before": 0.5,
         "pass@8_after": 0.625,
     }
