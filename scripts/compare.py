@@ -464,6 +464,9 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
         f"pass@{k}_before": start[f"pass@{k}"],
         f"pass@{k}": after[f"pass@{k}"],
         "kl": after["kl"],
+        # the forgetting measure (tasks.general_text_nll); absent from runs made before it existed
+        "general_nll_before": evaluation.get("general_nll_before"),
+        "general_nll_after": evaluation.get("general_nll_after"),
         "wall_time_s": evaluation["wall_time_s"] + setup_s,
         "peak_gb": evaluation["memory/peak_gb"],
         "run_dir": str(run_dir),

@@ -6,6 +6,8 @@ run on every seed by scripts/compare.py's machinery, so its columns mean what th
 - held-out accuracy: greedy, by the verifier, on --eval-size problems;
 - KL to start: k1 per completion on --pass-k temperature-1 samples per held-out problem;
 - sampled length: the mean length in tokens of those same samples;
+- general NLL change: the forgetting measure, the trained policy's NLL per token of a general English text
+  (tasks.general_text_nll) minus the starting model's; the task rewards nothing in that text;
 - the columns of the claim: a metric the script logs, averaged over the run's steps (`mean`), or its
   value at the last step (`last`).
 A difference smaller than the seed-to-seed spread (the ± columns, a sample std over the seeds) is no
@@ -132,7 +134,10 @@ STUDIES = {
         (
             ("balanced", ()),
             ("1 pair in 8 with its desirable, λ_D = 1", ("--desirable-fraction", "0.125")),
-            ("1 pair in 8 with its desirable, λ_D = 8", ("--desirable-fraction", "0.125", "--desirable-weight", "8")),
+            (
+                "1 pair in 8 with its desirable, λ_D = 8",
+                ("--desirable-fraction", "0.125", "--desirable-weight", "8"),
+            ),
         ),
         (("rewards/chosen", "last"), ("rewards/rejected", "last"), ("kl", "mean")),
     ),
@@ -142,6 +147,18 @@ STUDIES = {
         160,
         (("no overlong penalty", ()), ("overlong buffer 8 of 32 tokens", ("--overlong-buffer", "8"))),
         (("completion_length", "mean"), ("completion_truncated", "mean")),
+    ),
+    "forgetting": Study(
+        "narrow-data training overwrites general capabilities; mitigate with LoRA, a general-data mix, fewer epochs",
+        "sft",
+        320,
+        (
+            ("SFT, full fine-tuning", ()),
+            # an adapter wants about 10x the full fine-tuning rate (common.LoraOptions)
+            ("SFT, LoRA r = 16, lr 1e-4", ("--lora-r", "16", "--lr", "1e-4")),
+            ("GRPO, full fine-tuning", (), "grpo"),
+            ("GRPO, LoRA r = 16, lr 1e-4", ("--lora-r", "16", "--lr", "1e-4"), "grpo"),
+        ),
     ),
     "ipo-dpo": Study(
         "with deterministic labels DPO overfits (its margin keeps growing) and IPO stays bounded",
@@ -199,34 +216,55 @@ def logged(run_dir: Path, key: str, how: str):
 
 def table(study: str, rows: list[dict], args) -> str:
     spec = STUDIES[study]
-    columns = [f"{key} ({how})" for key, how in spec.columns]
-    lines = [
-        f"Claim: {spec.claim}. {compare.ALGORITHMS[spec.base][0]}, {rows[0]['completions']} training completions "
-        f"({rows[0]['steps']} steps); seeds {' '.join(map(str, args.seeds))}; {args.eval_size} held-out problems; "
-        "mean ± sample std over seeds.",
-        "",
-        f"| setting | held-out accuracy | KL to start | sampled length | {' | '.join(columns)} | wall time (min) |",
-        "| --- " * (5 + len(columns)) + "|",
+    headers = [
+        "setting",
+        "held-out accuracy",
+        "KL to start",
+        "sampled length",
+        "general NLL change",
+        *[f"{key} ({how})" for key, how in spec.columns],
+        "wall time (min)",
     ]
-    starts = {r["seed"]: r["accuracy_before"] for r in rows}
-    lines.append(
-        f"| starting model | {compare.mean_std(list(starts.values()))} | 0 | | {'| ' * len(columns)}|"
-    )
+    lines = [
+        f"Claim: {spec.claim}. {rows[0]['completions']} training completions a run; seeds "
+        f"{' '.join(map(str, args.seeds))}; {args.eval_size} held-out problems; mean ± sample std over seeds.",
+        "",
+        "| " + " | ".join(headers) + " |",
+        "| --- " * len(headers) + "|",
+    ]
+    starts = [r["accuracy_before"] for r in {r["seed"]: r for r in rows}.values()]
+    start_nlls = [
+        r["general_nll_before"] for r in {r["seed"]: r for r in rows}.values() if r["general_nll_before"]
+    ]
+    start = ["starting model", compare.mean_std(starts), "0", "", ""] + [""] * (len(headers) - 5)
+    if start_nlls:
+        start[4] = f"(NLL {compare.mean_std(start_nlls)})"
+    lines.append("| " + " | ".join(start) + " |")
     for setting, *_ in spec.rows:
         runs = [r for r in rows if r["setting"] == setting]
         if not runs:
             continue
         cells = [
+            setting,
             compare.mean_std([r["accuracy"] for r in runs]),
             compare.mean_std([r["kl"] for r in runs], 2),
             compare.mean_std([r["length"] for r in runs], 1),
+            nll_change(runs),
         ]
         for key, _ in spec.columns:
             values = [r[key] for r in runs if r[key] is not None]
             cells.append(compare.mean_std(values, 3) if values else "")
         cells.append(compare.mean_std([r["wall_time_s"] / 60 for r in runs], 1))
-        lines.append(f"| {setting} | {' | '.join(cells)} |")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def nll_change(runs: list[dict]) -> str:
+    """The general text's NLL after minus before, per seed, as 'm ± s' (nats per token); '' for older runs."""
+    changes = [
+        r["general_nll_after"] - r["general_nll_before"] for r in runs if r["general_nll_after"] is not None
+    ]
+    return compare.mean_std(changes, 3) if changes else ""
 
 
 def one_row(args, study: str, row: tuple, seed: int, out: Path) -> dict:
