@@ -9,6 +9,8 @@ Objective (DeepSeekMath, Shao et al. 2024, arXiv:2402.03300, eq. 3), maximised:
     J(θ) = E[ 1/G Σ_i 1/|o_i| Σ_t { min(ρ_it Â_it, clip(ρ_it, 1-ε_low, 1+ε_high) Â_it) - β D_KL[π_θ||π_ref]_it } ]
     ρ_it = π_θ(o_it | q, o_i,<t) / π_θold(o_it | q, o_i,<t)
     Â_it = (r_i - mean(r)) / std(r)                                            (outcome supervision, §4.1.2)
+    Â_it = Σ_{index(j) ≥ t} (r_i^index(j) - mean(R)) / std(R)    (process supervision, §4.1.3, --prm: R is every
+           step reward of the group, r_i^index(j) the PRM's score of o_i's step j, which ends at token index(j))
     D_KL ≈ π_ref/π_θ - log(π_ref/π_θ) - 1                                      (k3, eq. 4)
 
 Options from later papers, each off by default unless said:
@@ -75,6 +77,7 @@ from infra import distributed
 from infra import fsdp
 from infra import models
 from infra import runs
+import stepwise
 import tasks
 from common import masked_mean, masked_sum
 from infra.runs import InputError, require
@@ -104,6 +107,9 @@ class Args:
     reward_model: Annotated[Optional[str], runs.none_means("the verifier", "DIR")] = None
     """a reward_model.py checkpoint to score completions with (as ppo.py does); the verifier is
     logged beside it"""
+    prm: Annotated[Optional[str], runs.none_means("outcome supervision", "DIR")] = None
+    """a prm.py checkpoint: process supervision, each step's score normalised over the group and summed from that
+    step on, in place of the outcome advantage (the steps are the completion's lines)"""
     rewards: tuple[Literal["correct", "format"], ...] = ("correct",)
     """rewards summed into one: correct (--verifier's, or --reward-model's score), format
     (<think>…</think><answer>)"""
@@ -278,7 +284,7 @@ def grpo_loss(
     logprobs: torch.Tensor,  # (B, T) log π_θ, with gradient
     old_logprobs: torch.Tensor,  # (B, T) log π_θold, no gradient
     ref_logprobs: Optional[torch.Tensor],  # (B, T) log π_ref, or None when beta = 0
-    advantages: torch.Tensor,  # (B,)
+    advantages: torch.Tensor,  # (B,), or (B, T) per token (process supervision)
     mask: torch.Tensor,  # (B, T)
     eps_low: float = 0.2,
     eps_high: float = 0.2,
@@ -312,7 +318,7 @@ def grpo_loss(
     if importance_level == "sequence":
         log_ratio = masked_mean(log_ratio, mask, dim=1)[:, None].expand_as(log_ratio)
     ratio = torch.exp(log_ratio)  # (B, T)
-    adv = advantages[:, None]  # (B, 1)
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
     pg_loss1 = -adv * ratio
     pg_loss2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.max(pg_loss1, pg_loss2)  # (B, T) pessimistic bound, PPO eq. 7
@@ -391,7 +397,7 @@ class Batch:
     completion_ids: torch.Tensor  # (B, T)
     mask: torch.Tensor  # (B, T)
     sampler_logprobs: torch.Tensor  # (B, T) as the sampler drew the tokens
-    advantages: torch.Tensor  # (B,)
+    advantages: torch.Tensor  # (B,), or (B, T) with --prm
     stats: dict  # the rewards and completions of every sampled group, and the sampling's time
     sampled_tokens: int  # completion tokens sampled, kept or not
 
@@ -424,6 +430,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         reward_model = models.load_reward_model(
             args.reward_model, tokenizer, device, precision, kernels_on=kernels_on
         )
+    prm = models.load_reward_model(args.prm, tokenizer, device, precision, kernels_on) if args.prm else None
     # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
     ref_model = common.frozen_copy(policy) if args.beta != 0.0 and not args.lora.lora_r else None
     if resumed:
@@ -441,7 +448,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     # --fsdp: 1/N of each model's weights on a rank
-    fsdp.shard(args.run.fsdp, policy, ref_model, reward_model)
+    fsdp.shard(args.run.fsdp, policy, ref_model, reward_model, prm)
     optimizer, scheduler = common.make_optimizer(
         policy, args.lr, args.weight_decay, args.warmup_steps, args.steps if args.lr_decay else 0
     )
@@ -512,6 +519,11 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
         # ---- 3. group-relative advantages -------------------------------------------------------
         advantages = group_advantages(rewards, G, args.scale_by_std)  # (B,)
+        if prm is not None:  # process supervision: per token, from the PRM's score of each step
+            prompts = [p.prompt for p in problems for _ in range(G)]
+            advantages, step_scores, step_mask = stepwise.process_supervision(
+                prm, tokenizer, prompts, completion_ids, mask, G
+            )
         grouped = rewards.view(-1, G)  # (P, G)
         all_equal = grouped.amax(1) == grouped.amin(1)  # (P,) these groups have zero advantage
         keep_groups = ~all_equal if args.dynamic_sampling else torch.ones_like(all_equal)
@@ -532,6 +544,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         }
         if reward_model is not None:  # the true reward, beside the learned one
             stats["verifier"] = scored.verified.mean().item()
+        if prm is not None:
+            stats["prm/step_score"] = masked_mean(step_scores, step_mask).item()
+            stats["prm/steps"] = step_mask.sum(1).float().mean().item()
         # dynamic sampling drops the groups of equal rewards; the columns that are padding in every kept row go
         width = int((mask * keep[:, None]).sum(1).max())
         return Batch(
@@ -540,7 +555,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             completion_ids[keep, :width],
             mask[keep, :width],
             sampler_logprobs[keep, :width],
-            advantages[keep],
+            advantages[keep] if prm is None else advantages[keep, :width],
             stats,
             int(lengths.sum()),
         )

@@ -3,7 +3,7 @@
 An outcome reward model (reward_model.py) scores a whole completion; a PRM scores each step, so it can say where a
 solution went wrong. Its labels need no human (Math-Shepherd): from the prefix that ends at step i the policy rolls
 out k completions, and step i is good when they reach the right answer. The trained PRM reranks N sampled solutions
-(best-of-N) and gives a dense, per-step reward for RL (dense_step_rewards).
+(best-of-N) and gives a dense, per-step reward for RL (stepwise.dense_step_rewards, grpo.py --prm).
 
 Labels (Wang et al. 2023, Math-Shepherd, arXiv:2312.08935, hard and soft estimation), for step s_i of a solution to
 q with answer a*, from the answers a_1..a_k of k rollouts from the prefix (q, s_1..s_i):
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ from infra import distributed
 from infra import fsdp
 from infra import models
 from infra import runs
+import stepwise
 import tasks
 
 
@@ -100,38 +100,10 @@ class Args:
 # ---------------------------------------------------------------------------------------------
 # The math: steps (a solution's lines) and the token that ends each, labels, the loss, aggregates, dense rewards
 # ---------------------------------------------------------------------------------------------
-def split_steps(text: str) -> list[tuple[int, int]]:
-    """The (start, end) characters of each step: a line that holds more than whitespace, without its leading and
-    trailing whitespace. Blank lines are no step; a last line without a newline is one.
-    "12 + 3 = 15\\n\\n  15 - 4 = 11 " -> [(0, 11), (15, 26)]"""
-    # at each line's start, skip spaces and tabs; the step runs from the first to the last non-space character
-    return [line.span(1) for line in re.finditer(r"^[^\S\n]*(\S(?:[^\n]*\S)?)", text, re.MULTILINE)]
-
-
-def step_end_tokens(offsets: list[tuple[int, int]], step_spans: list[tuple[int, int]]) -> list[int]:
-    """The index of each step's last token: the last token whose characters [start, end) hold the step's last
-    character. offsets: each token's characters in the text (a fast tokenizer's offset mapping). A token that joins
-    the last character with the newline after it (BPE merges) is still the step's last token; a character split
-    over several byte tokens ('€' is three in a byte-level BPE, each with its offsets) ends at the last of them."""
-    ends = []
-    for _, last in step_spans:
-        holding = [i for i, (start, end) in enumerate(offsets) if start <= last - 1 < end]
-        ends.append(holding[-1])
-    return ends
-
-
 def step_labels(rollouts_correct: torch.Tensor, num_rollouts: int, kind: str) -> torch.Tensor:
     """Math-Shepherd's labels from the number of each step's k rollouts that reach the answer. (K,) -> (K,) float
     hard: 1 if any did, else 0; soft: the fraction that did."""
     return (rollouts_correct > 0).float() if kind == "hard" else rollouts_correct.float() / num_rollouts
-
-
-def read_at_step_ends(
-    token_scores: torch.Tensor, step_ends: torch.Tensor, step_mask: torch.Tensor
-) -> torch.Tensor:
-    """Each step's score, read at its last token; 0 where the row has no such step (padding). token_scores (B, T),
-    step_ends (B, K) token indices into the completion, step_mask (B, K) 1 on real steps -> (B, K)."""
-    return torch.where(step_mask.bool(), token_scores.gather(1, step_ends), 0.0)
 
 
 def prm_loss(step_logits: torch.Tensor, labels: torch.Tensor, step_mask: torch.Tensor) -> torch.Tensor:
@@ -157,70 +129,9 @@ def best_of_n_accuracy(scores: torch.Tensor, correct: torch.Tensor, n: int) -> f
     return correct.view(-1, n).gather(1, best[:, None]).float().mean().item()
 
 
-def dense_step_rewards(
-    step_scores: torch.Tensor, step_ends: torch.Tensor, step_mask: torch.Tensor, num_tokens: int
-) -> torch.Tensor:
-    """The PRM as a dense reward: each step's score on its last completion token, 0 on every other token.
-    step_scores, step_ends, step_mask (B, K) -> (B, T = num_tokens).
-
-    ppo.py would add these to kl_penalized_rewards' per-token rewards in place of the single score on the last
-    token (Math-Shepherd's step-by-step PPO); GAE then carries each step's reward back to the tokens before it.
-    grpo.py would use DeepSeekMath's process supervision (Shao et al. 2024, arXiv:2402.03300): normalise the step
-    rewards over the group, and give each token the sum of the normalised rewards of the steps ending at or after
-    it. step_scores is σ(z) from score_steps on the policy's completions, tokenised by tokenize_steps."""
-    rewards = torch.zeros(step_scores.shape[0], num_tokens, device=step_scores.device)  # (B, T)
-    # add, not scatter: padding points at token 0 too, and must not overwrite a one-token first step there
-    return rewards.scatter_add(1, step_ends, step_scores * step_mask)
-
-
 # ---------------------------------------------------------------------------------------------
 # Scoring and data
 # ---------------------------------------------------------------------------------------------
-def tokenize_steps(tokenizer, completions: list[str], device) -> tuple[torch.Tensor, ...]:
-    """Completion ids and mask (B, T), right-padded, no EOS (the score is read at step ends only), and each step's
-    last token and the step mask (B, K); a row with fewer steps is padded with index 0, masked."""
-    encoded = [tokenizer(text, add_special_tokens=False, return_offsets_mapping=True) for text in completions]
-    ends = [
-        torch.tensor(step_end_tokens(e.offset_mapping, split_steps(t)), dtype=torch.long)
-        for e, t in zip(encoded, completions)
-    ]
-    ids = [torch.tensor(e.input_ids, dtype=torch.long) for e in encoded]
-
-    def pad(rows: list[torch.Tensor], value: int = 0) -> torch.Tensor:
-        return pad_sequence(rows, batch_first=True, padding_value=value).to(device)
-
-    return (
-        pad(ids, tokenizer.pad_token_id),
-        pad([torch.ones_like(i) for i in ids]),
-        pad(ends),
-        pad([torch.ones_like(e) for e in ends]),
-    )
-
-
-def score_steps(
-    model, tokenizer, prompts: list[str], completions: list[str]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The head's logit z at each step's last token, and the step mask: (B, K), (B, K). The prompt is left-padded,
-    the completion right-padded, positions from the mask, so padding changes no score."""
-    device = next(model.parameters()).device
-    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, prompts, device)  # (B, S)
-    completion_ids, completion_mask, step_ends, step_mask = tokenize_steps(tokenizer, completions, device)
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, S+T)
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-    with common.autocast(model):
-        hidden = (
-            common.unwrap(model)
-            .base_model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=common.position_ids(attention_mask),
-            )
-            .last_hidden_state
-        )
-        token_logits = common.unwrap(model).score(hidden).squeeze(-1).float()  # (B, S+T)
-    return read_at_step_ends(token_logits[:, prompt_ids.shape[1] :], step_ends, step_mask), step_mask
-
-
 def batch_labels(rows: list[dict], kind: str, K: int, device) -> torch.Tensor:
     """Each row's step labels, zero-padded to K: (B, K)."""
     labels = [step_labels(torch.tensor(row["rollouts_correct"]), row["rollouts"], kind) for row in rows]
@@ -286,7 +197,7 @@ def label_solutions(
     prefixes = [
         (row, row["completion"][:end] + "\n")
         for row in rows
-        for _, end in split_steps(row["completion"])[:-1]
+        for _, end in stepwise.split_steps(row["completion"])[:-1]
     ]
     for chunk in tqdm(
         [prefixes[i : i + batch] for i in range(0, len(prefixes), batch)], "rolling out", leave=False
@@ -300,7 +211,7 @@ def label_solutions(
                 int(sum(tasks.verify(prefix + t, row["answer"]) for t in rollouts))
             )
     # the last step: the solution's own answer
-    for row in filter(lambda row: split_steps(row["completion"]), rows):
+    for row in filter(lambda row: stepwise.split_steps(row["completion"]), rows):
         row["rollouts_correct"].append(num_rollouts * row["correct"])
     return rows
 
@@ -359,7 +270,7 @@ def evaluate(
     steps = 0
     scores = []
     for chunk in (rows[start : start + batch] for start in range(0, len(rows), batch)):
-        logits, step_mask = score_steps(
+        logits, step_mask = stepwise.score_steps(
             model, tokenizer, *zip(*[(r["prompt"], r["completion"]) for r in chunk])
         )
         labels = batch_labels(chunk, kind, logits.shape[1], logits.device)
@@ -444,7 +355,7 @@ def main(args: Args) -> dict:
 
         # ---- 1. score every step of each solution ---------------------------------------------------------------
         model.train()
-        logits, step_mask = score_steps(
+        logits, step_mask = stepwise.score_steps(
             model, tokenizer, [r["prompt"] for r in rows], [r["completion"] for r in rows]
         )
         labels = batch_labels(rows, args.label, logits.shape[1], device)  # (B, K)

@@ -581,8 +581,8 @@ MUTATIONS = [
     ),
     Mutation(
         "dpo.py",
-        "return logps[:, 0], logps[:, 1], tokens",
-        "return logps[:, 1], logps[:, 0], tokens",
+        "return logps[:, 0], logps[:, 1], lengths.view(len(pairs), 2), tokens",
+        "return logps[:, 1], logps[:, 0], lengths.view(len(pairs), 2), tokens",
         "concatenated forward returns rejected as chosen",
         f"{DPO} -k concatenated_forward",
     ),
@@ -1814,14 +1814,14 @@ MUTATIONS = [
     ),
     # ---- prm.py: steps, Math-Shepherd labels, the loss, where the score is read, aggregates, dense rewards ----------
     Mutation(
-        "prm.py",
+        "stepwise.py",
         "if start <= last - 1 < end]",
         "if start <= last < end]",
         "PRM: a step's end read one character late (the newline's token)",
         f"{PRM} -k ragged",
     ),
     Mutation(
-        "prm.py",
+        "stepwise.py",
         r'r"^[^\S\n]*(\S(?:[^\n]*\S)?)"',
         r'r"^([^\n]*)"',
         "PRM: blank lines and edge whitespace cut as steps",
@@ -1852,11 +1852,11 @@ MUTATIONS = [
         (
             '        (row, row["completion"][:end] + "\\n")\n'
             "        for row in rows\n"
-            '        for _, end in split_steps(row["completion"])[:-1]\n'
+            '        for _, end in stepwise.split_steps(row["completion"])[:-1]\n'
         ),
         (
             '        (row, row["completion"][:end] + "\\n") for row in'
-            ' rows for _, end in split_steps(row["completion"])[1:]\n'
+            ' rows for _, end in stepwise.split_steps(row["completion"])[1:]\n'
         ),
         "PRM: rollouts from the next step's prefix (labels from the wrong step)",
         f"{PRM} -k fixed_rollouts",
@@ -1876,14 +1876,14 @@ MUTATIONS = [
         f"{PRM} -k loss_by_hand",
     ),
     Mutation(
-        "prm.py",
+        "stepwise.py",
         "token_logits[:, prompt_ids.shape[1] :]",
         "token_logits[:, prompt_ids.shape[1] - 1 :]",
         "PRM: step score read one token early",
         f"{PRM} -k whatever_the_padding",
     ),
     Mutation(
-        "prm.py",
+        "stepwise.py",
         (
             "            .base_model(\n"
             "                input_ids=input_ids,\n"
@@ -1896,7 +1896,7 @@ MUTATIONS = [
         f"{PRM} -k whatever_the_padding",
     ),
     Mutation(
-        "prm.py",
+        "stepwise.py",
         "return torch.where(step_mask.bool(), token_scores.gather(1, step_ends), 0.0)",
         "return token_scores.gather(1, step_ends)",
         "PRM: padded step slots read token 0's score",
@@ -1931,14 +1931,14 @@ MUTATIONS = [
         f"{PRM} -k aggregation",
     ),
     Mutation(
-        "prm.py",
+        "stepwise.py",
         "        ends.append(holding[-1])",
         "        ends.append(holding[0])",
         "PRM: a step ending in a multi-byte character scored at its first byte token",
         f"{PRM} -k cutting",
     ),
     Mutation(
-        "prm.py",
+        "stepwise.py",
         "rewards.scatter_add(1, step_ends, step_scores * step_mask)",
         "rewards.scatter(1, step_ends, step_scores * step_mask)",
         "PRM: dense reward by scatter (padding overwrites a step ending at token 0)",
@@ -2211,6 +2211,99 @@ MUTATIONS = [
         "unearned = [verify(t, a) * verify_strict(t, a)",
         "reward/unearned counts the results stated as one, not the ones refused",
         f"{GRPO} -k verifier_option_picks",
+    ),
+    # ---- grpo.py --prm: DeepSeekMath's process supervision (stepwise.py) --------------------------------------------
+    Mutation(
+        "stepwise.py",
+        "grouped = step_rewards.reshape(-1, group_size * step_rewards.shape[1])",
+        "grouped = step_rewards.reshape(-1, step_rewards.shape[1])",
+        "process supervision: step rewards normalised over each completion, not over the group",
+        f"{GRPO} -k process_advantages",
+    ),
+    Mutation(
+        "stepwise.py",
+        "return dense.flip(1).cumsum(1).flip(1)",
+        "return dense.cumsum(1)",
+        "process supervision: a token credited with the steps before it, not the ones ending at or after it",
+        f"{GRPO} -k process_advantages",
+    ),
+    Mutation(
+        "stepwise.py",
+        "std = common.masked_mean((grouped - mean) ** 2, grouped_mask, dim=1)[:, None].sqrt()",
+        "std = grouped.std(dim=1, keepdim=True)",
+        "process supervision: the std over padding step slots too",
+        f"{GRPO} -k process_advantages",
+    ),
+    Mutation(
+        "stepwise.py",
+        "start = offsets[-1][1] if offsets else 0",
+        "start = offsets[-1][0] if offsets else 0",
+        "process supervision: each token's characters misplaced, steps end on the wrong tokens",
+        f"{GRPO} -k completion_steps",
+    ),
+    Mutation(
+        "stepwise.py",
+        "tokenizer.decode([token], skip_special_tokens=True)",
+        "tokenizer.decode([token])",
+        "process supervision: the EOS token's text counted as part of the last step",
+        f"{GRPO} -k completion_steps",
+    ),
+    Mutation(
+        "grpo.py",
+        "advantages, step_scores, step_mask = stepwise.process_supervision(",
+        "_, step_scores, step_mask = stepwise.process_supervision(",
+        "--prm scores the steps but trains on the outcome advantages",
+        f"{GRPO} -k prm_gives_advantages",
+    ),
+    # ---- the forgetting measure, --dataset as a Hugging Face dataset, KTO's imbalance, the pairs' lengths ----------
+    Mutation(
+        "tasks.py",
+        "logits = model(ids[None]).logits[0, :-1].float()",
+        "logits = model(ids[None]).logits[0, 1:].float()",
+        "general text NLL: each token scored by its own logits, not the previous token's",
+        f"{TASKS} -k general_text_nll",
+    ),
+    Mutation(
+        "tasks.py",
+        'k in ("accuracy", "unearned", "general_nll")',
+        'k in ("accuracy", "unearned")',
+        "the forgetting measure left out of eval.json's before and after",
+        f"{TASKS} -k before_and_after",
+    ),
+    Mutation(
+        "infra/hub.py",
+        'number = number.strip().replace(",", "")',
+        "number = number.strip()",
+        "GSM8K: an answer written 1,000 kept with its comma (the verifier's numbers have none)",
+        "tests/test_hub.py -k gsm8k_fields",
+    ),
+    Mutation(
+        "infra/hub.py",
+        'loaded = loaded["train"]',
+        "loaded = loaded[list(loaded)[-1]]",
+        "a dataset's last split (test) read instead of train",
+        "tests/test_hub.py -k train_split",
+    ),
+    Mutation(
+        "variants.py",
+        "counted[0 : 2 * math.ceil(args.desirable_fraction * len(pairs)) : 2] = True",
+        "counted[0::2] = True",
+        "KTO --desirable-fraction ignored: every desirable sample counts",
+        f"{VARIANTS} -k kto_reference_point_pairs",
+    ),
+    Mutation(
+        "variants.py",
+        '"lengths/chosen": lengths[0::2].float().mean().item(),',
+        '"lengths/chosen": lengths[1::2].float().mean().item(),',
+        "variants: the rejected lengths logged as the chosen ones",
+        f"{VARIANTS} -k kto_reference_point_pairs",
+    ),
+    Mutation(
+        "dpo.py",
+        '"lengths/chosen": lengths[:, 0].float().mean().item(),',
+        '"lengths/chosen": lengths[:, 1].float().mean().item(),',
+        "DPO: the rejected lengths logged as the chosen ones",
+        f"{DPO} -k lengths_are_logged",
     ),
 ]
 

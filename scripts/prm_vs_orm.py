@@ -35,6 +35,7 @@ import torch  # noqa: E402
 
 from infra import models  # noqa: E402
 import prm  # noqa: E402
+import stepwise  # noqa: E402
 import reward_model  # noqa: E402
 import tasks  # noqa: E402
 
@@ -213,7 +214,9 @@ def main(argv=None) -> dict:
         orm_model = models.load_reward_model(str(orm_run / "model"), tokenizer, device, precision)
         orm_scores = []
         for i in range(0, len(rows), 32):
-            logits, mask = prm.score_steps(prm_model, tokenizer, prompts[i : i + 32], completions[i : i + 32])
+            logits, mask = stepwise.score_steps(
+                prm_model, tokenizer, prompts[i : i + 32], completions[i : i + 32]
+            )
             step_probs += list(torch.sigmoid(logits).float().cpu())
             step_mask += list(mask.float().cpu())
             orm_scores.append(

@@ -189,6 +189,15 @@ def test_dpo_raises_the_chosen_minus_rejected_log_ratio_on_the_tiny_model(tmp_pa
     assert result["evals"][0]["eval/loss"] == pytest.approx(math.log(2), abs=1e-5)
 
 
+def test_chosen_and_rejected_lengths_are_logged_each_step(tmp_path):
+    # "check lengths: y_w systematically shorter -> bug": a short chosen and a long rejected, in tokens with the EOS
+    pair = {"prompt": "What is 1 + 1?", "chosen": "2", "rejected": "1 + 1 = 3, I think"}
+    dataset = tmp_path / "pairs.jsonl"
+    dataset.write_text((json.dumps(pair) + "\n") * 3)
+    (row,) = metrics_of(main(tiny_args(tmp_path, dataset=str(dataset), steps=1, batch_size=2, save_model=False)))
+    assert (row["lengths/chosen"], row["lengths/rejected"]) == (2, 19)
+
+
 def test_run_folder_is_complete_and_the_model_reloads(tmp_path):
     result = main(tiny_args(tmp_path))
     run_dir = result["run_dir"]

@@ -10,6 +10,8 @@ import torch
 import common
 from infra import models
 from infra import runs
+import prm
+import stepwise
 import tasks
 from fixed_completions import sampler_from
 from conftest import (
@@ -1080,3 +1082,46 @@ def test_embedded_smollm2_takes_one_grpo_step(tmp_path):
     assert 0.0 <= result["accuracy_after"] <= 1.0
     row = metrics_of(result)[0]
     assert row["clip_ratio"] == 0.0 and math.isfinite(row["loss"])
+
+
+# ---- process supervision (--prm) -----------------------------------------------------------------
+def test_process_advantages_by_hand():
+    # one group of G = 2: o_0's steps score 0.9 and 0.1 and end at tokens 1 and 3; o_1's one step 0.2 ends at 2.
+    # R = {0.9, 0.1, 0.2}: mean 0.4, population std sqrt(0.38 / 3) = 0.355903, so r̃ = 1.404878, -0.842927, -0.561951
+    # (normalised over the group's steps, not each completion's). Token t gets Σ r̃ of the steps ending at t or later.
+    scores = torch.tensor([[0.9, 0.1], [0.2, 0.0]])
+    ends = torch.tensor([[1, 3], [2, 0]])
+    step_mask = torch.tensor([[1, 1], [1, 0]])
+    expected = [[0.561951, 0.561951, -0.842927, -0.842927, 0.0], [-0.561951, -0.561951, -0.561951, 0.0, 0.0]]
+    advantages = stepwise.process_advantages(scores, ends, step_mask, group_size=2, num_tokens=5, eps=0.0)
+    torch.testing.assert_close(advantages, torch.tensor(expected), atol=1e-6, rtol=0)
+    # a second group, every score 0.5 higher: the same advantages, since each group is normalised on its own
+    two_groups = stepwise.process_advantages(
+        torch.cat([scores, scores + 0.5]), ends.repeat(2, 1), step_mask.repeat(2, 1), 2, 5, eps=0.0
+    )
+    torch.testing.assert_close(two_groups, torch.tensor(expected + expected), atol=1e-6, rtol=0)
+
+
+def test_completion_steps_end_on_the_sampled_tokens(tokenizer):
+    # the tiny tokenizer has a token a character: the steps end at the '5' of "15" (index 10) and the last '1' (22)
+    text = "12 + 3 = 15\n15 - 4 = 11"
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id, 0]])
+    mask = torch.tensor([[1] * (len(text) + 1) + [0]])
+    texts, ends, step_mask = stepwise.completion_steps(tokenizer, ids, mask)
+    assert texts == [text] and ends.tolist() == [[10, 22]] and step_mask.tolist() == [[1, 1]]
+
+
+def test_a_prm_gives_advantages_where_every_outcome_is_equal(tmp_path):
+    # every completion scores 0, so the outcome advantages are 0 and the loss of the first step (β = 0: no KL) is 0;
+    # a PRM's step scores still differ, and so do the advantages
+    prm_run = prm.main(args_of(prm.Args, model="tiny", steps=1, output_dir=str(tmp_path / "prm")))
+    options = dict(steps=1, beta=0.0, max_new_tokens=16, save_model=False)
+    outcome = metrics_of(main(tiny_args(tmp_path / "outcome", **options), reward_fn=lambda c, a: 0.0))[0]
+    process = metrics_of(
+        main(
+            tiny_args(tmp_path / "process", prm=f"{prm_run['run_dir']}/model", **options),
+            reward_fn=lambda c, a: 0.0,
+        )
+    )[0]
+    assert outcome["loss"] == 0.0 and "prm/step_score" not in outcome
+    assert process["loss"] != 0.0 and 0.0 < process["prm/step_score"] < 1.0 and process["prm/steps"] > 0

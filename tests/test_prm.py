@@ -13,18 +13,13 @@ from infra import models
 import prm
 import tasks
 from conftest import RUN_FILES, args_of, assert_resume_is_exact, metrics_of, run_script
-from prm import (
-    Args,
-    aggregate_steps,
-    best_of_n_accuracy,
+from prm import Args, aggregate_steps, best_of_n_accuracy, main, prm_loss, step_labels
+from stepwise import (
     dense_step_rewards,
-    main,
-    prm_loss,
     read_at_step_ends,
     score_steps,
     split_steps,
     step_end_tokens,
-    step_labels,
     tokenize_steps,
 )
 
