@@ -2330,8 +2330,8 @@ def repo_files() -> list[Path]:
         parts = Path(name).parts
         if parts[0] in ("runs", ".git") or "__pycache__" in parts or any(p.startswith(".") for p in parts):
             continue
-        # .sh: dev/gpu_check.sh
-        wanted = name.endswith((".py", ".sh")) or name == "pytest.ini" or parts[0] == "tests"
+        # .sh: dev/gpu_check.sh; data/: the forgetting measure's text
+        wanted = name.endswith((".py", ".sh")) or name == "pytest.ini" or parts[0] in ("tests", "data")
         if wanted and (REPO / name).is_file():
             keep.append(Path(name))
     return keep
