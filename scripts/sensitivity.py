@@ -156,6 +156,7 @@ STUDIES = {
             ("SFT, full fine-tuning", ()),
             # an adapter wants about 10x the full fine-tuning rate (common.LoraOptions)
             ("SFT, LoRA r = 16, lr 1e-4", ("--lora-r", "16", "--lr", "1e-4")),
+            ("SFT, full fine-tuning, lr 1e-4", ("--lr", "1e-4")),
             ("GRPO, full fine-tuning", (), "grpo"),
             ("GRPO, LoRA r = 16, lr 1e-4", ("--lora-r", "16", "--lr", "1e-4"), "grpo"),
         ),
