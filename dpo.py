@@ -80,9 +80,10 @@ class Args:
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local
     checkpoint"""
     dataset: Annotated[
-        Optional[str], runs.none_means("pairs sampled from the model and labelled by the verifier", "FILE")
+        Optional[str],
+        runs.none_means("pairs sampled from the model and labelled by the verifier", "FILE|DIR|HUB-ID"),
     ] = None
-    """JSONL file with fields prompt, chosen, rejected"""
+    """JSONL file with fields prompt, chosen, rejected, or a Hugging Face dataset (a save_to_disk folder or a Hub id)"""
     seed: int = 0
     """seed for data, pair order and initialisation"""
     eval_every: int = 0

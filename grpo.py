@@ -91,8 +91,11 @@ class Args:
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local
     checkpoint"""
-    dataset: Annotated[Optional[str], runs.none_means("the built-in arithmetic task", "FILE")] = None
-    """JSONL file with fields prompt, answer (numeric)"""
+    dataset: Annotated[Optional[str], runs.none_means("the built-in arithmetic task", "FILE|DIR|HUB-ID")] = (
+        None
+    )
+    """JSONL file with fields prompt, answer (numeric), or a Hugging Face dataset: a save_to_disk folder or a Hub id
+    (openai/gsm8k: its question and #### answer understood)"""
     seed: int = 0
     """seed for problems, sampling and initialisation"""
     eval_every: int = 10

@@ -94,8 +94,11 @@ class Args:
     ] = None
     """initialise the critic from the reward model (InstructGPT) or from the policy's backbone with
     a new head"""
-    dataset: Annotated[Optional[str], runs.none_means("the built-in arithmetic task", "FILE")] = None
-    """JSONL file with fields prompt, answer (numeric)"""
+    dataset: Annotated[Optional[str], runs.none_means("the built-in arithmetic task", "FILE|DIR|HUB-ID")] = (
+        None
+    )
+    """JSONL file with fields prompt, answer (numeric), or a Hugging Face dataset: a save_to_disk folder or a Hub id
+    (openai/gsm8k: its question and #### answer understood)"""
     seed: int = 0
     """seed for problems, sampling and initialisation"""
     eval_every: int = 10

@@ -64,9 +64,11 @@ class Args:
     model: str = "smollm2"
     """backbone: smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, smoke runs), or a hub id / local checkpoint"""
     dataset: Annotated[
-        Optional[str], runs.none_means("pairs sampled from the model and labelled by the verifier", "FILE")
+        Optional[str],
+        runs.none_means("pairs sampled from the model and labelled by the verifier", "FILE|DIR|HUB-ID"),
     ] = None
-    """JSONL file with fields prompt, chosen, rejected (and optionally a numeric margin)"""
+    """JSONL file with fields prompt, chosen, rejected (and optionally a numeric margin), or a Hugging Face dataset
+    (a save_to_disk folder or a Hub id)"""
     seed: int = 0
     """seed for data, pair order and the score head's initialisation"""
     eval_every: int = 0

@@ -58,8 +58,11 @@ class Args:
     # ---- experiment: what to train and how it is evaluated -------------------------------------------------------
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny / tiny-gpt2 (random, smoke runs), a hub id or local checkpoint"""
-    dataset: Annotated[Optional[str], runs.none_means("demonstrations of the arithmetic task", "FILE")] = None
-    """JSONL file with fields prompt, completion"""
+    dataset: Annotated[
+        Optional[str], runs.none_means("demonstrations of the arithmetic task", "FILE|DIR|HUB-ID")
+    ] = None
+    """JSONL file with fields prompt, completion, or a Hugging Face dataset: a save_to_disk folder or a Hub id
+    (openai/gsm8k: its worked answer is the completion)"""
     seed: int = 0
     """seed for data, batch order and initialisation"""
     eval_every: int = 0

@@ -124,8 +124,9 @@ class Args:
     reinforce_pp_baseline"""
     model: str = "smollm2"
     """smollm2 (embedded SmolLM2-135M-Instruct), tiny (random, for smoke runs), or a hub id / local checkpoint"""
-    dataset: Annotated[Optional[str], runs.none_means("the built-in task", "FILE")] = None
-    """offline: JSONL with prompt, chosen, rejected; online: JSONL with prompt, answer"""
+    dataset: Annotated[Optional[str], runs.none_means("the built-in task", "FILE|DIR|HUB-ID")] = None
+    """offline: JSONL with prompt, chosen, rejected; online: JSONL with prompt, answer; or a Hugging Face dataset with
+    those fields (a save_to_disk folder or a Hub id)"""
     seed: int = 0
     """seed for data, sampling and initialisation"""
     eval_every: int = 0
