@@ -2305,6 +2305,21 @@ MUTATIONS = [
         "DPO: the rejected lengths logged as the chosen ones",
         f"{DPO} -k lengths_are_logged",
     ),
+    # ---- scripts/sensitivity.py: a logged metric, the forgetting column ------------------------------------------
+    Mutation(
+        "scripts/sensitivity.py",
+        'return statistics.mean(values) if how == "mean" else values[-1]',
+        "return values[-1]",
+        "sensitivity: a metric's mean over the steps reported as its last value",
+        "tests/test_compare.py -k sensitivity_reads",
+    ),
+    Mutation(
+        "scripts/sensitivity.py",
+        'r["general_nll_after"] - r["general_nll_before"] for r in runs',
+        'r["general_nll_before"] - r["general_nll_after"] for r in runs',
+        "sensitivity: the general-text NLL change reported with its sign flipped (forgetting would read as gain)",
+        "tests/test_compare.py -k sensitivity_table",
+    ),
 ]
 
 

@@ -1,5 +1,6 @@
-"""scripts/compare.py, scripts/beta_sweep.py, scripts/accuracy_vs_time.py and scripts/prm_vs_orm.py: the budget
-arithmetic, the tables, the uniform KL, the accuracy curves, majority vote and ORM pairs, tiny runs end to end."""
+"""scripts/compare.py, scripts/beta_sweep.py, scripts/accuracy_vs_time.py, scripts/prm_vs_orm.py and
+scripts/sensitivity.py: the budget arithmetic, the tables, the uniform KL, the accuracy curves, majority vote and ORM
+pairs, each study's rows, tiny runs end to end."""
 
 import json
 import re
@@ -20,6 +21,7 @@ import compare  # noqa: E402
 import policy_pairs  # noqa: E402
 import prm_vs_orm  # noqa: E402
 import rm_agreement  # noqa: E402
+import sensitivity  # noqa: E402
 
 
 def test_mean_std_is_the_sample_std_over_seeds():
@@ -195,7 +197,8 @@ def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokeni
         str(tmp_path / "same"), "tiny", 8, seed=3, device="cpu", k=2, max_new_tokens=6
     )
     # the reference is scored too (a path is not the base name): exactly 0
-    assert itself == {"pass@2": 0.0, "kl": 0.0}
+    assert (itself["pass@2"], itself["kl"]) == (0.0, 0.0)
+    assert 1 <= itself["length"] <= 6  # tokens a completion, EOS included, at most max_new_tokens
     one = compare.sampled_measures(
         str(tmp_path / "model"), "tiny", 8, seed=4, device="cpu", k=1, max_new_tokens=6
     )["kl"]
@@ -458,3 +461,66 @@ def test_policy_pairs_puts_the_earlier_rounds_first_then_the_policys_own(
         ),
         "--add",
     )
+
+
+# ---- scripts/sensitivity.py ------------------------------------------------------------------------------------------
+def test_every_sensitivity_row_is_a_command_its_script_parses():
+    import importlib
+
+    import tyro
+
+    for study, spec in sensitivity.STUDIES.items():
+        for setting, extra, *base in spec.rows:
+            command = [*compare.ALGORITHMS[base[0] if base else spec.base][1], *extra]
+            script = importlib.import_module(command[0].removesuffix(".py"))
+            # a misspelled option would stop tyro here, hours into a study
+            args = tyro.cli(script.Args, args=command[1:])
+            options = compare.command_settings(command)
+            for key, value in options.items():
+                made = getattr(args, key, None)
+                made = getattr(args.lora, key) if made is None and hasattr(args.lora, key) else made
+                assert compare.same_setting(made, value), (study, setting, key)
+        assert len({setting for setting, *_ in spec.rows}) == len(spec.rows), study  # one folder a setting
+
+
+def test_sensitivity_reads_a_metric_as_its_mean_over_steps_or_its_last_value(tmp_path):
+    lines = [
+        {"step": 1, "kl": 0.5, "rewards/margins": 1.0},
+        {"step": 2, "rewards/margins": 3.0},
+        {"step": 3, "kl": 1.5},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert sensitivity.logged(tmp_path, "kl", "mean") == 1.0  # the steps that logged it: (0.5 + 1.5) / 2
+    assert sensitivity.logged(tmp_path, "rewards/margins", "last") == 3.0
+    assert sensitivity.logged(tmp_path, "entropy", "mean") is None
+
+
+def test_sensitivity_table_by_hand():
+    def row(setting, seed, accuracy, nll_after):
+        return {
+            "setting": setting,
+            "seed": seed,
+            "completions": 160,
+            "accuracy_before": 0.3,
+            "accuracy": accuracy,
+            "kl": 1.0,
+            "length": 10.0,
+            "general_nll_before": 3.0,
+            "general_nll_after": nll_after,
+            "wall_time_s": 60.0,
+            "completion_length": 20.0,
+            "completion_truncated": 0.5,
+        }
+
+    rows = [row("no overlong penalty", 0, 0.4, 3.1), row("no overlong penalty", 1, 0.6, 3.3)]
+    args = sensitivity.parse_args(["--seeds", "0", "1"])
+    lines = sensitivity.table("dapo-overlong", rows, args).splitlines()
+    assert lines[2] == (
+        "| setting | held-out accuracy | KL to start | sampled length | general NLL change | "
+        "completion_length (mean) | completion_truncated (mean) | wall time (min) |"
+    )
+    assert lines[4] == "| starting model | 0.300 ± 0.000 | 0 |  | (NLL 3.000 ± 0.000) |  |  |  |"
+    # NLL change per seed: 0.1 and 0.3, mean 0.2, sample std 0.141
+    cells = "0.500 ± 0.141 | 1.00 ± 0.00 | 10.0 ± 0.0 | 0.200 ± 0.141 | 20.000 ± 0.000 | 0.500 ± 0.000 | 1.0 ± 0.0"
+    assert lines[5] == f"| no overlong penalty | {cells} |"
+    assert len(lines) == 6  # the row not yet run is left out

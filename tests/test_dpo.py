@@ -194,7 +194,9 @@ def test_chosen_and_rejected_lengths_are_logged_each_step(tmp_path):
     pair = {"prompt": "What is 1 + 1?", "chosen": "2", "rejected": "1 + 1 = 3, I think"}
     dataset = tmp_path / "pairs.jsonl"
     dataset.write_text((json.dumps(pair) + "\n") * 3)
-    (row,) = metrics_of(main(tiny_args(tmp_path, dataset=str(dataset), steps=1, batch_size=2, save_model=False)))
+    (row,) = metrics_of(
+        main(tiny_args(tmp_path, dataset=str(dataset), steps=1, batch_size=2, save_model=False))
+    )
     assert (row["lengths/chosen"], row["lengths/rejected"]) == (2, 19)
 
 
