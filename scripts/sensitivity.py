@@ -156,9 +156,10 @@ STUDIES = {
             ("SFT, full fine-tuning", ()),
             # an adapter wants about 10x the full fine-tuning rate (common.LoraOptions)
             ("SFT, LoRA r = 16, lr 1e-4", ("--lora-r", "16", "--lr", "1e-4")),
-            ("SFT, full fine-tuning, lr 1e-4", ("--lr", "1e-4")),
             ("GRPO, full fine-tuning", (), "grpo"),
             ("GRPO, LoRA r = 16, lr 1e-4", ("--lora-r", "16", "--lr", "1e-4"), "grpo"),
+            # appended: a row's folder is its index
+            ("SFT, full fine-tuning, lr 1e-4", ("--lr", "1e-4")),
         ),
     ),
     "ipo-dpo": Study(
@@ -202,7 +203,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def row_slug(study: str, setting: str) -> str:
-    """A folder name for a row: 'dpo-beta/β-=-0.01' is awkward on a command line, so the index is used."""
+    """A folder name for a row: 'dpo-beta/β-=-0.01' is awkward on a command line, so the index is used (a new row
+    goes at the end of its study, or the finished runs no longer match their folders)."""
     return f"{study}/row-{[row[0] for row in STUDIES[study].rows].index(setting)}"
 
 
