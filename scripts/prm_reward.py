@@ -12,8 +12,9 @@ Stages, each one of the project's scripts run as a user runs it (a finished stag
    --num-chains) nor the held-out evaluation of step 1 touch; grpo.py holds out a tenth of them for its evaluation.
 4. On each seed, from the SFT policy: `grpo.py --dataset OUT/chains.jsonl` (outcome supervision, the verifier's
    0/1) and the same with `--prm PRM` (process supervision), everything else equal.
-SFT and the PRM are trained once (seed 0); the seeds vary the GRPO runs. Writes OUT/prm-reward.md and
-OUT/results.jsonl.
+SFT and the PRM are trained once (seed 0); the seeds vary the GRPO runs, and with them which tenth of the chains
+is held out. Writes OUT/prm-reward-STEPS-steps.md and OUT/results-STEPS-steps.jsonl (several --steps share one OUT,
+its SFT policy and its PRM).
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def main(argv=None) -> list[dict]:
                 *(["--prm", str(prm_run / "model")] if with_prm else []),
                 *device,
             ]
-            run = prm_vs_orm.run_stage(out, f"grpo-{name}-seed{seed}", grpo_command)
+            run = prm_vs_orm.run_stage(out, f"grpo-{name}-{args.steps}-steps-seed{seed}", grpo_command)
             evaluation = json.loads((run / "eval.json").read_text())
             logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
             scores = [row["prm/step_score"] for row in logged if "prm/step_score" in row]
@@ -168,10 +169,12 @@ def main(argv=None) -> list[dict]:
                     "prm/step_score": statistics.mean(scores) if scores else None,
                 }
             )
-            (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
-            (out / "prm-reward.md").write_text(table(results, args))
+            (out / f"results-{args.steps}-steps.jsonl").write_text(
+                "".join(json.dumps(r) + "\n" for r in results)
+            )
+            (out / f"prm-reward-{args.steps}-steps.md").write_text(table(results, args))
     print(table(results, args))
-    print(f"wrote {out / 'prm-reward.md'} and {out / 'results.jsonl'}")
+    print(f"wrote {out}/prm-reward-{args.steps}-steps.md and {out}/results-{args.steps}-steps.jsonl")
     return results
 
 
