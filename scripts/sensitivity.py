@@ -18,7 +18,7 @@ Run (a finished (row, seed) is read back from its eval.json, never rerun):
     python scripts/sensitivity.py --studies dpo-beta ppo-clip  # some of them
     python scripts/sensitivity.py                              # all of them (several hours on 2 CPU cores)
 
-Writes OUT/STUDY/table.md for each study and OUT/results.jsonl (one row per run).
+Writes OUT/STUDY/table.md and OUT/STUDY/results.jsonl (one row per run) for each study.
 """
 
 from __future__ import annotations
@@ -301,7 +301,6 @@ def main(argv=None) -> None:
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
     for study in args.studies:
         rows = []
         total = len(STUDIES[study].rows) * len(args.seeds)
@@ -311,10 +310,9 @@ def main(argv=None) -> None:
                 rows.append(one_row(args, study, row, seed, out))
                 (out / study).mkdir(parents=True, exist_ok=True)
                 (out / study / "table.md").write_text(table(study, rows, args))
-        results.extend(rows)
-        (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+                (out / study / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(table(study, rows, args))
-    print(f"wrote {out}/*/table.md and {out / 'results.jsonl'}")
+    print(f"wrote {out}/STUDY/table.md and {out}/STUDY/results.jsonl for each study")
 
 
 if __name__ == "__main__":
