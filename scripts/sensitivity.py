@@ -263,11 +263,11 @@ def table(study: str, rows: list[dict], args) -> str:
 
 
 def nll_change(runs: list[dict]) -> str:
-    """The general text's NLL after minus before, per seed, as 'm ± s' (nats per token); '' for older runs."""
-    changes = [
-        r["general_nll_after"] - r["general_nll_before"] for r in runs if r["general_nll_after"] is not None
-    ]
-    return compare.mean_std(changes, 3) if changes else ""
+    """The general text's NLL after minus before, per seed, as 'm ± s' (nats per token); '' when a run was made
+    before the measure existed (a mean over some of the seeds would read as one over all)."""
+    if any(r["general_nll_after"] is None for r in runs):
+        return ""
+    return compare.mean_std([r["general_nll_after"] - r["general_nll_before"] for r in runs], 3)
 
 
 def one_row(args, study: str, row: tuple, seed: int, out: Path) -> dict:
