@@ -13,6 +13,7 @@ import common
 from infra import fsdp
 from infra import models
 import prm
+import stepwise
 from infra import runs
 import variants
 from conftest import args_of, run_script
@@ -323,7 +324,7 @@ def test_prm_plan_holds_and_trains_what_prm_py_does(tmp_path, monkeypatch, token
         max_new_tokens=8,
         output_dir=str(tmp_path / "runs"),
     )
-    held, sequences = held_through_the_loop(monkeypatch, prm, (prm, "score_steps"), args)
+    held, sequences = held_through_the_loop(monkeypatch, prm, (stepwise, "score_steps"), args)
     models_planned, planned_sequences = planned("prm", args, len(tokenizer))
     assert models_planned == held == [("score", True, held[0][2])]
     assert sequences == [planned_sequences] == [3]
