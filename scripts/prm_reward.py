@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
+import compare  # noqa: E402  mean_std
 import prm_vs_orm  # noqa: E402  run_stage: a script's run, read back when finished
 import tasks  # noqa: E402
 
@@ -59,14 +60,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def mean_std(values: list[float]) -> str:
-    return (
-        f"{values[0]:.3f}"
-        if len(values) == 1
-        else f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
-    )
-
-
 def table(rows: list[dict], args) -> str:
     lines = [
         f"GRPO from the SFT policy on the chains, {args.steps} steps × 32 samples, seeds "
@@ -81,10 +74,11 @@ def table(rows: list[dict], args) -> str:
             continue
         scores = [r["prm/step_score"] for r in runs if r["prm/step_score"] is not None]
         lines.append(
-            f"| {name} | {mean_std([r['accuracy_after'] for r in runs])} "
-            f"(from {mean_std([r['accuracy_before'] for r in runs])}) | "
-            f"{mean_std([r['general_nll_after'] - r['general_nll_before'] for r in runs])} | "
-            f"{mean_std(scores) if scores else ''} | {mean_std([r['wall_time_s'] / 60 for r in runs])} |"
+            f"| {name} | {compare.mean_std([r['accuracy_after'] for r in runs])} "
+            f"(from {compare.mean_std([r['accuracy_before'] for r in runs])}) | "
+            f"{compare.mean_std([r['general_nll_after'] - r['general_nll_before'] for r in runs])} | "
+            f"{compare.mean_std(scores) if scores else ''} | "
+            f"{compare.mean_std([r['wall_time_s'] / 60 for r in runs])} |"
         )
     return "\n".join(lines) + "\n"
 
