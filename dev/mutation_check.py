@@ -2305,7 +2305,7 @@ MUTATIONS = [
         "DPO: the rejected lengths logged as the chosen ones",
         f"{DPO} -k lengths_are_logged",
     ),
-    # ---- scripts/sensitivity.py: a logged metric, the forgetting column ------------------------------------------
+    # ---- scripts/sensitivity.py: a logged metric, the forgetting column, a shared run --------------------------------
     Mutation(
         "scripts/sensitivity.py",
         'return statistics.mean(values) if how == "mean" else values[-1]',
@@ -2319,6 +2319,13 @@ MUTATIONS = [
         'r["general_nll_before"] - r["general_nll_after"] for r in runs',
         "sensitivity: the general-text NLL change reported with its sign flipped (forgetting would read as gain)",
         "tests/test_compare.py -k sensitivity_table",
+    ),
+    Mutation(
+        "scripts/sensitivity.py",
+        "if row_command(other, row) == command",
+        "if row_command(other, row)[1:] == command[1:]",
+        "sensitivity: a shared run found by its command alone, so a run at another budget is read back as this one",
+        "tests/test_compare.py -k run_once",
     ),
 ]
 

@@ -50,11 +50,7 @@ STUDIES = {
         "ε = 0.1–0.2; too large blows up the KL",
         "ppo-verifier",
         80,
-        (
-            ("ε = 0.1", ("--clip-eps", "0.1")),
-            ("ε = 0.2", ("--clip-eps", "0.2")),
-            ("ε = 0.3", ("--clip-eps", "0.3")),
-        ),
+        (("ε = 0.1", ("--clip-eps", "0.1")), ("ε = 0.2 (ppo.py's)", ()), ("ε = 0.3", ("--clip-eps", "0.3"))),
         PPO_COLUMNS,
     ),
     "ppo-gae": Study(
@@ -63,7 +59,7 @@ STUDIES = {
         80,
         (
             ("γ = 1, λ = 0.9", ("--lam", "0.9")),
-            ("γ = 1, λ = 0.95", ("--lam", "0.95")),
+            ("γ = 1, λ = 0.95 (ppo.py's)", ()),
             ("γ = 1, λ = 1", ("--lam", "1.0")),
             ("γ = 0.99, λ = 0.95", ("--gamma", "0.99")),
         ),
@@ -123,7 +119,7 @@ STUDIES = {
             ("SimPO γ = 0", ("--simpo-gamma", "0")),
             ("SimPO γ = 0.5", ("--simpo-gamma", "0.5")),
             ("SimPO γ = 1.5", ("--simpo-gamma", "1.5")),
-            ("DPO", (), "dpo"),
+            ("DPO, β = 0.1", ("--beta", "0.1"), "dpo"),
         ),
         PAIR_COLUMNS,
     ),
@@ -208,6 +204,26 @@ def row_slug(study: str, setting: str) -> str:
     return f"{study}/row-{[row[0] for row in STUDIES[study].rows].index(setting)}"
 
 
+def row_command(study: str, row: tuple) -> tuple:
+    """What a row runs: its budget and its whole command."""
+    spec = STUDIES[study]
+    setting, extra, *base = row
+    return (spec.budget, *compare.ALGORITHMS[base[0] if base else spec.base][1], *extra)
+
+
+def run_slug(study: str, setting: str) -> str:
+    """The folder a row's runs go in: that of the first row, in any study, with the same command and budget, so that
+    a setting four studies share (ppo.py's defaults) is run once a seed."""
+    command = row_command(study, next(row for row in STUDIES[study].rows if row[0] == setting))
+    same = [
+        row_slug(other, row[0])
+        for other, spec in STUDIES.items()
+        for row in spec.rows
+        if row_command(other, row) == command
+    ]
+    return same[0]
+
+
 def logged(run_dir: Path, key: str, how: str):
     """A metric from the run's metrics.jsonl: its mean over the steps that logged it, or its last value."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -274,7 +290,7 @@ def one_row(args, study: str, row: tuple, seed: int, out: Path) -> dict:
     spec = STUDIES[study]
     setting, extra, *base = row
     _, command, per_step = compare.ALGORITHMS[base[0] if base else spec.base]
-    slug = row_slug(study, setting)
+    slug = run_slug(study, setting)
     # a row is a compare.py row with its options added: the same run, read-back and KL code
     compare.ALGORITHMS[slug] = (setting, [*command, *extra], per_step)
     run_args = argparse.Namespace(**vars(args))

@@ -483,6 +483,23 @@ def test_every_sensitivity_row_is_a_command_its_script_parses():
         assert len({setting for setting, *_ in spec.rows}) == len(spec.rows), study  # one folder a setting
 
 
+def test_a_setting_several_studies_share_is_run_once(monkeypatch):
+    assert sensitivity.run_slug("ppo-clip", "ε = 0.1") == "ppo-clip/row-0"
+    for study, setting in [
+        ("ppo-clip", "ε = 0.2 (ppo.py's)"),
+        ("ppo-gae", "γ = 1, λ = 0.95 (ppo.py's)"),
+        ("ppo-coefficients", "c_v = 0.1, c_e = 0 (ppo.py's)"),
+        ("ppo-kl", "fixed β = 0.05 (ppo.py's)"),
+    ]:
+        assert sensitivity.run_slug(study, setting) == "ppo-clip/row-1"
+    assert sensitivity.run_slug("ppo-kl", "fixed β = 0.02 (InstructGPT's)") == "ppo-kl/row-1"
+    assert sensitivity.run_slug("simpo-gamma", "DPO, β = 0.1") == "dpo-beta/row-1"
+    # the same command at another budget is another run
+    longer = sensitivity.Study("", "ppo-verifier", 160, (("ε = 0.2 (ppo.py's)", ()),))
+    monkeypatch.setitem(sensitivity.STUDIES, "ppo-longer", longer)
+    assert sensitivity.run_slug("ppo-longer", "ε = 0.2 (ppo.py's)") == "ppo-longer/row-0"
+
+
 def test_sensitivity_reads_a_metric_as_its_mean_over_steps_or_its_last_value(tmp_path):
     lines = [
         {"step": 1, "kl": 0.5, "rewards/margins": 1.0},
