@@ -1339,6 +1339,20 @@ MUTATIONS = [
     # ---- scripts/compare.py ----------------------------------------------------------------------------------------
     Mutation(
         "scripts/compare.py",
+        'members = ENSEMBLE_SIZE if "--ensemble-agg" in command else 1',
+        "members = 1",
+        "compare: an ensemble row trains one reward model (its min is that model's score)",
+        "tests/test_compare.py -k reward_models_first",
+    ),
+    Mutation(
+        "scripts/compare.py",
+        '*[str(rm_run / "model") for rm_run in rm_runs[1:]]',
+        '*[str(rm_run / "model") for rm_run in rm_runs]',
+        "compare: the ensemble given the first reward model twice",
+        "tests/test_compare.py -k given_its_members",
+    ),
+    Mutation(
+        "scripts/compare.py",
         'GRPO = ["grpo.py", "--prompts-per-step", "4"]',
         'GRPO = ["grpo.py"]',
         "compare.py's GRPO rows at grpo.py's default 16 prompts, counted as 32 completions a step",

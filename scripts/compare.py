@@ -25,8 +25,8 @@ averaged over those k completions of every held-out prompt. The same estimator i
 algorithm; the KL each script logs is defined differently from one algorithm to another.
 The wall-time column is the script's own run, timed from after its data and models are loaded:
 training and its two greedy evaluations. So:
-- PPO on the reward model first trains `reward_model.py` on the same seed. That run's wall time
-  is added to the row.
+- PPO on the reward model first trains `reward_model.py` on the same seed (an ensemble: on seeds
+  1000 and 2000 up too). That run's wall time is added to the row.
 - The reward model and the offline algorithms share each seed's preference data, sampled once
   and cached (also across comparisons). Its sampling time is in no row, cached or not: about
   8 min per seed on the 2-core CPU (7 min 55 s for seed 1).
@@ -372,32 +372,51 @@ def measured(path: Path, measure) -> dict:
     return json.loads(path.read_text())
 
 
+ENSEMBLE_SIZE = 3  # reward models of a run that names --ensemble-agg (Coste et al. 2024 use 5)
+
+
+def reward_model_seeds(command: list[str], seed: int) -> list[int]:
+    """The seeds of the reward models a run trains first: none for a verifier's reward; for PPO on a learned reward,
+    the run's own seed, and for an ensemble (a run that names --ensemble-agg) ENSEMBLE_SIZE − 1 more, 1000 apart,
+    so that no member is another run's own."""
+    if command[:3] != ["ppo.py", "--reward", "model"]:
+        return []
+    members = ENSEMBLE_SIZE if "--ensemble-agg" in command else 1
+    return [seed + 1000 * member for member in range(members)]
+
+
+def reward_model_run(args, seed: int, out: Path) -> Path:
+    """reward_model.py on one seed, trained once into OUT/reward-model/seed-N and read back after; its run folder."""
+    folder = out / "reward-model" / f"seed-{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [
+        "reward_model.py",
+        "--model",
+        args.model,
+        "--seed",
+        str(seed),
+        "--device",
+        args.device,
+        "--output-dir",
+        str(folder),
+        *args.extra.split(),
+    ]
+    if finished_run(folder, command) is None:
+        run(command, folder / "log.txt")
+    return finished_run(folder, command)
+
+
 def one_run(args, slug: str, seed: int, out: Path) -> dict:
     name, command, per_step = ALGORITHMS[slug]
     steps = args.budget // per_step
     folder = out / slug / f"seed-{seed}"
     folder.mkdir(parents=True, exist_ok=True)
-    setup_s = 0.0
-    if command[:3] == ["ppo.py", "--reward", "model"]:  # its reward model first, on the same seed
-        rm_folder = out / "reward-model" / f"seed-{seed}"
-        rm_folder.mkdir(parents=True, exist_ok=True)
-        rm_command = [
-            "reward_model.py",
-            "--model",
-            args.model,
-            "--seed",
-            str(seed),
-            "--device",
-            args.device,
-            "--output-dir",
-            str(rm_folder),
-            *args.extra.split(),
-        ]
-        if finished_run(rm_folder, rm_command) is None:
-            run(rm_command, rm_folder / "log.txt")
-        rm_run = finished_run(rm_folder, rm_command)
-        setup_s = json.loads((rm_run / "eval.json").read_text())["wall_time_s"]
-        command = [*command, "--reward-model", str(rm_run / "model")]
+    rm_runs = [reward_model_run(args, rm_seed, out) for rm_seed in reward_model_seeds(command, seed)]
+    setup_s = sum(json.loads((rm_run / "eval.json").read_text())["wall_time_s"] for rm_run in rm_runs)
+    if rm_runs:
+        command = [*command, "--reward-model", str(rm_runs[0] / "model")]
+    if len(rm_runs) > 1:
+        command = [*command, "--ensemble", *[str(rm_run / "model") for rm_run in rm_runs[1:]]]
     # --pass-k 0: pass@k is measured here, with the KL
     command = [
         *command,

@@ -82,7 +82,7 @@ STUDIES = {
         "ppo-rm",
         80,
         (
-            ("critic from the reward model", ("--critic-init", "reward-model")),
+            ("critic from the reward model (ppo.py's)", ()),
             ("critic from the policy", ("--critic-init", "policy")),
         ),
         PPO_COLUMNS,
@@ -98,6 +98,17 @@ STUDIES = {
             ("adaptive, target 2 per completion", ("--target-kl", "2", "--kl-horizon", "80")),
         ),
         (*PPO_COLUMNS, ("kl_coef", "last")),
+    ),
+    "ppo-ensemble": Study(
+        "an ensemble's min or mean − k·std (Coste et al. 2024) curbs reward over-optimisation",
+        "ppo-rm",
+        80,
+        (
+            ("one reward model", ()),
+            (f"{compare.ENSEMBLE_SIZE} reward models, min", ("--ensemble-agg", "min")),
+            (f"{compare.ENSEMBLE_SIZE} reward models, mean − 1·std", ("--ensemble-agg", "mean-std")),
+        ),
+        (("score", "mean"), ("verifier", "mean"), ("kl", "mean")),
     ),
     "dpo-beta": Study(
         "β < 0.01 flat; β > 1 collapses; check lengths: y_w systematically shorter → bug",

@@ -494,10 +494,49 @@ def test_a_setting_several_studies_share_is_run_once(monkeypatch):
         assert sensitivity.run_slug(study, setting) == "ppo-clip/row-1"
     assert sensitivity.run_slug("ppo-kl", "fixed β = 0.02 (InstructGPT's)") == "ppo-kl/row-1"
     assert sensitivity.run_slug("simpo-gamma", "DPO, β = 0.1") == "dpo-beta/row-1"
+    assert sensitivity.run_slug("ppo-ensemble", "one reward model") == "ppo-critic-init/row-0"
     # the same command at another budget is another run
     longer = sensitivity.Study("", "ppo-verifier", 160, (("ε = 0.2 (ppo.py's)", ()),))
     monkeypatch.setitem(sensitivity.STUDIES, "ppo-longer", longer)
     assert sensitivity.run_slug("ppo-longer", "ε = 0.2 (ppo.py's)") == "ppo-longer/row-0"
+
+
+def test_ppo_on_a_learned_reward_trains_its_reward_models_first():
+    assert compare.reward_model_seeds(["grpo.py"], 1) == []
+    assert compare.reward_model_seeds(["ppo.py", "--reward", "verifier"], 1) == []
+    assert compare.reward_model_seeds(["ppo.py", "--reward", "model"], 1) == [1]
+    ensemble = ["ppo.py", "--reward", "model", "--ensemble-agg", "min"]
+    assert compare.reward_model_seeds(ensemble, 2) == [2, 1002, 2002]
+
+
+class Stop(Exception):
+    pass
+
+
+def test_an_ensemble_run_is_given_its_members(monkeypatch, tmp_path):
+    def trained(args, seed, out):
+        folder = tmp_path / f"rm-{seed}"
+        folder.mkdir()
+        (folder / "eval.json").write_text('{"wall_time_s": 1.0}')
+        return folder
+
+    commands = []
+
+    def run(command, log):
+        commands.append(command)
+        raise Stop  # the command is all this test is about
+
+    monkeypatch.setattr(compare, "reward_model_run", trained)
+    monkeypatch.setattr(compare, "run", run)
+    ensemble = ["ppo.py", "--reward", "model", "--ensemble-agg", "min"]
+    monkeypatch.setitem(compare.ALGORITHMS, "ppo-ensemble", ("PPO, an ensemble", ensemble, 8))
+    args = compare.parse_args(["--out", str(tmp_path / "out")])
+    with pytest.raises(Stop):
+        compare.one_run(args, "ppo-ensemble", 2, tmp_path / "out")
+    settings = compare.command_settings(commands[0])
+    assert settings["reward_model"] == str(tmp_path / "rm-2" / "model")
+    assert settings["ensemble"] == [str(tmp_path / "rm-1002" / "model"), str(tmp_path / "rm-2002" / "model")]
+    assert settings["ensemble_agg"] == "min"
 
 
 def test_sensitivity_reads_a_metric_as_its_mean_over_steps_or_its_last_value(tmp_path):
