@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,8 +30,10 @@ TINY = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens
 NEAR_ZERO = ("loss", "pg_loss", "policy_loss", "kl", "kl_coef", "non_score_reward", "rlhf_reward")
 
 
-def launch(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env):
-    """`script argv` as one process (ranks = 1) or under torchrun; returns its one run folder."""
+def start(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env) -> subprocess.Popen:
+    """`script argv` as one process (ranks = 1) or under torchrun, started; `finish` waits for it. Runs that do
+    not depend on each other are started together: their processes (one thread each) wait on one another's
+    start-up, collectives and files less than they would one after the other, and the suite is a quarter quicker."""
     command = (
         [sys.executable, entry, script]
         if ranks == 1
@@ -45,23 +48,41 @@ def launch(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env
             script,
         ]
     )
-    proc = subprocess.run(
+    output_dir.mkdir(parents=True, exist_ok=True)  # --resume runs into the folder again
+    # a file, not a pipe: two runs at once would each wait on the other's full pipe
+    log = open(output_dir.parent / f"{output_dir.name}.log", "w+")
+    proc = subprocess.Popen(
         [*command, *argv, "--output-dir", str(output_dir)],
         cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
         env={**os.environ, "OMP_NUM_THREADS": "1", **env},
     )
+    proc.log = log
+    return proc
+
+
+def finish(proc: subprocess.Popen):
+    """Wait for a started run; its one run folder."""
+    returncode = proc.wait(timeout=300)
+    proc.log.seek(0)
+    stderr = proc.log.read()
+    proc.log.close()
     errors = [
         line
-        for line in proc.stderr.splitlines()  # not the progress bars
+        for line in stderr.splitlines()  # not the progress bars
         if any(word in line for word in ("Error", "error:", "Exception", "terminate", "what()", "test:"))
     ]
-    assert proc.returncode == 0, "\n".join(errors[-20:]) or proc.stderr[-3000:]
+    assert returncode == 0, "\n".join(errors[-20:]) or stderr[-3000:]
+    output_dir = Path(proc.args[-1])
     folders = list(output_dir.iterdir())
     assert len(folders) == 1, folders  # rank 0 alone made a run folder
     return folders[0]
+
+
+def launch(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env):
+    """`script argv` as one process (ranks = 1) or under torchrun; returns its one run folder."""
+    return finish(start(ranks, output_dir, script, *argv, entry=entry, **env))
 
 
 def metrics(run_dir) -> list[dict]:
@@ -100,9 +121,12 @@ def assert_same_training_sharded_or_not(tmp_path, script: str, argv, ties=()) ->
     """One process, 2 ranks each holding the whole model, and 2 ranks each holding half of it (--fsdp): one run.
     A sharded model's log-probs come from one forward of [prompt, completion], not from the prompt's cache
     (common.completion_logprobs): the same function, rounded differently, so `ties` may break the other way."""
-    one = launch(1, tmp_path / "one", script, *argv)
-    assert_same_training(one, launch(2, tmp_path / "two", script, *argv))
-    assert_same_training(one, launch(2, tmp_path / "fsdp", script, *argv, "--fsdp"), ties)
+    one = start(1, tmp_path / "one", script, *argv)
+    two = start(2, tmp_path / "two", script, *argv)
+    fsdp = launch(2, tmp_path / "fsdp", script, *argv, "--fsdp")
+    one = finish(one)
+    assert_same_training(one, finish(two))
+    assert_same_training(one, fsdp, ties)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +144,9 @@ def grpo_runs(tmp_path_factory):
         "--loss-agg",
         "token-mean",
     )
-    return launch(1, tmp / "one", "grpo.py", *argv), launch(2, tmp / "two", "grpo.py", *argv)
+    one = start(1, tmp / "one", "grpo.py", *argv)
+    two = launch(2, tmp / "two", "grpo.py", *argv)
+    return finish(one), two
 
 
 def test_grpo_two_ranks_train_the_weights_one_process_trains(grpo_runs):
@@ -186,19 +212,18 @@ def test_variants_two_ranks_train_the_weights_one_process_trains(tmp_path, algo,
     if algo == "reinforce_pp_baseline":
         assert_same_training_sharded_or_not(tmp_path, "variants.py", argv)
     else:
-        assert_same_training(
-            launch(1, tmp_path / "one", "variants.py", *argv),
-            launch(2, tmp_path / "two", "variants.py", *argv),
-        )
+        one = start(1, tmp_path / "one", "variants.py", *argv)
+        two = launch(2, tmp_path / "two", "variants.py", *argv)
+        assert_same_training(finish(one), two)
 
 
 def test_lora_sharded_over_two_ranks_trains_the_adapters_one_process_trains(tmp_path):
     """--fsdp with LoRA, in PPO: the frozen bases are sharded too, the reference is the policy with its adapter off,
     the critic's backbone and head are reached through its wrapper, and the saved adapters are one process's."""
     argv = (*TINY, "--reward", "verifier", "--batch-size", "4", "--minibatch-size", "4", "--lora-r", "8")
-    assert_same_training(
-        launch(1, tmp_path / "one", "ppo.py", *argv), launch(2, tmp_path / "fsdp", "ppo.py", *argv, "--fsdp")
-    )
+    one = start(1, tmp_path / "one", "ppo.py", *argv)
+    fsdp = launch(2, tmp_path / "fsdp", "ppo.py", *argv, "--fsdp")
+    assert_same_training(finish(one), fsdp)
 
 
 def test_prm_two_ranks_train_the_weights_one_process_trains(tmp_path):
@@ -221,10 +246,9 @@ def test_prm_two_ranks_train_the_weights_one_process_trains(tmp_path):
         "--num-rollouts",
         "2",
     )
-    assert_same_training(
-        launch(1, tmp_path / "one", "prm.py", *argv, RLHF_CACHE=str(tmp_path / "cache-one")),
-        launch(2, tmp_path / "two", "prm.py", *argv, RLHF_CACHE=str(tmp_path / "cache-two")),
-    )
+    one = start(1, tmp_path / "one", "prm.py", *argv, RLHF_CACHE=str(tmp_path / "cache-one"))
+    two = launch(2, tmp_path / "two", "prm.py", *argv, RLHF_CACHE=str(tmp_path / "cache-two"))
+    assert_same_training(finish(one), two)
 
 
 def test_reward_model_two_ranks_train_the_weights_one_process_trains(tmp_path):
@@ -246,9 +270,10 @@ def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, script, argv):
     comes back from the checkpoint, so the run is the one of 3 steps straight, to the bit; one process refuses it.
     With --fsdp the ranks also decode until every rank's rows end, and each AdamW's state (PPO's two: the policy's,
     the critic's) is gathered with its own model's shards and re-sharded."""
-    straight = launch(2, tmp_path / "straight", script, *argv, *TINY, SAMPLE="1")
+    straight = start(2, tmp_path / "straight", script, *argv, *TINY, SAMPLE="1")
     split = launch(2, tmp_path / "split", script, *argv, *TINY[:2], "--steps", "2", *TINY[4:], SAMPLE="1")
     launch(2, tmp_path / "split", script, *argv, *TINY, "--resume", str(split), SAMPLE="1")
+    straight = finish(straight)
     assert metrics(straight) == metrics(split)
     for model in ("model", "model/critic") if script == "ppo.py" else ("model",):
         weights = [load_file(run / model / "model.safetensors") for run in (straight, split)]
