@@ -185,13 +185,19 @@ def test_memory_plan_matches_the_loaded_models(tokenizer, precision):
         ("prm", []),
     ],
 )
-def test_the_planner_prints_each_scripts_plan_and_starts_nothing(tmp_path, algo, argv):
-    proc = run_script("scripts/memory_plan.py", algo, "--model", "tiny", "--output-dir", str(tmp_path), *argv)
-    assert proc.returncode == 0, proc.stderr
-    assert "memory plan: precision fp32" in proc.stdout
+def test_the_planner_prints_each_scripts_plan_and_starts_nothing(tmp_path, capsys, algo, argv):
+    memory_plan.main([algo, "--model", "tiny", "--output-dir", str(tmp_path), *argv])
+    printed = capsys.readouterr().out
+    assert "memory plan: precision fp32" in printed
     # the first row: the trained model
-    assert re.search(r"^(policy|reward model|PRM) ", proc.stdout, re.MULTILINE)
+    assert re.search(r"^(policy|reward model|PRM) ", printed, re.MULTILINE)
     assert not list(tmp_path.iterdir())  # no run folder: nothing was started
+
+
+def test_the_planner_runs_from_its_command_line(tmp_path):
+    proc = run_script("scripts/memory_plan.py", "ppo", "--model", "tiny", "--output-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^policy ", proc.stdout, re.MULTILINE) and "critic" in proc.stdout
 
 
 @pytest.mark.parametrize("kernels_on", [False, True])
