@@ -19,22 +19,26 @@ Imports no module of the project.
 
 from __future__ import annotations
 
-import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule, fully_shard
+import sys
 
-# whole tensors on the CPU, gathered from the shards
-WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+import torch
+
+# torch.distributed.fsdp and .checkpoint are imported where a model is sharded: together they cost a second of
+# every script's start, a run that stops at its first check included
+
+
+def whole_tensors():
+    """State-dict options: whole tensors on the CPU, gathered from the shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def shard(on: bool, *models) -> None:
     """With --fsdp, shard each of `models` in place (None is skipped; trained or frozen alike): each transformer
     block (the classes transformers names in _no_split_modules), then the model itself (embeddings, norm, head)."""
+    from torch.distributed.fsdp import fully_shard
+
     for model in filter(None, models) if on else ():
         block_names = set(getattr(model, "_no_split_modules", None) or [])
         for module in model.modules():
@@ -75,12 +79,17 @@ def check_options(args, ranks: int, under_torchrun: bool, require) -> None:
 
 
 def is_sharded(model) -> bool:
-    return isinstance(model, FSDPModule)
+    fsdp = sys.modules.get("torch.distributed.fsdp")  # not imported: nothing was sharded
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def whole_weights(model):
     """A sharded model's whole tensors on the CPU (every rank calls it; rank 0 gets them, the others {}); else None."""
-    return get_model_state_dict(model, options=WHOLE) if is_sharded(model) else None
+    if not is_sharded(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=whole_tensors())
 
 
 def owner(optimizer: torch.optim.Optimizer, models: dict):
@@ -96,7 +105,9 @@ def state_of(obj, models):
         return obj.get_state()
     # not before
     if isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and obj.state:
-        return get_optimizer_state_dict(model, obj, options=WHOLE)  # the first step
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, obj, options=whole_tensors())  # the first step
     return obj.state_dict()
 
 
@@ -107,6 +118,8 @@ def load_state(obj, state, models) -> None:
     elif (
         isinstance(obj, torch.optim.Optimizer) and is_sharded(model := owner(obj, models)) and state["state"]
     ):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
         set_optimizer_state_dict(model, obj, state, options=StateDictOptions(full_state_dict=True))
     else:
         obj.load_state_dict(state)
