@@ -2117,13 +2117,6 @@ MUTATIONS = [
     ),
     Mutation(
         "infra/fsdp.py",
-        '    fsdp = sys.modules.get("torch.distributed.fsdp")',
-        '    fsdp = sys.modules.get("torch.distributed._composable.fsdp")',
-        "--fsdp: a sharded model looked for under a module nothing imports, so none is ever found sharded",
-        f"{DIST} -k grpo_sharded",
-    ),
-    Mutation(
-        "infra/fsdp.py",
         "    return next(\n",
         "    return next(iter(models.values())) or next(\n",
         "--fsdp: the critic's AdamW gathered with the policy's shards",
