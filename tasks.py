@@ -23,6 +23,7 @@ pays DeepSeek-R1's form, `<think> reasoning </think><answer> answer </answer>`, 
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import itertools
 import json
@@ -597,23 +598,24 @@ def read_rows(path: str, fields: tuple[str, ...]) -> list[dict]:
 def read_jsonl(path: str, fields: tuple[str, ...]) -> list[dict]:
     if not os.path.isfile(path):
         raise InputError(f"--dataset {path}: no such file")
+    data = Path(path).read_bytes().removeprefix(codecs.BOM_UTF8)  # as Notepad saves UTF-8
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        # e.start counts bytes of the whole file (a text-mode read's counts within its last 8 KiB chunk)
+        line_no = data[: e.start].count(b"\n") + 1
+        raise InputError(
+            f"{path}:{line_no}: not UTF-8 text (byte {data[e.start]:#04x}); save the file as UTF-8"
+        ) from None
     rows = []
-    with open(path, encoding="utf-8-sig") as f:
+    for line_no, line in enumerate(text.split("\n"), 1):  # a Windows line's \r is JSON's whitespace
+        if not line.strip():
+            continue
         try:
-            lines = f.readlines()
-        except UnicodeDecodeError as e:
-            line_no = open(path, "rb").read()[: e.start].count(b"\n") + 1
-            raise InputError(
-                f"{path}:{line_no}: not UTF-8 text (byte {e.object[e.start]:#04x}); save the file as UTF-8"
-            ) from None
-        for line_no, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-            rows.append(checked_row(row, fields, f"{path}:{line_no}"))
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+        rows.append(checked_row(row, fields, f"{path}:{line_no}"))
     return rows
 
 

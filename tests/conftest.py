@@ -1,9 +1,13 @@
+import contextlib
 import dataclasses
 import importlib.util
+import io
 import json
 import os
+import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -128,6 +132,53 @@ def run_script(script: str, *argv, **env) -> subprocess.CompletedProcess:
         timeout=300,
         env={**os.environ, **env},
     )
+
+
+def run_script_here(script: str, *argv) -> subprocess.CompletedProcess:
+    """`python <script> argv...` run in this process: the script's own `__main__` block (its command-line parsing,
+    and runs.run_main's one-line errors) with its stdout, stderr and exit status, and the warnings a fresh Python
+    prints. A new Python spends 3-5 s importing torch and transformers before it reads an option; the bad-input tests
+    of every script take this path, and each script keeps one true command line through run_script."""
+    stdout = io.StringIO()
+    stderr = io.StringIO()
+    returncode = 0
+    with (
+        contextlib.chdir(REPO),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+        warnings.catch_warnings(),
+    ):
+        # as a fresh interpreter prints them: pytest records warnings, and hides none of these by default
+        warnings.simplefilter("default")
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", PendingDeprecationWarning)
+        warnings.simplefilter("ignore", ImportWarning)
+        warnings.simplefilter("ignore", ResourceWarning)
+        warnings.showwarning = print_warning
+        saved_argv = sys.argv
+        sys.argv = [script, *argv]
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            returncode = _exit_status(e.code)
+        finally:
+            sys.argv = saved_argv
+    return subprocess.CompletedProcess([script, *argv], returncode, stdout.getvalue(), stderr.getvalue())
+
+
+def print_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """warnings.showwarning as Python's own, onto the current sys.stderr (a test's, in run_script_here)."""
+    print(warnings.formatwarning(message, category, filename, lineno, line), end="", file=sys.stderr)
+
+
+def _exit_status(code) -> int:
+    """The exit status of `raise SystemExit(code)`: None is 0, a message is printed and is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, message: str) -> None:

@@ -12,7 +12,7 @@ import torch
 from infra import models
 from infra import runs
 import tasks
-from conftest import PAIRS, REPO, args_of, assert_one_line_error, run_script
+from conftest import PAIRS, REPO, args_of, assert_one_line_error, run_script, run_script_here
 
 sys.path.insert(0, str(REPO / "scripts"))
 import accuracy_vs_time  # noqa: E402
@@ -263,7 +263,7 @@ def test_a_tiny_comparison_end_to_end_and_a_rerun_reads_it_back(tmp_path):
     assert list((tmp_path / "starting-model").glob("seed-0-k2-4-problems-6-tokens-r1-prompts.json"))
     assert r1_row["algo"] == "r1-rewards" and "pass@2" in r1_row
     log = (run_dir / "log.txt").stat().st_mtime
-    again = run_script("scripts/compare.py", *argv)
+    again = run_script_here("scripts/compare.py", *argv)
     assert again.returncode == 0 and (run_dir / "log.txt").stat().st_mtime == log  # not rerun
     assert (tmp_path / "comparison.md").read_text().count("| GRPO | 1 |") == 1
 
@@ -296,7 +296,7 @@ def test_beta_sweep_table_shows_the_learned_score_only_for_ppo():
 
 
 def test_a_tiny_grpo_beta_sweep_runs_each_beta_with_its_flag(tmp_path):
-    proc = run_script(
+    proc = run_script_here(
         "scripts/beta_sweep.py",
         "grpo",
         "--model",
@@ -410,7 +410,7 @@ def test_rm_agreement_samples_every_policy_with_the_same_seed(tmp_path, digits_a
     assert json.loads(out.read_text()) == rows
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny |")]
     assert len(table) == 2 and f"| {first['agreement/auc']:.3f} |" in table[0]
-    missing = run_script(
+    missing = run_script_here(
         "scripts/rm_agreement.py", "--reward-model", str(tmp_path / "none"), "--policies", "tiny"
     )
     assert_one_line_error(missing, str(tmp_path / "none"))
@@ -450,7 +450,7 @@ def test_policy_pairs_puts_the_earlier_rounds_first_then_the_policys_own(
         in capsys.readouterr().out
     )
     assert_one_line_error(
-        run_script(
+        run_script_here(
             "scripts/policy_pairs.py",
             "--policy",
             "tiny",

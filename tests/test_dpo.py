@@ -24,6 +24,7 @@ from conftest import (
     assert_resume_is_exact,
     metrics_of,
     run_script,
+    run_script_here,
     write,
 )
 from dpo import Args, concatenated_logps, dpo_loss, main, sample_pairs
@@ -450,7 +451,7 @@ def test_cli_tiny_run(tmp_path):
 
 
 def test_cli_online_tiny_run(tmp_path):
-    proc = run_script(
+    proc = run_script_here(
         "dpo.py",
         "--model",
         "tiny",
@@ -468,7 +469,7 @@ def test_cli_online_tiny_run(tmp_path):
 
 
 def test_cli_help_lists_every_option_with_its_default():
-    proc = run_script("dpo.py", "--help")
+    proc = run_script_here("dpo.py", "--help")
     assert proc.returncode == 0
     for flag in (
         "--model",
@@ -490,7 +491,7 @@ def test_cli_help_lists_every_option_with_its_default():
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
-    proc = run_script(
+    proc = run_script_here(
         "dpo.py", "--model", "tiny", "--dataset", PAIRS, "--beta", "0", "--output-dir", str(tmp_path)
     )
     assert_one_line_error(proc, "--beta must be > 0")

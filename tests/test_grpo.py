@@ -25,6 +25,7 @@ from conftest import (
     digit_fraction,
     metrics_of,
     run_script,
+    run_script_here,
     write,
 )
 from grpo import (
@@ -1009,7 +1010,7 @@ def test_cli_tiny_run(tmp_path):
 
 
 def test_cli_help_lists_every_option_with_its_default():
-    proc = run_script("grpo.py", "--help")
+    proc = run_script_here("grpo.py", "--help")
     assert proc.returncode == 0
     for flag in (
         "--model",

@@ -28,6 +28,7 @@ from conftest import (
     digit_fraction,
     metrics_of,
     run_script,
+    run_script_here,
 )
 from ppo import (
     Args,
@@ -622,8 +623,10 @@ def test_cli_tiny_run_and_bad_input(tmp_path, tiny_reward_model_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "held-out accuracy" in proc.stdout and "held-out mean reward" in proc.stdout
-    assert_one_line_error(run_script("ppo.py", "--model", "tiny"), "--reward model needs --reward-model PATH")
-    help_text = run_script("ppo.py", "--help").stdout
+    assert_one_line_error(
+        run_script_here("ppo.py", "--model", "tiny"), "--reward model needs --reward-model PATH"
+    )
+    help_text = run_script_here("ppo.py", "--help").stdout
     for flag in (
         "--reward-model",
         "--reward",

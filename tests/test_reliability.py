@@ -24,7 +24,16 @@ from infra import runs
 import sft
 import tasks
 import variants
-from conftest import HAS_MATPLOTLIB, PAIRS, args_of, assert_one_line_error, digit_fraction, run_script, write
+from conftest import (
+    HAS_MATPLOTLIB,
+    PAIRS,
+    args_of,
+    assert_one_line_error,
+    digit_fraction,
+    run_script,
+    run_script_here,
+    write,
+)
 
 TINY = ["--model", "tiny", "--steps", "1"]  # every case fails before the first step
 
@@ -95,7 +104,7 @@ def test_bad_input_is_one_line_exit_2_and_no_traceback(tmp_path, broken_checkpoi
     argv = [a.format(**places) for a in argv]
     out = ["--output-dir", str(tmp_path / "runs")] if "--output-dir" not in argv else []
     base = TINY[2:] if "--model" in argv else TINY
-    proc = run_script(script, *base, *out, *argv)
+    proc = run_script_here(script, *base, *out, *argv)
     assert "Traceback" not in proc.stderr
     assert_one_line_error(proc, message)
     assert not (tmp_path / "runs").exists() or not os.listdir(tmp_path / "runs")  # no half-made run folder

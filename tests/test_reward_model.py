@@ -24,6 +24,7 @@ from conftest import (
     assert_resume_is_exact,
     metrics_of,
     run_script,
+    run_script_here,
     write,
 )
 from reward_model import Args, auc, bradley_terry_loss, main, score_texts
@@ -357,11 +358,11 @@ def test_cli_tiny_run_and_bad_input(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "held-out pair accuracy" in proc.stdout and len(os.listdir(tmp_path)) == 1
-    proc = run_script(
+    proc = run_script_here(
         "reward_model.py", "--model", "tiny", "--dataset", PAIRS, "--center-rewards-coefficient", "-1"
     )
     assert_one_line_error(proc, "--center-rewards-coefficient must be >= 0")
-    help_text = run_script("reward_model.py", "--help").stdout
+    help_text = run_script_here("reward_model.py", "--help").stdout
     for flag in (
         "--model",
         "--dataset",

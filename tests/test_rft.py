@@ -12,7 +12,15 @@ import torch
 import common
 from infra import models
 import tasks
-from conftest import REPO, args_of, assert_one_line_error, assert_resume_is_exact, metrics_of, run_script
+from conftest import (
+    REPO,
+    args_of,
+    assert_one_line_error,
+    assert_resume_is_exact,
+    metrics_of,
+    run_script,
+    run_script_here,
+)
 from fixed_completions import fixed_completions
 from rft import Args, kept_logprobs, main, rft_loss, select_verified
 
@@ -139,11 +147,13 @@ def test_resume_mid_round_continues_exactly(tmp_path):
 
 
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
-    proc = run_script(
+    proc = run_script(  # rft.py's one true command line
         "rft.py", "--model", "tiny", "--steps", "3", "--temperature", "0", "--output-dir", str(tmp_path)
     )
     assert_one_line_error(proc, "--temperature must be > 0")
-    proc = run_script("rft.py", "--model", "tiny", "--max-per-prompt", "0", "--output-dir", str(tmp_path))
+    proc = run_script_here(
+        "rft.py", "--model", "tiny", "--max-per-prompt", "0", "--output-dir", str(tmp_path)
+    )
     assert_one_line_error(proc, "--max-per-prompt must be at least 1")
 
 

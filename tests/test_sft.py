@@ -19,6 +19,7 @@ from conftest import (
     assert_resume_is_exact,
     metrics_of,
     run_script,
+    run_script_here,
     write,
 )
 from sft import Args, batch_logprobs, completion_logprobs_and_hits, load_demonstrations, main, sft_loss
@@ -167,7 +168,7 @@ def test_the_plain_prompt_pipeline_runs_on_tiny_gpt2(tmp_path):
     assert (
         json.loads(open(os.path.join(sft_model, "tokenizer_config.json")).read()).get("chat_template") is None
     )
-    rm = run_script(
+    rm = run_script_here(
         "reward_model.py",
         "--model",
         sft_model,
@@ -184,7 +185,7 @@ def test_the_plain_prompt_pipeline_runs_on_tiny_gpt2(tmp_path):
     rm_model = str(next((tmp_path / "rm").iterdir()) / "model")
     # named after the run it starts from
     assert os.path.basename(os.path.dirname(rm_model)).startswith("rm-sft-tiny-gpt2-0-")
-    ppo = run_script(
+    ppo = run_script_here(
         "ppo.py",
         "--model",
         sft_model,
@@ -220,7 +221,7 @@ def test_prompt_format_plain_drops_the_template_and_chat_requires_one():
 
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     bad = write(tmp_path, "bad.jsonl", json.dumps({"prompt": "What is 1 + 1?", "answer": "2"}) + "\n")
-    proc = run_script("sft.py", "--model", "tiny", "--dataset", bad, "--output-dir", str(tmp_path))
+    proc = run_script_here("sft.py", "--model", "tiny", "--dataset", bad, "--output-dir", str(tmp_path))
     assert_one_line_error(proc, "field 'completion' missing")
     assert os.listdir(tmp_path) == ["bad.jsonl"]  # no half-made run folder
 

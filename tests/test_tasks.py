@@ -334,6 +334,18 @@ def test_read_jsonl_reads_valid_rows(tmp_path):
     assert tasks.read_rows(str(path), ("prompt", "answer")) == [{"prompt": "a", "answer": "1", "extra": 3}]
 
 
+def test_a_byte_that_is_not_utf8_is_named_by_its_line_in_a_long_file(tmp_path):
+    """400 rows of 33 bytes, a BOM and Windows line ends before it: past a text-mode read's first 8 KiB chunk, whose
+    error counts bytes from the chunk's start (line 136 here, not 401)."""
+    path = tmp_path / "data.jsonl"
+    row = b'{"prompt": "a", "answer": "1"}\r\n'
+    path.write_bytes(b"\xef\xbb\xbf" + row * 400 + b'{"prompt": "caf\xe9", "answer": "2"}\r\n')
+    with pytest.raises(runs.InputError, match=r"data.jsonl:401: not UTF-8 text \(byte 0xe9\)"):
+        tasks.read_rows(str(path), ("prompt", "answer"))
+    path.write_bytes(b"\xef\xbb\xbf" + row * 400)  # the same file read: BOM dropped, \r\n a line end
+    assert tasks.read_rows(str(path), ("prompt", "answer")) == [{"prompt": "a", "answer": "1"}] * 400
+
+
 # ---- preference data ----------------------------------------------------------------------------------------------
 def test_pair_samples_pairs_each_correct_with_an_incorrect_once():
     samples = [
