@@ -25,7 +25,7 @@ def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
     assert sorted(os.listdir(out)) == ["check.log", "runs.tar.gz", "summary.json", "tier.log"]
     steps = json.loads((out / "summary.json").read_text())["steps"]
     assert list(steps) == STEPS and all(step["ok"] for step in steps.values())
-    assert steps["tier"]["tests"] >= 8 and steps["tier"]["failures"] == 0
+    assert steps["tier"]["tests"] >= 7 and steps["tier"]["failures"] == 0
     assert steps["grpo"]["accuracy"] == "0.000 -> 0.000" and steps["grpo"]["median time/generate"] > 0
     assert all(isinstance(steps[name]["memory_plan_gib"], float) for name in STEPS[5:9])
     # float32: the sampler agrees with the trainer to rounding; under the nucleus the gap is -log(mass kept)
