@@ -882,6 +882,20 @@ MUTATIONS = [
     # ---- tasks.py and preferences.py: the verifier, the data -------------------------------------------------------
     Mutation(
         "tasks.py",
+        "data = Path(path).read_bytes().removeprefix(codecs.BOM_UTF8)",
+        "data = Path(path).read_bytes()",
+        "a data file's UTF-8 BOM kept (its first row no longer parses)",
+        f"{TASKS} -k not_utf8",
+    ),
+    Mutation(
+        "tasks.py",
+        'line_no = data[: e.start].count(b"\\n") + 1',
+        'line_no = data[: e.start].count(b"\\n")',
+        "a byte that is not UTF-8 named one line early",
+        f"{TASKS} -k not_utf8",
+    ),
+    Mutation(
+        "tasks.py",
         '    return float(matches[-1].replace(",", "")) if matches else None\n',
         '    return float(matches[0].replace(",", "")) if matches else None\n',
         "verifier reads the first number, not the last",
