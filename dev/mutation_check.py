@@ -2336,6 +2336,13 @@ MUTATIONS = [
     # ---- scripts/sensitivity.py: a logged metric, the forgetting column, a shared run --------------------------------
     Mutation(
         "scripts/sensitivity.py",
+        "        result[column(key, how)] = logged(run_dir, key, how)",
+        "        result[key] = logged(run_dir, key, how)",
+        "a study's logged metric stored under its own name (PPO's training kl replaces the KL to the start)",
+        "tests/test_compare.py -k named_like",
+    ),
+    Mutation(
+        "scripts/sensitivity.py",
         'return statistics.mean(values) if how == "mean" else values[-1]',
         "return values[-1]",
         "sensitivity: a metric's mean over the steps reported as its last value",

@@ -255,7 +255,7 @@ def table(study: str, rows: list[dict], args) -> str:
         "KL to start",
         "sampled length",
         "general NLL change",
-        *[f"{key} ({how})" for key, how in spec.columns],
+        *[column(key, how) for key, how in spec.columns],
         "wall time (min)",
     ]
     lines = [
@@ -284,8 +284,8 @@ def table(study: str, rows: list[dict], args) -> str:
             compare.mean_std([r["length"] for r in runs], 1),
             nll_change(runs),
         ]
-        for key, _ in spec.columns:
-            values = [r[key] for r in runs if r[key] is not None]
+        for key, how in spec.columns:
+            values = [r[column(key, how)] for r in runs if r[column(key, how)] is not None]
             cells.append(compare.mean_std(values, 3) if values else "")
         cells.append(compare.mean_std([r["wall_time_s"] / 60 for r in runs], 1))
         lines.append("| " + " | ".join(cells) + " |")
@@ -314,8 +314,14 @@ def one_row(args, study: str, row: tuple, seed: int, out: Path) -> dict:
     sampled = json.loads((run_dir / f"sampled-k{args.pass_k}.json").read_text())
     result.update({"study": study, "setting": setting, "length": sampled.get("length")})
     for key, how in spec.columns:
-        result[key] = logged(run_dir, key, how)
+        result[column(key, how)] = logged(run_dir, key, how)
     return result
+
+
+def column(key: str, how: str) -> str:
+    """A logged metric's name in a study's rows and tables: its own name beside compare.py's measures would replace
+    one of theirs (PPO and KTO log a "kl" of their own, the KL to the start is compare.py's "kl")."""
+    return f"{key} ({how})"
 
 
 def main(argv=None) -> None:

@@ -551,6 +551,24 @@ def test_sensitivity_reads_a_metric_as_its_mean_over_steps_or_its_last_value(tmp
     assert sensitivity.logged(tmp_path, "entropy", "mean") is None
 
 
+def test_a_study_column_named_like_a_measure_of_compare_leaves_it_as_it_was(monkeypatch, tmp_path):
+    """PPO logs a "kl" of its own (its training batches' KL to the reference), and compare.py's "kl" is the KL
+    to the starting model on held-out samples: the row keeps both."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "kl": 5.0}\n{"step": 2, "kl": 7.0}\n')
+    (tmp_path / "sampled-k4.json").write_text('{"length": 12.0}')
+
+    def one_run(args, slug, seed, out):
+        return {"kl": 0.25, "run_dir": str(tmp_path)}
+
+    monkeypatch.setattr(sensitivity.compare, "one_run", one_run)
+    # one_row adds its row to the table of runs
+    monkeypatch.setattr(sensitivity.compare, "ALGORITHMS", dict(sensitivity.compare.ALGORITHMS))
+    args = sensitivity.parse_args([])
+    row = sensitivity.STUDIES["ppo-clip"].rows[0]
+    result = sensitivity.one_row(args, "ppo-clip", row, 0, tmp_path)
+    assert result["kl"] == 0.25 and result["kl (mean)"] == 6.0 and result["length"] == 12.0
+
+
 def test_sensitivity_table_by_hand():
     def row(setting, seed, accuracy, nll_after):
         return {
@@ -564,8 +582,8 @@ def test_sensitivity_table_by_hand():
             "general_nll_before": 3.0,
             "general_nll_after": nll_after,
             "wall_time_s": 60.0,
-            "completion_length": 20.0,
-            "completion_truncated": 0.5,
+            "completion_length (mean)": 20.0,
+            "completion_truncated (mean)": 0.5,
         }
 
     rows = [row("no overlong penalty", 0, 0.4, 3.1), row("no overlong penalty", 1, 0.6, 3.3)]
