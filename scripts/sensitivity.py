@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -239,9 +240,10 @@ def run_slug(study: str, setting: str) -> str:
 
 
 def logged(run_dir: Path, key: str, how: str):
-    """A metric from the run's metrics.jsonl: its mean over the steps that logged it, or its last value."""
+    """A metric from the run's metrics.jsonl: its mean over the steps that logged it, or its last value. NaN is a
+    step where it is undefined (PPO's explained variance when every return in the batch is equal): left out."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    values = [row[key] for row in map(json.loads, lines) if key in row]
+    values = [row[key] for row in map(json.loads, lines) if key in row and not math.isnan(row[key])]
     if not values:
         return None
     return statistics.mean(values) if how == "mean" else values[-1]

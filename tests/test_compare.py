@@ -544,6 +544,7 @@ def test_sensitivity_reads_a_metric_as_its_mean_over_steps_or_its_last_value(tmp
         {"step": 1, "kl": 0.5, "rewards/margins": 1.0},
         {"step": 2, "rewards/margins": 3.0},
         {"step": 3, "kl": 1.5},
+        {"step": 4, "kl": float("nan")},  # undefined at that step
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert sensitivity.logged(tmp_path, "kl", "mean") == 1.0  # the steps that logged it: (0.5 + 1.5) / 2
