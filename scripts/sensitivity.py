@@ -287,7 +287,8 @@ def table(study: str, rows: list[dict], args) -> str:
             nll_change(runs),
         ]
         for key, how in spec.columns:
-            values = [r[column(key, how)] for r in runs if r[column(key, how)] is not None]
+            name = column(key, how)
+            values = [r[name] for r in runs if r[name] is not None]
             cells.append(compare.mean_std(values, 3) if values else "")
         cells.append(compare.mean_std([r["wall_time_s"] / 60 for r in runs], 1))
         lines.append("| " + " | ".join(cells) + " |")
