@@ -2343,9 +2343,16 @@ MUTATIONS = [
     ),
     Mutation(
         "scripts/sensitivity.py",
-        'return statistics.mean(values) if how == "mean" else values[-1]',
-        "return values[-1]",
+        '"mean": values,',
+        '"mean": values[-1:],',
         "sensitivity: a metric's mean over the steps reported as its last value",
+        "tests/test_compare.py -k sensitivity_reads",
+    ),
+    Mutation(
+        "scripts/sensitivity.py",
+        "quarter = max(1, len(values) // 4)",
+        "quarter = len(values) // 4 + 1",
+        "sensitivity: a quarter of the steps one step too long (a trend diluted by the middle of the run)",
         "tests/test_compare.py -k sensitivity_reads",
     ),
     Mutation(

@@ -44,7 +44,7 @@ class Study:
     base: str  # the row of scripts/compare.py that every setting starts from
     budget: int  # training completions per run
     rows: tuple[tuple, ...]  # (setting, the options it adds), or (setting, options, another compare.py row)
-    columns: tuple[tuple[str, str], ...] = ()  # (logged metric, mean | last)
+    columns: tuple[tuple[str, str], ...] = ()  # (logged metric, how: see logged)
 
 
 PPO_COLUMNS = (("kl", "mean"), ("entropy", "mean"), ("explained_variance", "mean"))
@@ -178,7 +178,12 @@ STUDIES = {
         "dpo",
         480,
         (("DPO", ()), ("IPO", (), "ipo")),
-        PAIR_COLUMNS,
+        (
+            ("rewards/margins", "first quarter"),
+            ("rewards/margins", "last quarter"),
+            ("rewards/chosen", "last quarter"),
+            ("rewards/rejected", "last quarter"),
+        ),
     ),
 }
 DPO_FAMILY = ("dpo", "simpo", "kto")
@@ -240,13 +245,21 @@ def run_slug(study: str, setting: str) -> str:
 
 
 def logged(run_dir: Path, key: str, how: str):
-    """A metric from the run's metrics.jsonl: its mean over the steps that logged it, or its last value. NaN is a
+    """A metric from the run's metrics.jsonl: its mean over the steps that logged it, its last value, or its mean
+    over the first or last quarter of those steps (one batch's value is noisy; a quarter's shows a trend). NaN is a
     step where it is undefined (PPO's explained variance when every return in the batch is equal): left out."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     values = [row[key] for row in map(json.loads, lines) if key in row and not math.isnan(row[key])]
     if not values:
         return None
-    return statistics.mean(values) if how == "mean" else values[-1]
+    quarter = max(1, len(values) // 4)
+    steps = {
+        "mean": values,
+        "last": values[-1:],
+        "first quarter": values[:quarter],
+        "last quarter": values[-quarter:],
+    }
+    return statistics.mean(steps[how])
 
 
 def table(study: str, rows: list[dict], args) -> str:

@@ -539,17 +539,22 @@ def test_an_ensemble_run_is_given_its_members(monkeypatch, tmp_path):
     assert settings["ensemble_agg"] == "min"
 
 
-def test_sensitivity_reads_a_metric_as_its_mean_over_steps_or_its_last_value(tmp_path):
+def test_sensitivity_reads_a_metric_as_its_mean_over_steps_its_last_value_or_a_quarter_s_mean(tmp_path):
     lines = [
         {"step": 1, "kl": 0.5, "rewards/margins": 1.0},
         {"step": 2, "rewards/margins": 3.0},
         {"step": 3, "kl": 1.5},
         {"step": 4, "kl": float("nan")},  # undefined at that step
     ]
+    lines += [{"step": step, "loss": float(step)} for step in range(5, 13)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert sensitivity.logged(tmp_path, "kl", "mean") == 1.0  # the steps that logged it: (0.5 + 1.5) / 2
     assert sensitivity.logged(tmp_path, "rewards/margins", "last") == 3.0
     assert sensitivity.logged(tmp_path, "entropy", "mean") is None
+    # losses 5..12 at 8 steps: a quarter is 2 steps; with 2 steps logged, a quarter is 1
+    assert sensitivity.logged(tmp_path, "loss", "first quarter") == 5.5
+    assert sensitivity.logged(tmp_path, "loss", "last quarter") == 11.5
+    assert sensitivity.logged(tmp_path, "rewards/margins", "first quarter") == 1.0
 
 
 def test_a_study_column_named_like_a_measure_of_compare_leaves_it_as_it_was(monkeypatch, tmp_path):
