@@ -8,8 +8,9 @@ run on every seed by scripts/compare.py's machinery, so its columns mean what th
 - sampled length: the mean length in tokens of those same samples;
 - general NLL change: the forgetting measure, the trained policy's NLL per token of a general English text
   (tasks.general_text_nll) minus the starting model's; the task rewards nothing in that text;
-- the columns of the claim: a metric the script logs, averaged over the run's steps (`mean`), or its
-  value at the last step (`last`).
+- the columns of the claim: a metric the script logs, averaged over the run's steps (`mean`), its value at
+  the last step (`last`), or averaged over the first or last quarter of the steps (`first quarter`, `last
+  quarter`: a trend, where one batch is too noisy to read).
 A difference smaller than the seed-to-seed spread (the ± columns, a sample std over the seeds) is no
 difference at this budget: it may be real at a larger one, but this study cannot tell.
 
