@@ -1367,6 +1367,20 @@ MUTATIONS = [
     ),
     Mutation(
         "scripts/compare.py",
+        "pairs_of = None if rm_seed == seed else seed",
+        "pairs_of = None",
+        "compare: each ensemble member samples its own pairs (Coste et al. train theirs on the same data)",
+        "tests/test_compare.py -k given_its_members",
+    ),
+    Mutation(
+        "scripts/compare.py",
+        'return Path(line.rsplit(" from ", 1)[1]) / "train.jsonl"',
+        'return Path(line.rsplit(" from ", 1)[1]) / "heldout.jsonl"',
+        "compare: an ensemble member trained on the first's held-out pairs",
+        "tests/test_compare.py -k pairs_the_first_sampled",
+    ),
+    Mutation(
+        "scripts/compare.py",
         'GRPO = ["grpo.py", "--prompts-per-step", "4"]',
         'GRPO = ["grpo.py"]',
         "compare.py's GRPO rows at grpo.py's default 16 prompts, counted as 32 completions a step",

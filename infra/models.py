@@ -156,11 +156,15 @@ def smollm2_checkpoint() -> Path:
     del config.quantization_config  # weights are de-quantized to fp32; the checkpoint is an ordinary one
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict())
-    tmp = target.with_name(target.name + ".tmp")
+    # a folder of this process's own: two scripts started at once both convert, and the first to finish wins
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(target)
+    try:
+        tmp.rename(target)
+    except OSError:  # the other finished first: its checkpoint is the same
+        shutil.rmtree(tmp)
     return target
 
 

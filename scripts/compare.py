@@ -26,7 +26,7 @@ algorithm; the KL each script logs is defined differently from one algorithm to 
 The wall-time column is the script's own run, timed from after its data and models are loaded:
 training and its two greedy evaluations. So:
 - PPO on the reward model first trains `reward_model.py` on the same seed (an ensemble: on seeds
-  1000 and 2000 up too). That run's wall time is added to the row.
+  1000 and 2000 up too, on the first's sampled pairs). Their wall time is added to the row.
 - The reward model and the offline algorithms share each seed's preference data, sampled once
   and cached (also across comparisons). Its sampling time is in no row, cached or not: about
   8 min per seed on the 2-core CPU (7 min 55 s for seed 1).
@@ -378,15 +378,29 @@ ENSEMBLE_SIZE = 3  # reward models of a run that names --ensemble-agg (Coste et 
 def reward_model_seeds(command: list[str], seed: int) -> list[int]:
     """The seeds of the reward models a run trains first: none for a verifier's reward; for PPO on a learned reward,
     the run's own seed, and for an ensemble (a run that names --ensemble-agg) ENSEMBLE_SIZE − 1 more, 1000 apart,
-    so that no member is another run's own."""
+    so that no member is another run's own (they train on the first's pairs: reward_model_run)."""
     if command[:3] != ["ppo.py", "--reward", "model"]:
         return []
     members = ENSEMBLE_SIZE if "--ensemble-agg" in command else 1
     return [seed + 1000 * member for member in range(members)]
 
 
-def reward_model_run(args, seed: int, out: Path) -> Path:
-    """reward_model.py on one seed, trained once into OUT/reward-model/seed-N and read back after; its run folder."""
+def sampled_pairs(rm_folder: Path) -> Path:
+    """The training pairs a reward model's run sampled (the JSONL its log names), for another to train on."""
+    for line in (rm_folder / "log.txt").read_text().splitlines():
+        if line.startswith("preference pairs: ") and " from " in line:
+            return Path(line.rsplit(" from ", 1)[1]) / "train.jsonl"
+    raise SystemExit(
+        f"{rm_folder / 'log.txt'} names no sampled preference pairs: delete {rm_folder} to rerun it"
+    )
+
+
+def reward_model_run(args, seed: int, out: Path, pairs_of: int | None = None) -> Path:
+    """reward_model.py on one seed, trained once into OUT/reward-model/seed-N and read back after; its run folder.
+
+    With `pairs_of`, an ensemble member: it trains on the pairs that seed's reward model sampled (--dataset; it
+    holds out a tenth of them itself), as Coste et al. 2024 train their members on the same data with different
+    seeds, so members differ in the score head's initialisation, the pair order and that tenth."""
     folder = out / "reward-model" / f"seed-{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     command = [
@@ -401,6 +415,8 @@ def reward_model_run(args, seed: int, out: Path) -> Path:
         str(folder),
         *args.extra.split(),
     ]
+    if pairs_of is not None:
+        command = [*command, "--dataset", str(sampled_pairs(out / "reward-model" / f"seed-{pairs_of}"))]
     if finished_run(folder, command) is None:
         run(command, folder / "log.txt")
     return finished_run(folder, command)
@@ -411,7 +427,11 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
     steps = args.budget // per_step
     folder = out / slug / f"seed-{seed}"
     folder.mkdir(parents=True, exist_ok=True)
-    rm_runs = [reward_model_run(args, rm_seed, out) for rm_seed in reward_model_seeds(command, seed)]
+    rm_runs = []
+    for rm_seed in reward_model_seeds(command, seed):
+        # an ensemble's members after the first train on the first's pairs
+        pairs_of = None if rm_seed == seed else seed
+        rm_runs.append(reward_model_run(args, rm_seed, out, pairs_of))
     setup_s = sum(json.loads((rm_run / "eval.json").read_text())["wall_time_s"] for rm_run in rm_runs)
     if rm_runs:
         command = [*command, "--reward-model", str(rm_runs[0] / "model")]

@@ -514,7 +514,10 @@ class Stop(Exception):
 
 
 def test_an_ensemble_run_is_given_its_members(monkeypatch, tmp_path):
-    def trained(args, seed, out):
+    pairs_of = {}
+
+    def trained(args, seed, out, pairs_of_seed=None):
+        pairs_of[seed] = pairs_of_seed
         folder = tmp_path / f"rm-{seed}"
         folder.mkdir()
         (folder / "eval.json").write_text('{"wall_time_s": 1.0}')
@@ -537,6 +540,36 @@ def test_an_ensemble_run_is_given_its_members(monkeypatch, tmp_path):
     assert settings["reward_model"] == str(tmp_path / "rm-2" / "model")
     assert settings["ensemble"] == [str(tmp_path / "rm-1002" / "model"), str(tmp_path / "rm-2002" / "model")]
     assert settings["ensemble_agg"] == "min"
+    # the first samples its own pairs; the others train on them
+    assert pairs_of == {2: None, 1002: 2, 2002: 2}
+
+
+def test_an_ensemble_member_trains_on_the_pairs_the_first_sampled(monkeypatch, tmp_path):
+    out = tmp_path / "out"
+    first = out / "reward-model" / "seed-2"
+    first.mkdir(parents=True)
+    # the line preferences.load_preference_pairs prints
+    log = "preference pairs: 247 train, 32 held-out, from /cache/preference-data/v2-seed2\nstep 0: ...\n"
+    (first / "log.txt").write_text(log)
+    commands = []
+
+    def run(command, log):
+        commands.append(command)
+        raise Stop
+
+    monkeypatch.setattr(compare, "run", run)
+    args = compare.parse_args(["--out", str(out)])
+    with pytest.raises(Stop):
+        compare.reward_model_run(args, 1002, out, pairs_of=2)
+    member = compare.command_settings(commands[0])
+    assert member["dataset"] == "/cache/preference-data/v2-seed2/train.jsonl"
+    assert member["seed"] == "1002"
+    with pytest.raises(Stop):
+        compare.reward_model_run(args, 2, out)
+    assert "dataset" not in compare.command_settings(commands[1])
+    (first / "log.txt").write_text("step 0: ...\n")
+    with pytest.raises(SystemExit, match="names no sampled preference pairs"):
+        compare.reward_model_run(args, 1002, out, pairs_of=2)
 
 
 def test_sensitivity_reads_a_metric_as_its_mean_over_steps_its_last_value_or_a_quarter_s_mean(tmp_path):
