@@ -27,7 +27,7 @@ import tasks
 ENTRY = str(REPO / "tests" / "fixed_completions.py")
 TINY = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens", "12")
 # see below
-NEAR_ZERO = ("loss", "pg_loss", "policy_loss", "kl", "kl_coef", "non_score_reward", "rlhf_reward")
+NEAR_ZERO = ("loss", "pg_loss", "policy_loss", "kl", "kl_coef", "non_score_reward", "rlhf_reward", "margin")
 
 
 def start(ranks: int, output_dir, script: str, *argv, entry: str = ENTRY, **env) -> subprocess.Popen:
@@ -103,7 +103,8 @@ def assert_same_training(one, two, ties=()) -> None:
         for k in set(a) - set(ties):
             # way. DPO's rewards are β × a difference of two sums of ~30 log-probs, a policy-gradient loss a mean of
             # advantages of mean 0 (PPO's, REINFORCE++'s whitened), PPO's KL (in rlhf_reward, and in β through
-            # --target-kl) a sum of log-prob differences: float32 leaves them ~1e-6 absolute
+            # --target-kl) a sum of log-prob differences, a reward model's margin a mean of score differences near 0
+            # at its start: float32 leaves them ~1e-6 absolute
             tolerance = 1e-5 if k.startswith("rewards/") or k in NEAR_ZERO else 1e-8
             assert b[k] == pytest.approx(a[k], rel=1e-5, abs=tolerance), (a["step"], k, a[k], b[k])
     for model in ("model", "model/critic") if (one / "model" / "critic").exists() else ("model",):
