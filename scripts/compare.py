@@ -267,7 +267,13 @@ def same_setting(made, given) -> bool:
     try:
         return float(made) == float(given)
     except (TypeError, ValueError):
-        return str(made) == given
+        return str(made) == given or same_path(str(made), given)
+
+
+def same_path(made: str, given: str) -> bool:
+    """One file named two ways: `--out /abs/runs` saves an absolute --reward-model, `--out runs` a relative one."""
+    # scripts run with the repository as their working folder, so a relative path is relative to it
+    return (REPO / made).resolve() == (REPO / given).resolve()
 
 
 def finished_run(folder: Path, command: list[str]):

@@ -129,6 +129,9 @@ def test_command_settings_are_named_as_args_json_names_them():
         and not compare.same_setting(0.04, "0.4")
     )
     assert compare.same_setting(False, False) and not compare.same_setting(None, "runs/rm/model")
+    # one reward model named from the repository and from / is one setting; another folder is not
+    assert compare.same_setting(str(compare.REPO / "runs/rm/model"), "runs/rm/model")
+    assert not compare.same_setting(str(compare.REPO / "runs/rm2/model"), "runs/rm/model")
     r1 = compare.command_settings(compare.ALGORITHMS["r1-rewards"][1])  # several values after one option
     assert r1 == {
         "prompts_per_step": "4",
