@@ -208,13 +208,10 @@ def check_args(args: Args) -> None:
         args.group_size >= 2,
         f"--group-size must be at least 2 (the group is the baseline), not {args.group_size}",
     )
-    batch = args.prompts_per_step * args.group_size
-    micro = batch if args.batch_size is None else args.batch_size
-    require(micro >= 1, f"--batch-size must be at least 1, not {micro}")
-    # a micro-batch at least as large as the batch is the whole batch
+    # any size: the last micro-batch takes the rows left (48 rows: 32 + 16), each weighted by its share
     require(
-        micro >= batch or batch % micro == 0,
-        f"--batch-size {micro} must divide prompts-per-step × group-size = {batch}",
+        args.batch_size is None or args.batch_size >= 1,
+        f"--batch-size must be at least 1, not {args.batch_size}",
     )
     require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
     require(0 < args.top_p <= 1, "--top-p must be in (0, 1]")

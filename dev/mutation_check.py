@@ -134,6 +134,20 @@ MUTATIONS = [
     ),
     Mutation(
         "grpo.py",
+        "slices = [slice(i, min(i + micro, B)) for i in range(0, B, micro)]",
+        "slices = [slice(i, i + micro) for i in range(0, B - B % micro, micro)]",
+        "a micro-batch size that does not divide the batch: the ragged last rows left out of the update",
+        f"{GRPO} -k ragged_one",
+    ),
+    Mutation(
+        "grpo.py",
+        "args.batch_size is None or args.batch_size >= 1,",
+        "args.batch_size is None or args.batch_size >= 1 and 6 * 8 % args.batch_size == 0,",
+        "--batch-size refused when it does not divide prompts-per-step × group-size (48 rows at 32)",
+        f"{GRPO} -k ragged_one",
+    ),
+    Mutation(
+        "grpo.py",
         "(loss * weight).backward()",
         "loss.backward()",
         "micro-batch loss not weighted before accumulation",
@@ -2382,6 +2396,13 @@ MUTATIONS = [
         "if row_command(other, row)[1:] == command[1:]",
         "sensitivity: a shared run found by its command alone, so a run at another budget is read back as this one",
         "tests/test_compare.py -k run_once",
+    ),
+    Mutation(
+        "scripts/sensitivity.py",
+        '        cell = f"{cell} ({len(defined)} of {len(values)} seeds)"',
+        "        pass",
+        "sensitivity: a claim column averaged over the seeds where it is defined, printed as if over all seeds",
+        "tests/test_compare.py -k claim_column",
     ),
 ]
 

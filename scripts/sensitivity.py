@@ -301,12 +301,22 @@ def table(study: str, rows: list[dict], args) -> str:
             nll_change(runs),
         ]
         for key, how in spec.columns:
-            name = column(key, how)
-            values = [r[name] for r in runs if r[name] is not None]
-            cells.append(compare.mean_std(values, 3) if values else "")
+            cells.append(claim_cell([r[column(key, how)] for r in runs]))
         cells.append(compare.mean_std([r["wall_time_s"] / 60 for r in runs], 1))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def claim_cell(values: list) -> str:
+    """A claim column's 'm ± s' over the seeds where the metric is defined (None where a run never logged it), and
+    how many those are when they are not all: a mean over 2 seeds must not read as one over 3."""
+    defined = [v for v in values if v is not None]
+    if not defined:
+        return ""
+    cell = compare.mean_std(defined, 3)
+    if len(defined) < len(values):
+        cell = f"{cell} ({len(defined)} of {len(values)} seeds)"
+    return cell
 
 
 def nll_change(runs: list[dict]) -> str:

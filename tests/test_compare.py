@@ -640,3 +640,11 @@ def test_sensitivity_table_by_hand():
     cells = "0.500 ± 0.141 | 1.00 ± 0.00 | 10.0 ± 0.0 | 0.200 ± 0.141 | 20.000 ± 0.000 | 0.500 ± 0.000 | 1.0 ± 0.0"
     assert lines[5] == f"| no overlong penalty | {cells} |"
     assert len(lines) == 6  # the row not yet run is left out
+
+
+def test_a_claim_column_defined_on_some_seeds_says_how_many_it_averages():
+    # explained variance is NaN on a step whose returns are all equal; a run where every step was so logs none
+    assert sensitivity.claim_cell([0.5, None, 0.7]) == "0.600 ± 0.141 (2 of 3 seeds)"
+    assert sensitivity.claim_cell([None, 0.25, None]) == "0.250 (1 of 3 seeds)"
+    assert sensitivity.claim_cell([0.5, 0.7]) == "0.600 ± 0.141"
+    assert sensitivity.claim_cell([None, None]) == ""

@@ -586,6 +586,42 @@ def test_one_micro_batch_of_8_equals_8_of_1_and_checkpointing(tmp_path, monkeypa
     assert torch.allclose(grads[0], grads[1], atol=1e-6) and torch.allclose(grads[0], grads[2], atol=1e-6)
 
 
+@pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "token-mean"])
+def test_a_batch_that_the_micro_batch_does_not_divide_ends_in_a_ragged_one(tmp_path, monkeypatch, loss_agg):
+    # 6 prompts × 8 = 48 rows at --batch-size 32: micro-batches of 32 and 16, weighted 32/48 and 16/48 (or by their
+    # tokens), give the gradient of one batch of 48
+    grads, sizes = [], []
+    clip = torch.nn.utils.clip_grad_norm_
+    loss = grpo_loss
+
+    def record_then_clip(parameters, max_norm):
+        parameters = list(parameters)
+        grads.append(torch.cat([p.grad.flatten() for p in parameters]))
+        return clip(parameters, max_norm)
+
+    def recording(logprobs, *args, **kwargs):
+        sizes.append(logprobs.shape[0])
+        return loss(logprobs, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", record_then_clip)
+    monkeypatch.setattr("grpo.grpo_loss", recording)
+    for batch_size in (32, None):
+        args = tiny_args(
+            tmp_path,
+            steps=1,
+            prompts_per_step=6,
+            group_size=8,
+            max_new_tokens=4,
+            batch_size=batch_size,
+            loss_agg=loss_agg,
+            save_model=False,
+        )
+        main(args, reward_fn=digit_fraction)
+    assert sizes == [32, 16, 48]
+    assert grads[0].norm() > 1e-2
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
 def test_num_iterations_reuses_the_batch_with_stored_old_logprobs(tmp_path, monkeypatch):
     calls = spy_on_grpo_loss(monkeypatch)
     steps = []
@@ -940,7 +976,6 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
     "overrides, message",
     [
         (dict(group_size=1), "--group-size must be at least 2"),
-        (dict(batch_size=3), "--batch-size 3 must divide prompts-per-step × group-size = 8"),
         (dict(batch_size=0), "--batch-size must be at least 1, not 0"),
         (dict(dataset="/nonexistent.jsonl"), "no such file"),
         (dict(temperature=0.0), "--temperature must be > 0"),
