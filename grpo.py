@@ -112,7 +112,8 @@ class Args:
     logged beside it"""
     prm: Annotated[Optional[str], runs.none_means("outcome supervision", "DIR")] = None
     """a prm.py checkpoint: process supervision, each step's score normalised over the group and summed from that
-    step on, in place of the outcome advantage (the steps are the completion's lines)"""
+    step on, in place of the outcome advantage (the steps are the completion's lines; the outcome reward is only
+    logged, so --reward-model, --rewards, --reward-weights and --overlong-buffer are refused with it)"""
     rewards: tuple[Literal["correct", "format"], ...] = ("correct",)
     """rewards summed into one: correct (--verifier's, or --reward-model's score), format
     (<think>…</think><answer>)"""
@@ -152,8 +153,8 @@ class Args:
     scale_by_std: bool = True
     """divide advantages by the group's reward std (off in Dr. GRPO)"""
     dynamic_sampling: bool = False
-    """drop groups whose rewards are all equal (zero advantage) (DAPO); a batch left with none still
-    counts as a step"""
+    """drop groups whose advantages are all zero (DAPO: equal rewards; with --prm, equal step scores); a batch left
+    with none still counts as a step"""
     overlong_buffer: int = 0
     """DAPO's soft overlong punishment over the last this-many tokens before max_new_tokens (0 = off)"""
     overlong_penalty: float = 1.0
@@ -161,7 +162,7 @@ class Args:
     # ---- off-policy: the sampler against the trainer (offpolicy.py) ------------------------------
     is_correction: offpolicy.Correction = "none"
     """weight each token's policy-gradient term by w = π_train / π_sampler, truncated (min(w, C)) or
-    masked (0 outside [1/C, C]), per token or per sequence (geometric mean); see offpolicy.py"""
+    masked (0 outside [1/C, C]), per token or per sequence (the product of its tokens' w); see offpolicy.py"""
     is_cap: float = 2.0
     """C, the cap of --is-correction"""
     staleness: int = 0
@@ -232,6 +233,12 @@ def check_args(args: Args) -> None:
     require(
         len(args.reward_weights or args.rewards) == len(args.rewards) > 0,
         "--reward-weights: one per --rewards",
+    )
+    outcome_default = (args.reward_model, args.rewards, args.reward_weights, args.overlong_buffer)
+    require(
+        not args.prm or outcome_default == (None, ("correct",), None, 0),
+        "--prm takes its advantages from the PRM's step scores alone: drop --reward-model, --rewards, "
+        "--reward-weights and --overlong-buffer, which shape the outcome reward it only logs",
     )
 
 
@@ -522,11 +529,13 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         if prm is not None:  # process supervision: per token, from the PRM's score of each step
             prompts = [p.prompt for p in problems for _ in range(G)]
             advantages, step_scores, step_mask = stepwise.process_supervision(
-                prm, tokenizer, prompts, completion_ids, mask, G
+                prm, tokenizer, prompts, completion_ids, mask, G, args.scale_by_std
             )
         grouped = rewards.view(-1, G)  # (P, G)
-        all_equal = grouped.amax(1) == grouped.amin(1)  # (P,) these groups have zero advantage
-        keep_groups = ~all_equal if args.dynamic_sampling else torch.ones_like(all_equal)
+        all_equal = grouped.amax(1) == grouped.amin(1)  # (P,)
+        # (P,) every token's advantage 0: equal rewards, or with --prm equal step scores
+        no_signal = (advantages.view(grouped.shape[0], -1) == 0).all(1)
+        keep_groups = ~no_signal if args.dynamic_sampling else torch.ones_like(no_signal)
         keep = keep_groups.repeat_interleave(G)  # (B,)
         stats = {
             "reward": rewards.mean().item(),

@@ -17,8 +17,11 @@ An unbounded w has an unbounded variance, so it is capped:
 - masked (MIS: Liu et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse from the
   Training-Inference Mismatch"): w where 1/C <= w <= C, else 0, so a token (or sequence) the two
   disagree on by more than a factor C leaves the loss, and the rest keep their w.
-Per sequence, w_i = exp(1/|o_i| Σ_t log w_it), the geometric mean (as GSPO's sequence ratio), one weight
-for every token of o_i: a single odd token cannot dominate, and a sequence is kept or dropped whole.
+Per sequence, w_i = Π_t w_it = π_train(o_i) / π_sampler(o_i), the sequence's own importance ratio, computed in log
+space (exp Σ_t log w_it, capped before it can overflow) and given to every token of o_i, so a sequence is kept or
+dropped whole: TRL's `sequence_truncate` and `sequence_mask`, verl's sequence level. Only the product makes
+E_sampler[w_i · f(o_i)] = E_train[f(o_i)]; the geometric mean exp(mean_t log w_it) (GSPO's ratio) does not, stays
+near 1 on a drifted sequence (32 tokens each 0.033 nats off: product 2.87, geometric mean 1.034) and is not built here.
 The weight is a constant (no gradient): it rescales each token's ∇ log π, it is not optimised.
 
 Shapes: B sequences, T completion tokens; log-probs float32, mask 1 on the completion's tokens.
@@ -32,7 +35,7 @@ from typing import Any, Callable, Literal, get_args
 
 import torch
 
-from common import masked_mean
+from common import masked_mean, masked_sum
 
 Correction = Literal["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"]
 CORRECTIONS = get_args(Correction)
@@ -80,7 +83,7 @@ def importance_weights(
       none                 1
       token-truncate       min(w_t, C)                                  TIS
       token-mask           w_t · 1[1/C <= w_t <= C]                     MIS, per token
-      sequence-truncate    min(w_i, C),  w_i = exp(mean_t log w_it)     for every token of o_i
+      sequence-truncate    min(w_i, C),  w_i = exp(Σ_t log w_it)        for every token of o_i
       sequence-mask        w_i · 1[1/C <= w_i <= C]                     MIS, per sequence
     """
     if correction not in CORRECTIONS:
@@ -90,8 +93,9 @@ def importance_weights(
     if correction == "none":
         return torch.ones_like(log_w), torch.zeros_like(log_w, dtype=torch.bool)
     level, action = correction.split("-")
-    if level == "sequence":  # the geometric mean over the sequence's own tokens, padding left out
-        log_w = masked_mean(log_w, mask, dim=1)[:, None].expand_as(log_w)
+    if level == "sequence":  # log Π_t w_it over the sequence's own tokens, padding left out
+        log_w = masked_sum(log_w, mask, dim=1)[:, None].expand_as(log_w)
+    # e^800 is inf in float32: min(inf, C) is C and a masked inf is 0, so neither reaches the loss
     weights = torch.exp(log_w)
     if action == "truncate":
         cut = log_w > math.log(cap)

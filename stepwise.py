@@ -137,27 +137,42 @@ def process_advantages(
     step_mask: torch.Tensor,  # (B, K) 1 on real steps
     group_size: int,
     num_tokens: int,
+    scale_by_std: bool = True,
     eps: float = 1e-4,
 ) -> torch.Tensor:
     """DeepSeekMath §4.1.3, process supervision, (B, K) -> (B, T): every step reward of a group's G completions
-    normalised together, r̃ = (r - mean(R)) / (std(R) + eps) (population std), and each token's advantage the sum
-    of r̃ over the steps that end at or after it. Tokens after the last step's end (EOS) get 0."""
+    normalised together, r̃ = (r - mean(R)) / (std(R) + eps) (population std; with scale_by_std=False, Dr. GRPO's
+    r - mean(R)), and each token's advantage the sum of r̃ over the steps that end at or after it. Tokens after the
+    last step's end (EOS) get 0. A group whose step rewards are all equal gets exactly 0, as group_advantages: the
+    float32 mean of three 0.9s is 6e-8 off 0.9, and ÷ (0 + eps) would turn that rounding into an advantage."""
     grouped = step_rewards.reshape(-1, group_size * step_rewards.shape[1])  # (P, G·K)
-    grouped_mask = step_mask.reshape(grouped.shape)
+    grouped_mask = step_mask.reshape(grouped.shape).bool()
     mean = common.masked_mean(grouped, grouped_mask, dim=1)[:, None]  # (P, 1)
-    std = common.masked_mean((grouped - mean) ** 2, grouped_mask, dim=1)[:, None].sqrt()
-    normalised = ((grouped - mean) / (std + eps)).reshape(step_rewards.shape)  # (B, K)
+    centered = grouped - mean
+    if scale_by_std:
+        centered = centered / (common.masked_mean(centered**2, grouped_mask, dim=1)[:, None].sqrt() + eps)
+    highest = grouped.masked_fill(~grouped_mask, -torch.inf).amax(1, keepdim=True)
+    lowest = grouped.masked_fill(~grouped_mask, torch.inf).amin(1, keepdim=True)
+    # (B, K); a group without a step has highest < lowest, and no advantage either
+    normalised = torch.where(highest <= lowest, 0.0, centered).reshape(step_rewards.shape)
     dense = dense_step_rewards(normalised, step_ends, step_mask, num_tokens)  # (B, T) r̃ at step ends
     return dense.flip(1).cumsum(1).flip(1)  # Σ_{t' >= t}
 
 
 @torch.no_grad()
 def process_supervision(
-    prm, tokenizer, prompts: list[str], completion_ids: torch.Tensor, mask: torch.Tensor, group_size: int
+    prm,
+    tokenizer,
+    prompts: list[str],
+    completion_ids: torch.Tensor,
+    mask: torch.Tensor,
+    group_size: int,
+    scale_by_std: bool = True,
 ) -> tuple[torch.Tensor, ...]:
     """grpo.py --prm: the PRM's σ(z) of each step of the sampled completions (B, T), and their process-supervised
     advantages: (B, T) advantages, (B, K) step scores, (B, K) step mask."""
     texts, step_ends, step_mask = completion_steps(tokenizer, completion_ids, mask)
     step_scores = torch.sigmoid(score_steps(prm, tokenizer, prompts, texts)[0])  # (B, K)
-    advantages = process_advantages(step_scores, step_ends, step_mask, group_size, completion_ids.shape[1])
+    num_tokens = completion_ids.shape[1]
+    advantages = process_advantages(step_scores, step_ends, step_mask, group_size, num_tokens, scale_by_std)
     return advantages, step_scores, step_mask

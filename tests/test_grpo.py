@@ -784,14 +784,15 @@ def test_the_sampler_against_the_trainer_is_logged_and_corrected(tmp_path, monke
     assert rows[0]["mismatch/max_log_ratio"] == pytest.approx(0.3, abs=1e-5)
     assert rows[0]["mismatch/frac_over_0.1"] == 1.0
     assert rows[0]["is/weight_mean"] == pytest.approx(1.2) and rows[0]["is/frac_cut"] == 1.0
-    # masked per sequence: every sequence's w = 1.35 > 1.2 leaves the loss, so without a KL nothing moves
+    # masked per sequence: every sequence's w = e^(0.3 |o_i|) >= 1.35 > 1.2 leaves the loss, so without a KL nothing
+    # moves; truncated per sequence, every token of every sequence weighs 1.2
     args = tiny_args(tmp_path / "b", steps=1, is_correction="sequence-mask", is_cap=1.2, beta=0.0)
     rows = metrics_of(main(args, reward_fn=digit_fraction))
     assert rows[0]["is/weight_mean"] == 0.0 and rows[0]["grad_norm"] == 0.0
-    # at a cap of 1.5 the same sequences stay, weighted 1.35
-    args = tiny_args(tmp_path / "c", steps=1, is_correction="sequence-mask", is_cap=1.5, beta=0.0)
+    args = tiny_args(tmp_path / "c", steps=1, is_correction="sequence-truncate", is_cap=1.2, beta=0.0)
     rows = metrics_of(main(args, reward_fn=digit_fraction))
-    assert rows[0]["is/weight_mean"] == pytest.approx(1.349859, abs=1e-5) and rows[0]["grad_norm"] > 0
+    assert rows[0]["is/weight_mean"] == pytest.approx(1.2) and rows[0]["is/frac_cut"] == 1.0
+    assert rows[0]["grad_norm"] > 0
 
 
 def test_stale_batches_are_off_policy_by_the_updates_between(tmp_path):
@@ -986,6 +987,13 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
         (dict(is_cap=1.0), "--is-cap must be > 1"),
         (dict(staleness=-1), "--staleness must be >= 0"),
         (dict(staleness=2, resume="runs/x"), "--staleness with --resume: the queue of sampled batches"),
+        (
+            dict(prm="runs/p", reward_model="runs/r"),
+            "--prm takes its advantages from the PRM's step scores alone",
+        ),
+        (dict(prm="runs/p", rewards=("correct", "format")), "--prm takes its advantages from the PRM's"),
+        (dict(prm="runs/p", reward_weights=(2.0,)), "--prm takes its advantages from the PRM's"),
+        (dict(prm="runs/p", overlong_buffer=2), "--prm takes its advantages from the PRM's"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
@@ -1136,6 +1144,20 @@ def test_process_advantages_by_hand():
         torch.cat([scores, scores + 0.5]), ends.repeat(2, 1), step_mask.repeat(2, 1), 2, 5, eps=0.0
     )
     torch.testing.assert_close(two_groups, torch.tensor(expected + expected), atol=1e-6, rtol=0)
+    # Dr. GRPO (--no-scale-by-std): r - mean(R) = 0.5, -0.3, -0.2, summed from each token on
+    centred = [[0.2, 0.2, -0.3, -0.3, 0.0], [-0.2, -0.2, -0.2, 0.0, 0.0]]
+    unscaled = stepwise.process_advantages(scores, ends, step_mask, 2, 5, scale_by_std=False)
+    torch.testing.assert_close(unscaled, torch.tensor(centred), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("scale_by_std", [True, False])
+def test_process_advantages_of_a_group_of_equal_step_scores_are_exactly_zero(scale_by_std):
+    # three steps of 0.9: their float32 mean is 6e-8 off 0.9, which ÷ (0 + 1e-4) would make ±6e-4 advantages
+    scores = torch.tensor([[0.9, 0.9], [0.9, 0.0]])
+    ends = torch.tensor([[1, 3], [2, 0]])
+    step_mask = torch.tensor([[1, 1], [1, 0]])
+    advantages = stepwise.process_advantages(scores, ends, step_mask, 2, 5, scale_by_std=scale_by_std)
+    assert advantages.abs().max().item() == 0.0
 
 
 def test_completion_steps_end_on_the_sampled_tokens(tokenizer):
@@ -1147,17 +1169,53 @@ def test_completion_steps_end_on_the_sampled_tokens(tokenizer):
     assert texts == [text] and ends.tolist() == [[10, 22]] and step_mask.tolist() == [[1, 1]]
 
 
-def test_a_prm_gives_advantages_where_every_outcome_is_equal(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_prm(tmp_path_factory) -> str:
+    """A prm.py checkpoint of the tiny model, one step trained: step scores that differ, for grpo.py --prm."""
+    out = tmp_path_factory.mktemp("prm")
+    return prm.main(args_of(prm.Args, model="tiny", steps=1, output_dir=str(out)))["run_dir"] + "/model"
+
+
+def test_a_prm_gives_advantages_where_every_outcome_is_equal(tmp_path, tiny_prm):
     # every completion scores 0, so the outcome advantages are 0 and the loss of the first step (β = 0: no KL) is 0;
     # a PRM's step scores still differ, and so do the advantages
-    prm_run = prm.main(args_of(prm.Args, model="tiny", steps=1, output_dir=str(tmp_path / "prm")))
     options = dict(steps=1, beta=0.0, max_new_tokens=16, save_model=False)
     outcome = metrics_of(main(tiny_args(tmp_path / "outcome", **options), reward_fn=lambda c, a: 0.0))[0]
     process = metrics_of(
-        main(
-            tiny_args(tmp_path / "process", prm=f"{prm_run['run_dir']}/model", **options),
-            reward_fn=lambda c, a: 0.0,
-        )
+        main(tiny_args(tmp_path / "process", prm=tiny_prm, **options), reward_fn=lambda c, a: 0.0)
     )[0]
     assert outcome["loss"] == 0.0 and "prm/step_score" not in outcome
     assert process["loss"] != 0.0 and 0.0 < process["prm/step_score"] < 1.0 and process["prm/steps"] > 0
+
+
+def test_dynamic_sampling_with_a_prm_keeps_the_groups_whose_step_scores_differ(tmp_path, tiny_prm):
+    # every outcome 0: dynamic sampling on the outcome reward would drop every group and skip every step
+    args = tiny_args(
+        tmp_path, steps=2, prm=tiny_prm, dynamic_sampling=True, max_new_tokens=16, save_model=False
+    )
+    rows = metrics_of(main(args, reward_fn=lambda c, a: 0.0))
+    assert all(row["frac_reward_zero_std"] == 1.0 for row in rows)
+    assert all("skipped" not in row and row["loss"] != 0.0 for row in rows)
+
+
+def test_no_scale_by_std_reaches_the_process_advantages(tmp_path, monkeypatch, tiny_prm):
+    # the same completions and step scores (one seed), once per setting: within a group the scaled advantages are
+    # the unscaled ones ÷ (std(R) + eps), one factor a group, so their ratio is constant there and not 1
+    calls = spy_on_grpo_loss(monkeypatch)
+    for scale_by_std in (True, False):
+        args = tiny_args(
+            tmp_path / str(scale_by_std),
+            steps=1,
+            prm=tiny_prm,
+            scale_by_std=scale_by_std,
+            max_new_tokens=16,
+            save_model=False,
+        )
+        main(args, reward_fn=lambda c, a: 0.0)
+    scaled, unscaled = calls[0]["advantages"], calls[1]["advantages"]  # (B, T)
+    for group in range(2):
+        rows = slice(4 * group, 4 * group + 4)
+        real = unscaled[rows].abs() > 1e-3
+        ratios = scaled[rows][real] / unscaled[rows][real]
+        assert ratios.max() - ratios.min() < 1e-3 * ratios.max()
+        assert abs(ratios.mean().item() - 1.0) > 1e-2

@@ -49,14 +49,44 @@ def test_token_masking_drops_both_sides_and_keeps_the_weight_inside():
     assert weights("token-mask") == pytest.approx(flat(expected))
 
 
-def test_sequence_weights_are_the_geometric_mean_of_the_real_tokens():
-    # row 0: (2 · 1/2 · 1)^(1/3) = 1; row 1: (4 · 1/4)^(1/2) = 1; row 2: 4; row 3: (1/4 · 1/2)^(1/2) = 0.353553.
-    # With the padding's e^5 counted, row 1 would be (4 · 1/4 · e^5)^(1/3) = e^(5/3) = 5.29, not 1.
-    truncated = [[1.0] * 3, [1.0, 1.0, 0.0], [3.0, 3.0, 0.0], [0.353553, 0.353553, 0.0]]
-    masked = [[1.0] * 3, [1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.353553, 0.353553, 0.0]]
+def test_sequence_weights_are_the_product_of_the_real_tokens():
+    # row 0: 2 · 1/2 · 1 = 1; row 1: 4 · 1/4 = 1; row 2: 4 · 4 = 16; row 3: 1/4 · 1/2 = 0.125.
+    # With the padding's e^5 counted, row 1 would be e^5 = 148, not 1; the geometric mean would give row 2 4 and
+    # row 3 0.354, which masking at 1/3 would keep.
+    truncated = [[1.0] * 3, [1.0, 1.0, 0.0], [3.0, 3.0, 0.0], [0.125, 0.125, 0.0]]
+    masked = [[1.0] * 3, [1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
     assert weights("sequence-truncate") == pytest.approx(flat(truncated), abs=1e-6)
-    # 0.354 > 1/3 is kept; 4 > 3 goes
+    # 16 > 3 and 0.125 < 1/3 both go
     assert weights("sequence-mask") == pytest.approx(flat(masked), abs=1e-6)
+
+
+def test_a_drifted_sequence_is_truncated_or_masked_by_its_product():
+    # 32 tokens, each 0.033 nats more likely under the trainer: w_i = e^(32 · 0.033) = e^1.056 = 2.874849, where the
+    # geometric mean is e^0.033 = 1.033551 and no cap near 2 would touch it. One padding token after them.
+    mask = torch.tensor([[1] * 32 + [0]])
+    sampler = torch.full((1, 33), -2.0)
+    trainer = sampler + 0.033 * mask
+    for correction, cap, expected in [
+        ("sequence-truncate", 2.0, 2.0),
+        ("sequence-mask", 2.0, 0.0),
+        ("sequence-truncate", 3.0, 2.874849),
+        ("sequence-mask", 3.0, 2.874849),
+    ]:
+        w, cut = offpolicy.importance_weights(trainer, sampler, mask, correction, cap)
+        assert w[0, :32].tolist() == pytest.approx([expected] * 32, abs=1e-5), (correction, cap)
+        assert cut[0, :32].all() == (cap == 2.0)
+
+
+def test_a_long_sequence_s_product_overflows_to_no_nan():
+    # 400 tokens 2 nats off each: e^800 is inf in float32; truncated it is C, masked it is 0, never NaN
+    mask = torch.ones(1, 400)
+    sampler = torch.full((1, 400), -5.0)
+    for shift, truncated, masked in [(2.0, 2.0, 0.0), (-2.0, 0.0, 0.0)]:
+        trainer = sampler + shift
+        w, _ = offpolicy.importance_weights(trainer, sampler, mask, "sequence-truncate", 2.0)
+        assert w.unique().tolist() == [truncated]
+        w, _ = offpolicy.importance_weights(trainer, sampler, mask, "sequence-mask", 2.0)
+        assert w.unique().tolist() == [masked]
 
 
 def test_the_cut_marks_what_the_cap_changed():
