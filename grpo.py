@@ -67,7 +67,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Annotated, Callable, Literal, Optional
+from typing import Annotated, Callable, ClassVar, Literal, Optional
 
 import torch
 
@@ -196,6 +196,8 @@ class Args:
     """recompute activations in the backward pass to save memory"""
     run: Annotated[runs.RunOptions, runs.FlatFlags] = runs.option_group(runs.RunOptions)
     lora: Annotated[common.LoraOptions, runs.FlatFlags] = runs.option_group(common.LoraOptions)
+    # out of memory: a lower --batch-size (a micro-batch) continues the same run on --resume
+    resumable_with: ClassVar[tuple[str, ...]] = ("batch_size",)
 
 
 def check_args(args: Args) -> None:

@@ -1788,8 +1788,8 @@ MUTATIONS = [
     ),
     Mutation(
         "infra/runs.py",
-        "    except (torch.OutOfMemoryError, MemoryError) as e:\n        _one_line_error(_out_of_memory(e))",
-        "    except MemoryError as e:\n        _one_line_error(_out_of_memory(e))",
+        "    except (torch.OutOfMemoryError, MemoryError) as e:\n        _one_line_error(_out_of_memory(e, args))",
+        "    except MemoryError as e:\n        _one_line_error(_out_of_memory(e, args))",
         "out of memory on CUDA ends in a traceback",
         f"{REL} -k out_of_memory",
     ),
@@ -1802,10 +1802,24 @@ MUTATIONS = [
     ),
     Mutation(
         "infra/runs.py",
-        "            raise\n        _one_line_error(_out_of_memory(e))",
-        "            pass\n        _one_line_error(_out_of_memory(e))",
+        "            raise\n        _one_line_error(_out_of_memory(e, args))",
+        "            pass\n        _one_line_error(_out_of_memory(e, args))",
         "any RuntimeError hidden behind an out-of-memory line",
         f"{REL} -k out_of_memory",
+    ),
+    Mutation(
+        "infra/runs.py",
+        'resumable = ("gradient_checkpointing", *getattr(args, "resumable_with", ()))',
+        'resumable = ("gradient_checkpointing", "batch_size")',
+        "out of memory: every script's --batch-size offered to --resume, where only grpo.py's keeps the run",
+        f"{REL} -k out_of_memory_line",
+    ),
+    Mutation(
+        "infra/runs.py",
+        'changed = [_lower(name) for name in ("batch_size", "max_new_tokens") if hasattr(args, name)]',
+        'changed = [_lower(name) for name in ("batch_size", "max_new_tokens")]',
+        "out of memory: options named to a script that has none of them",
+        f"{REL} -k out_of_memory_line",
     ),
     Mutation(
         "infra/kernels.py",

@@ -174,11 +174,11 @@ def run_main(main: Callable, args) -> dict:
     except InputError as e:
         _one_line_error(str(e))
     except (torch.OutOfMemoryError, MemoryError) as e:
-        _one_line_error(_out_of_memory(e))
+        _one_line_error(_out_of_memory(e, args))
     except RuntimeError as e:
         if "can't allocate memory" not in str(e):  # the CPU allocator's out of memory is a plain RuntimeError
             raise
-        _one_line_error(_out_of_memory(e))
+        _one_line_error(_out_of_memory(e, args))
     except KeyboardInterrupt:
         print(f"interrupted: the current step was abandoned; {_resume_hint()}", file=sys.stderr)
         raise SystemExit(130)
@@ -191,12 +191,35 @@ def _one_line_error(message: str) -> None:
     raise SystemExit(2)
 
 
-def _out_of_memory(error: BaseException) -> str:
+def _out_of_memory(error: BaseException, args) -> str:
+    """The line for running out of memory: the options this script has that lower it, those that keep the run
+    (--gradient-checkpointing; a micro-batch, which Args names in `resumable_with`) apart from those that change it,
+    so a --resume is only offered where it would continue the same run."""
     where = "CUDA" if isinstance(error, torch.OutOfMemoryError) and "CUDA" in str(error) else "the machine"
-    return (
-        f"out of memory on {where}; {_resume_hint()}. Lower --batch-size, add --gradient-checkpointing, "
-        "or lower --max-new-tokens"
-    )
+    resumable = ("gradient_checkpointing", *getattr(args, "resumable_with", ()))
+    same = [_lower(name) for name in resumable if hasattr(args, name)]
+    changed = [_lower(name) for name in ("batch_size", "max_new_tokens") if hasattr(args, name)]
+    changed = [option for option in changed if option not in same]
+    if not same + changed:
+        return f"out of memory on {where}: free memory, or run on a machine with more"
+    saved = _RUN_DIR is not None and (_RUN_DIR / "model" / "trainer_state.pt").exists()
+    if saved and same:
+        line = f"out of memory on {where}; continue with --resume {_RUN_DIR} and {_either(same)}"
+        if changed:
+            line += f", or start again with {_either(changed)} (the run changes)"
+        return line
+    checkpoint = "no checkpoint was saved yet; " if hasattr(args, "run") and not saved else ""
+    return f"out of memory on {where}; {checkpoint}start again with {_either(same + changed)}"
+
+
+def _lower(name: str) -> str:
+    flag = "--" + name.replace("_", "-")
+    return flag if name == "gradient_checkpointing" else f"a lower {flag}"
+
+
+def _either(options: list[str]) -> str:
+    """'x', 'x or y', 'x, y or z'."""
+    return " or ".join([", ".join(options[:-1]), options[-1]] if len(options) > 1 else options)
 
 
 def _resume_hint() -> str:

@@ -1,10 +1,15 @@
 """Bad input, interrupts and poisoned checkpoints, as a user meets them: one line, exit status 2, nothing lost."""
 
+import contextlib
 import dataclasses
+import importlib
 import importlib.util
+import io
 import itertools
 import json
 import os
+import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +23,7 @@ import grpo
 from infra import hub
 from infra import models
 import ppo
+import prm
 import reward_model
 import rft
 from infra import runs
@@ -35,6 +41,8 @@ from conftest import (
     write,
 )
 
+# judge.py, rm_agreement.py and policy_pairs.py, for the out-of-memory line
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 TINY = ["--model", "tiny", "--steps", "1"]  # every case fails before the first step
 
 
@@ -226,9 +234,10 @@ def test_out_of_memory_in_a_step_is_one_line_naming_what_to_lower_and_keeps_the_
     args, code, run_dir, stderr = stopped_run(tmp_path, capsys)
     where = "CUDA" if isinstance(error, torch.OutOfMemoryError) else "the machine"
     assert code == 2 and "Traceback" not in stderr
+    # --batch-size is grpo.py's micro-batch: the same run goes on with a lower one; a shorter completion is another
     assert stderr.endswith(
-        f"\nerror: out of memory on {where}; continue with --resume {run_dir}. Lower "
-        "--batch-size, add --gradient-checkpointing, or lower --max-new-tokens\n"
+        f"\nerror: out of memory on {where}; continue with --resume {run_dir} and --gradient-checkpointing or a "
+        "lower --batch-size, or start again with a lower --max-new-tokens (the run changes)\n"
     )
     # the last good one
     assert torch.load(run_dir / "model" / "trainer_state.pt", weights_only=False)["step"] == 2
@@ -240,6 +249,50 @@ def test_out_of_memory_in_a_step_is_one_line_naming_what_to_lower_and_keeps_the_
     monkeypatch.setattr(grpo, "grpo_loss", a_bug)
     with pytest.raises(RuntimeError, match="a bug"):
         runs.run_main(lambda a: grpo.main(a, reward_fn=digit_fraction), args)
+
+
+def help_of(script: str) -> str:
+    """A script's --help text, as its command line prints it (tyro's Args, or a script's argparse parser)."""
+    module = importlib.import_module(script)
+    out = io.StringIO()
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(out):
+        if hasattr(module, "Args"):
+            tyro.cli(module.Args, args=["--help"])
+        else:
+            module.parse_args(["--help"])
+    return out.getvalue()
+
+
+OUT_OF_MEMORY_SCRIPTS = {
+    "grpo": args_of(grpo.Args),
+    "ppo": args_of(ppo.Args),
+    "dpo": args_of(dpo.Args),
+    "sft": args_of(sft.Args),
+    "reward_model": args_of(reward_model.Args),
+    "variants": args_of(variants.Args, algo="rloo"),
+    "rft": args_of(rft.Args),
+    "prm": args_of(prm.Args),
+    "judge": SimpleNamespace(judge_model="smollm2", max_pairs=0),
+    "rm_agreement": SimpleNamespace(max_new_tokens=32, reward_model="x"),
+    "policy_pairs": SimpleNamespace(max_new_tokens=32, policy="x"),
+}
+
+
+@pytest.mark.parametrize("script", OUT_OF_MEMORY_SCRIPTS)
+@pytest.mark.parametrize("saved", [False, True])
+def test_the_out_of_memory_line_names_only_the_options_its_script_has(script, saved, tmp_path, monkeypatch):
+    if saved:  # a run folder with a checkpoint: a --resume is offered only with an option that keeps the run
+        (tmp_path / "model").mkdir()
+        (tmp_path / "model" / "trainer_state.pt").write_bytes(b"")
+        monkeypatch.setattr(runs, "_RUN_DIR", tmp_path)
+    line = runs._out_of_memory(MemoryError(), OUT_OF_MEMORY_SCRIPTS[script])
+    named = re.findall(r"--[a-z][a-z-]+", line)
+    text = help_of(script)
+    assert all(re.search(rf"(?<![\w-]){flag}(?![\w-])", text) for flag in named), (script, line)
+    resumes = "--resume" in named
+    assert resumes == (saved and script not in ("prm", "judge", "rm_agreement", "policy_pairs")), line
+    # only grpo.py's --batch-size is a micro-batch: elsewhere it sets the samples a step, and so changes the run
+    assert ("--resume" in line and "a lower --batch-size, or start" in line) == (saved and script == "grpo")
 
 
 def test_a_nan_gradient_with_a_finite_loss_stops_before_the_update(tmp_path, monkeypatch):
