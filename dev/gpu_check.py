@@ -16,9 +16,13 @@ Steps, each timed and recorded in DIR/summary.json (ok, seconds, and what it mea
             weight once per step at the copy bandwidth measured above
   mismatch  scripts/mismatch.py: the sampler's log-probs (the cached decode) against the trainer's (the full
             forward) at GRPO's default batch, bf16-mixed and float32, and under a nucleus (top-p 0.9)
+  ppo-precision
+            `ppo.py --reward verifier` for 30 steps, seeds 0, 1, 2, in bf16-mixed (the GPU's default) and then in
+            float32: held-out accuracy at steps 0, 10, 20, 30 and the KL per completion over each ten steps of
+            each run, to tell whether PPO learns on the GPU (docs/ppo.md, "PPO on the GPU")
 DIR also gets check.log (this whole console), tier.log and runs.tar.gz (each run's logs, metrics and eval.json):
 4 files, whatever a machine lets come back. The runs themselves go to a temporary folder.
---part tests runs machine, copy and tier; --part model the rest.
+--part tests runs machine, copy and tier; --part ppo convert and ppo-precision; --part model convert and the rest.
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ DRY_RUNS = {
 }
 # a stuck run costs the rest of the check
 RUN_LIMIT_S = {"grpo": 300, "ppo-verifier": 200, "dpo": 150, "sft": 120}
+# PPO on the verifier as the CPU runs of docs/ppo.md ran it: bf16-mixed first, the GPU's default and the question
+PPO_PRECISION = ["ppo.py", "--reward", "verifier", "--steps", "30", "--eval-every", "10", "--pass-k", "0"]
+DRY_PPO_PRECISION = ["ppo.py", "--reward", "verifier", *TINY, "--eval-every", "1", "--pass-k", "0"]
 
 
 class Check:
@@ -347,6 +354,45 @@ def decode(check: Check) -> dict:
     }
 
 
+def ppo_precision(check: Check) -> dict:
+    """PPO on the verifier, seeds 0, 1, 2 in bf16-mixed, then in float32 (one seed each on a dry run): each run's
+    held-out accuracy at every evaluation and its KL per completion averaged over each third of its steps.
+    A run that fails or meets the budget is recorded as such, and the others still run."""
+    argv = DRY_PPO_PRECISION if check.dry_run else PPO_PRECISION
+    seeds = (0,) if check.dry_run else (0, 1, 2)
+    runs = {}
+    for precision in ("bf16-mixed", "fp32"):
+        for seed in seeds:
+            name = f"ppo-{precision}-{seed}"
+            output_dir = check.work / name
+            options = [
+                "--precision",
+                precision,
+                "--seed",
+                str(seed),
+                "--device",
+                check.device,
+                "--no-save-model",
+            ]
+            try:
+                check.run(name, [sys.executable, *argv, *options, "--output-dir", str(output_dir)], 180)
+            except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as e:
+                runs[name] = {"error": str(e)[-300:]}
+                continue
+            (run_dir,) = list(output_dir.iterdir())
+            result = json.loads((run_dir / "eval.json").read_text())
+            kl = [json.loads(line)["kl"] for line in open(run_dir / "metrics.jsonl")]
+            third = max(1, len(kl) // 3)
+            runs[name] = {
+                "accuracy": [evaluation["accuracy"] for evaluation in result["evals"]],
+                "kl_per_completion": [
+                    round(sum(kl[i : i + third]) / third, 3) for i in range(0, len(kl), third)
+                ],
+                "wall_time_s": result["wall_time_s"],
+            }
+    return {"command": "python " + " ".join(argv) + " --precision P --seed S", "runs": runs}
+
+
 def mismatch(check: Check) -> dict:
     """scripts/mismatch.py on this device: the gap between the sampler's log-probs and the trainer's."""
     settings = ["fp32:off:1.0", "bf16-mixed:off:1.0", "bf16-mixed:off:0.9"]
@@ -366,7 +412,7 @@ def main() -> int:
         "--out", default=os.environ.get("OUT") or f"runs/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     parser.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny sizes")
-    parser.add_argument("--part", choices=("all", "tests", "model"), default="all")
+    parser.add_argument("--part", choices=("all", "tests", "ppo", "model"), default="all")
     parser.add_argument("--budget-s", type=float, default=900, help="stop starting runs when this is spent")
     options = parser.parse_args()
     out = Path(options.out)
@@ -384,12 +430,15 @@ def main() -> int:
     check.step("copy", lambda: copy_bandwidth(check))
     if options.part in ("all", "tests"):
         check.step("tier", lambda: tier(check))
-    if options.part in ("all", "model"):
-        if check.step("convert", lambda: convert(check))["ok"]:
-            check.step("decode", lambda: decode(check))
-            for name in GPU_RUNS:
-                check.step(name, lambda: training_run(check, name))
-            check.step("mismatch", lambda: mismatch(check))
+    if options.part in ("all", "ppo", "model"):
+        converted = check.step("convert", lambda: convert(check))["ok"]
+    if options.part in ("all", "ppo") and converted:
+        check.step("ppo-precision", lambda: ppo_precision(check))
+    if options.part in ("all", "model") and converted:
+        check.step("decode", lambda: decode(check))
+        for name in GPU_RUNS:
+            check.step(name, lambda: training_run(check, name))
+        check.step("mismatch", lambda: mismatch(check))
     failed = [name for name, record in check.summary["steps"].items() if not record["ok"]]
     print(
         f"gpu check: {len(check.summary['steps']) - len(failed)} steps ok, failed: {failed or 'none'}; {out}"

@@ -9,7 +9,19 @@ import pytest
 
 from conftest import REPO
 
-STEPS = ["machine", "copy", "tier", "convert", "decode", "grpo", "ppo-verifier", "dpo", "sft", "mismatch"]
+STEPS = [
+    "machine",
+    "copy",
+    "tier",
+    "convert",
+    "ppo-precision",
+    "decode",
+    "grpo",
+    "ppo-verifier",
+    "dpo",
+    "sft",
+    "mismatch",
+]
 
 
 def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
@@ -27,7 +39,13 @@ def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
     assert list(steps) == STEPS and all(step["ok"] for step in steps.values())
     assert steps["tier"]["tests"] >= 7 and steps["tier"]["failures"] == 0
     assert steps["grpo"]["accuracy"] == "0.000 -> 0.000" and steps["grpo"]["median time/generate"] > 0
-    assert all(isinstance(steps[name]["memory_plan_gib"], float) for name in STEPS[5:9])
+    assert all(isinstance(steps[name]["memory_plan_gib"], float) for name in STEPS[6:10])
+    # one tiny seed a precision: three evaluations (steps 0, 1, 2) and a KL for each third of 2 steps
+    assert list(steps["ppo-precision"]["runs"]) == ["ppo-bf16-mixed-0", "ppo-fp32-0"]
+    assert all(
+        len(run["accuracy"]) == 3 and run["kl_per_completion"]
+        for run in steps["ppo-precision"]["runs"].values()
+    )
     # float32: the sampler agrees with the trainer to rounding; under the nucleus the gap is -log(mass kept)
     plain, nucleus = steps["mismatch"]["rows"]
     assert plain["mismatch/max_log_ratio"] < 1e-4
