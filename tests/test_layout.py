@@ -29,7 +29,7 @@ BUDGETS = {
     "rft": 2000,
     "preferences": 1350,
     "tasks": 3870,
-    "offpolicy": 490,
+    "offpolicy": 492,
     "infra/models": 1980,
     "common": 3050,
     "infra/runs": 4175,
