@@ -2159,7 +2159,7 @@ MUTATIONS = [
         'return "LOCAL_RANK" in os.environ',
         "return world_size() > 1",
         "torchrun --nproc_per_node 1: the one rank never joins a group, so --fsdp cannot shard",
-        "tests/test_gpu_check.py -k dry_run",
+        f"{DIST} -k one_rank_is_let_through",
     ),
     Mutation(
         "infra/runs.py",

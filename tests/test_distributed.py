@@ -333,6 +333,14 @@ def test_an_fsdp_set_up_that_cannot_run_is_one_line(monkeypatch, tmp_path, world
         grpo.check_args(args)
 
 
+def test_fsdp_under_torchrun_with_one_rank_is_let_through(monkeypatch, tmp_path):
+    """torchrun --nproc_per_node 1 sets LOCAL_RANK and WORLD_SIZE=1: a group of one rank that --fsdp can shard over."""
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    args = tasks.evaluation_for_model(args_of(grpo.Args, model="tiny", output_dir=str(tmp_path), fsdp=True))
+    grpo.check_args(args)
+
+
 def test_a_backend_this_torch_lacks_is_one_line(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
