@@ -1,6 +1,6 @@
 """Model mechanics every algorithm file shares: set-up, LoRA and the reference, log-probs, masks, sampling.
 
-Nothing here is specific to one algorithm or to the task (tasks.py), loads a model by name (infra/models.py), or is
+Nothing here is specific to one algorithm or to the task (task/tasks.py), loads a model by name (infra/models.py), or is
 run bookkeeping (infra/runs.py). Read an algorithm file first (grpo.py); come here when it calls something you want to
 check. infra/kernels.py holds faster versions of two functions here, each reached through one visible seam beside the
 plain code it must equal. Shapes: B sequences, P prompts, G samples per prompt, S prompt tokens, T completion

@@ -77,8 +77,7 @@ from infra import distributed
 from infra import fsdp
 from infra import models
 from infra import runs
-import stepwise
-import tasks
+from task import stepwise, tasks
 from common import masked_mean, masked_sum
 from infra.runs import InputError, require
 

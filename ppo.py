@@ -68,7 +68,7 @@ from infra import distributed
 from infra import fsdp
 from infra import models
 from infra import runs
-import tasks
+from task import tasks
 from common import explained_variance, masked_mean, masked_whiten
 from infra.runs import InputError, require
 

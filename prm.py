@@ -47,8 +47,7 @@ from infra import distributed
 from infra import fsdp
 from infra import models
 from infra import runs
-import stepwise
-import tasks
+from task import stepwise, tasks
 
 
 @dataclass

@@ -50,9 +50,8 @@ import common
 from infra import distributed
 from infra import fsdp
 from infra import models
-import preferences
 from infra import runs
-import tasks
+from task import preferences, tasks
 from infra.runs import require
 
 

@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 import common
 from infra import models
 from infra import runs
-import tasks
+from task import tasks
 from common import masked_sum
 from infra.runs import require
 

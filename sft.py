@@ -46,7 +46,7 @@ from infra import distributed
 from infra import fsdp
 from infra import models
 from infra import runs
-import tasks
+from task import tasks
 from common import masked_mean, masked_sum
 from infra.runs import InputError
 

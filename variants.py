@@ -82,11 +82,10 @@ import offpolicy
 from infra import distributed
 from infra import fsdp
 from infra import models
-import preferences
 from infra import runs
-import tasks
+from task import preferences, tasks
 from common import masked_mean, masked_sum, masked_whiten
-from preferences import sequence_logps
+from task.preferences import sequence_logps
 from infra.runs import InputError, require
 
 OFFLINE = ("ipo", "kto", "simpo", "orpo")

@@ -307,7 +307,7 @@ def decode(check: Check) -> dict:
 
     import common
     from infra import models
-    import tasks
+    from task import tasks
 
     name = "tiny" if check.dry_run else "smollm2"
     from infra import runs

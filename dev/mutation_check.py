@@ -189,7 +189,7 @@ MUTATIONS = [
         "learned reward read through the padding after EOS",
         f"{GRPO} -k learned_reward",
     ),
-    # ---- grpo.py and tasks.py: GSPO, CISPO, weighted rewards, the R1 format ---------------------------------
+    # ---- grpo.py and task/tasks.py: GSPO, CISPO, weighted rewards, the R1 format ---------------------------------
     Mutation(
         "grpo.py",
         "        log_ratio = masked_mean(log_ratio, mask, dim=1)[:, None].expand_as(log_ratio)",
@@ -290,21 +290,21 @@ MUTATIONS = [
         f"{GRPO} -k run_together",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "_R1_FORM.fullmatch(completion.strip())",
         "_R1_FORM.search(completion.strip())",
         "format reward: text outside the tags still pays",
         f"{TASKS} -k format_reward",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         '_NO_TAG = r"(?:(?!</?(?:think|answer)>).)+"',
         '_NO_TAG = r".+"',
         "format reward: a tag inside the reasoning or the answer still pays",
         f"{TASKS} -k format_reward",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "return map(r1, train_stream), [r1(p) for p in heldout]",
         "return map(r1, train_stream), heldout",
         "R1 prompt: held-out questions not asked for the format",
@@ -907,44 +907,44 @@ MUTATIONS = [
         "LoRA reward model / critic with a frozen random score head",
         "tests/test_lora.py -k only_adapters",
     ),
-    # ---- tasks.py and preferences.py: the verifier, the data -------------------------------------------------------
+    # ---- task/tasks.py and task/preferences.py: the verifier, the data -------------------------------------------------------
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "data = Path(path).read_bytes().removeprefix(codecs.BOM_UTF8)",
         "data = Path(path).read_bytes()",
         "a data file's UTF-8 BOM kept (its first row no longer parses)",
         f"{TASKS} -k not_utf8",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         'line_no = data[: e.start].count(b"\\n") + 1',
         'line_no = data[: e.start].count(b"\\n")',
         "a byte that is not UTF-8 named one line early",
         f"{TASKS} -k not_utf8",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         '    return float(matches[-1].replace(",", "")) if matches else None\n',
         '    return float(matches[0].replace(",", "")) if matches else None\n',
         "verifier reads the first number, not the last",
         f"{TASKS} -k verifier",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         ".input_ids + [tokenizer.eos_token_id] * done\n",
         ".input_ids + [tokenizer.eos_token_id]\n",
         "truncated samples get an EOS appended",
         f"{TASKS} -k truncated",
     ),
     Mutation(
-        "preferences.py",
+        "task/preferences.py",
         '"chosen": c["completion"],\n                "rejected": r["completion"],',
         '"chosen": r["completion"],\n                "rejected": c["completion"],',
         "preference pairs with chosen and rejected swapped",
         f"{TASKS} -k pair_samples",
     ),
     Mutation(
-        "preferences.py",
+        "task/preferences.py",
         "return common.masked_sum(logprobs, mask, dim=1), mask.sum(1).float()",
         "return common.masked_mean(logprobs, mask, dim=1), mask.sum(1).float()",
         "sequence log-prob is the mean of token log-probs, not the sum",
@@ -1208,7 +1208,7 @@ MUTATIONS = [
         f"{REL} -k nan_gradient",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "\n    finished = [True] * len(texts) if finished is None else finished",
         "\n    finished = [True] * len(texts)",
         "truncated preference samples given an EOS",
@@ -1216,63 +1216,63 @@ MUTATIONS = [
     ),
     # ---- evaluation: pass@k and the strict verifier -----------------------------------------------------------
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "texts[i * k : (i + 1) * k]",
         "texts[i :: len(batch)]",
         "pass@k scoring samples of other problems (interleaved rows)",
         f"{TASKS} -k pass_at_k_groups",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "range(n - c + 1, n + 1))",
         "range(n - c, n + 1))",
         "pass@k estimator's product off by one",
         f"{TASKS} -k chens_unbiased",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "unearned += reward * (1.0 - verify_strict(text, p.answer))",
         "unearned += 1.0 - verify_strict(text, p.answer)",
         "unearned counting wrong answers too",
         f"{TASKS} -k unearned",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "        matches = _STATED_RESULT.findall(completion)",
         "        matches = _NUMBER.findall(completion)",
         "strict verifier paying any last number",
         f"{TASKS} -k strict",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "        completion = tagged",
         "        completion = completion",
         "last-number verifier reading past the <answer> tag",
         f"{TASKS} -k answer_tag",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "        matches = [_TAGGED_NUMBER.fullmatch(tagged).group(1)]",
         "        matches = _STATED_RESULT.findall(tagged)",
         "strict verifier: <answer>24</answer> not read as a stated result",
         f"{TASKS} -k answer_tag",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "    tagged = tagged_answer(completion)\n    if tagged is None:",
         "    tagged = None\n    if tagged is None:",
         "strict verifier reading the reasoning, not the <answer> tag",
         f"{TASKS} -k answer_tag",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "    return tagged[-1]",
         "    return tagged[0]",
         "verifiers reading the first <answer> tag, not the last",
         f"{TASKS} -k answer_tag",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "    return float(bool(reasoning.strip()) and bool(stated.strip()))",
         "    return 1.0",
         "format reward paying tags that hold only spaces",
@@ -1619,7 +1619,7 @@ MUTATIONS = [
     ),
     # ---- no evaluated problem in training; a skipped batch still counts -----------------------------------
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "    return heldout_problems(max(eval_size, DEFAULT_EVAL_SIZE), make=make)",
         "    return heldout_problems(make=make)",
         "offline data excludes only the default 200 held-out problems",
@@ -1676,7 +1676,7 @@ MUTATIONS = [
         "tests/test_kernels.py -k minus_infinity",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "else 16 if tiny else DEFAULT_EVAL_SIZE",
         "else DEFAULT_EVAL_SIZE",
         "a tiny model's smoke run evaluates 200 problems",
@@ -1745,14 +1745,14 @@ MUTATIONS = [
         f"{REL} -k counts_pass_at_k",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         '        result["pass_k_seconds"] = time.perf_counter() - started\n',
         "",
         "pass@k's seconds not recorded (counted in every evaluation)",
         f"{TASKS} -k times_pass_at_k",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         (
             "        # runs.Run's expected duration counts pass@k only in the last evaluation\n"
             "        started = time.perf_counter()\n"
@@ -1898,14 +1898,14 @@ MUTATIONS = [
     ),
     # ---- prm.py: steps, Math-Shepherd labels, the loss, where the score is read, aggregates, dense rewards ----------
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         "if start <= last - 1 < end]",
         "if start <= last < end]",
         "PRM: a step's end read one character late (the newline's token)",
         f"{PRM} -k ragged",
     ),
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         r'r"^[^\S\n]*(\S(?:[^\n]*\S)?)"',
         r'r"^([^\n]*)"',
         "PRM: blank lines and edge whitespace cut as steps",
@@ -1960,14 +1960,14 @@ MUTATIONS = [
         f"{PRM} -k loss_by_hand",
     ),
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         "token_logits[:, prompt_ids.shape[1] :]",
         "token_logits[:, prompt_ids.shape[1] - 1 :]",
         "PRM: step score read one token early",
         f"{PRM} -k whatever_the_padding",
     ),
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         (
             "            .base_model(\n"
             "                input_ids=input_ids,\n"
@@ -1980,7 +1980,7 @@ MUTATIONS = [
         f"{PRM} -k whatever_the_padding",
     ),
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         "return torch.where(step_mask.bool(), token_scores.gather(1, step_ends), 0.0)",
         "return token_scores.gather(1, step_ends)",
         "PRM: padded step slots read token 0's score",
@@ -2015,21 +2015,21 @@ MUTATIONS = [
         f"{PRM} -k aggregation",
     ),
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         "        ends.append(holding[-1])",
         "        ends.append(holding[0])",
         "PRM: a step ending in a multi-byte character scored at its first byte token",
         f"{PRM} -k cutting",
     ),
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         "rewards.scatter_add(1, step_ends, step_scores * step_mask)",
         "rewards.scatter(1, step_ends, step_scores * step_mask)",
         "PRM: dense reward by scatter (padding overwrites a step ending at token 0)",
         f"{PRM} -k dense",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "train_problems(seed, training_exclusion(eval_size, make=chain), make=chain)",
         "train_problems(seed, training_exclusion(eval_size), make=chain)",
         "multi-step chains trained on their held-out set (the sums' excluded instead)",
@@ -2283,50 +2283,50 @@ MUTATIONS = [
         f"{DIST} -k resumes",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "columns.append(verified if learned is None else learned)",
         "columns.append(verified)",
         "GRPO --reward-model: the verifier's 0/1 trains, not the reward model's scores",
         f"{GRPO} -k a_learned_reward_scores",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "unearned = [verify(t, a) * (1.0 - verify_strict(t, a))",
         "unearned = [verify(t, a) * verify_strict(t, a)",
         "reward/unearned counts the results stated as one, not the ones refused",
         f"{GRPO} -k verifier_option_picks",
     ),
-    # ---- grpo.py --prm: DeepSeekMath's process supervision (stepwise.py) --------------------------------------------
+    # ---- grpo.py --prm: DeepSeekMath's process supervision (task/stepwise.py) --------------------------------------------
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         "grouped = step_rewards.reshape(-1, group_size * step_rewards.shape[1])",
         "grouped = step_rewards.reshape(-1, step_rewards.shape[1])",
         "process supervision: step rewards normalised over each completion, not over the group",
         f"{GRPO} -k process_advantages",
     ),
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         "return dense.flip(1).cumsum(1).flip(1)",
         "return dense.cumsum(1)",
         "process supervision: a token credited with the steps before it, not the ones ending at or after it",
         f"{GRPO} -k process_advantages",
     ),
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         "centered = centered / (common.masked_mean(centered**2, grouped_mask, dim=1)[:, None].sqrt() + eps)",
         "centered = centered / (grouped.std(dim=1, keepdim=True) + eps)",
         "process supervision: the std over padding step slots too",
         f"{GRPO} -k process_advantages",
     ),
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         "start = offsets[-1][1] if offsets else 0",
         "start = offsets[-1][0] if offsets else 0",
         "process supervision: each token's characters misplaced, steps end on the wrong tokens",
         f"{GRPO} -k completion_steps",
     ),
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         "tokenizer.decode([token], skip_special_tokens=True)",
         "tokenizer.decode([token])",
         "process supervision: the EOS token's text counted as part of the last step",
@@ -2340,7 +2340,7 @@ MUTATIONS = [
         f"{GRPO} -k prm_gives_advantages",
     ),
     Mutation(
-        "stepwise.py",
+        "task/stepwise.py",
         "normalised = torch.where(highest <= lowest, 0.0, centered).reshape(step_rewards.shape)",
         "normalised = centered.reshape(step_rewards.shape)",
         "process supervision: a group of equal step scores given the float rounding of their mean as advantages",
@@ -2369,14 +2369,14 @@ MUTATIONS = [
     ),
     # ---- the forgetting measure, --dataset as a Hugging Face dataset, KTO's imbalance, the pairs' lengths ----------
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         "logits = model(ids[None]).logits[0, :-1].float()",
         "logits = model(ids[None]).logits[0, 1:].float()",
         "general text NLL: each token scored by its own logits, not the previous token's",
         f"{TASKS} -k general_text_nll",
     ),
     Mutation(
-        "tasks.py",
+        "task/tasks.py",
         'k in ("accuracy", "unearned", "general_nll")',
         'k in ("accuracy", "unearned")',
         "the forgetting measure left out of eval.json's before and after",

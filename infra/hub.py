@@ -2,7 +2,7 @@
 as a Hugging Face dataset: a folder written by `datasets`' save_to_disk, or a Hub id.
 
 `datasets` is optional: it is imported here, and only when such a dataset is asked for. Its rows come back as
-dicts, which tasks.py checks field by field as it checks a JSONL file's (prompt, answer; prompt, completion;
+dicts, which task/tasks.py checks field by field as it checks a JSONL file's (prompt, answer; prompt, completion;
 prompt, chosen, rejected). GSM8K's own fields are understood:
 - `question` is the prompt;
 - `answer` is a worked solution ending in `#### <number>`: the number is the answer, and the solution, ending

@@ -60,9 +60,8 @@ import transformers
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from infra import models  # noqa: E402
-import preferences  # noqa: E402
 from infra import runs  # noqa: E402
-import tasks  # noqa: E402
+from task import preferences, tasks  # noqa: E402
 
 NO_TRL = (
     "error: scripts/bench_trl.py needs TRL, which is never a dependency of this project: "

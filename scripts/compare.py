@@ -320,7 +320,7 @@ def sampled_measures(
 
     import common
     from infra import models
-    import tasks
+    from task import tasks
 
     dev = models.resolve_device(device)
     tokenizer = models.load_tokenizer(str(model))

@@ -46,9 +46,8 @@ sys.path.insert(0, str(REPO))
 import common  # noqa: E402
 import dpo  # noqa: E402
 from infra import models  # noqa: E402
-import preferences  # noqa: E402
 from infra import runs  # noqa: E402
-import tasks  # noqa: E402
+from task import preferences, tasks  # noqa: E402
 
 JUDGE_QUESTION = (
     "{question}\n\nAnswer A: {first}\n\nAnswer B: {second}\n\n"

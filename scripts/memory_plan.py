@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import common  # noqa: E402
 from infra import models  # noqa: E402
 from infra import runs  # noqa: E402
-import tasks  # noqa: E402
+from task import tasks  # noqa: E402
 
 
 def model_config(name: str, vocab_size: int) -> transformers.PretrainedConfig:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 import common  # noqa: E402
 import offpolicy  # noqa: E402
 from infra import models  # noqa: E402
-import tasks  # noqa: E402
+from task import tasks  # noqa: E402
 
 DEFAULT_SETTINGS = [
     "fp32:off:1.0",

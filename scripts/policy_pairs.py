@@ -21,10 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from infra import models  # noqa: E402
-import preferences  # noqa: E402
 import rm_agreement  # noqa: E402  its sampling options
 from infra import runs  # noqa: E402
-import tasks  # noqa: E402
+from task import preferences, tasks  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

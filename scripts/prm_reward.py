@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import compare  # noqa: E402  mean_std
 import prm_vs_orm  # noqa: E402  run_stage: a script's run, read back when finished
-import tasks  # noqa: E402
+from task import tasks  # noqa: E402
 
 ROWS = {"outcome": False, "process": True}  # with --prm?
 

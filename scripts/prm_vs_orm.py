@@ -34,10 +34,9 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from infra import models  # noqa: E402
+from task import stepwise, tasks  # noqa: E402
 import prm  # noqa: E402
-import stepwise  # noqa: E402
 import reward_model  # noqa: E402
-import tasks  # noqa: E402
 
 
 def majority_pick(completions: list[str]) -> int:

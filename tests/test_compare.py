@@ -11,7 +11,7 @@ import torch
 
 from infra import models
 from infra import runs
-import tasks
+from task import tasks
 from conftest import PAIRS, REPO, args_of, assert_one_line_error, run_script, run_script_here
 
 sys.path.insert(0, str(REPO / "scripts"))

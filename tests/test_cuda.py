@@ -23,7 +23,7 @@ import dpo  # noqa: E402
 import grpo  # noqa: E402
 from infra import kernels  # noqa: E402
 from infra import models  # noqa: E402
-import tasks  # noqa: E402
+from task import tasks  # noqa: E402
 from test_dpo import tiny_args as dpo_tiny_args  # noqa: E402
 from test_grpo import spy_on_grpo_loss  # noqa: E402
 from test_grpo import tiny_args as grpo_tiny_args  # noqa: E402

@@ -22,7 +22,7 @@ from infra import models
 from infra import distributed
 import grpo
 from infra import runs
-import tasks
+from task import tasks
 
 ENTRY = str(REPO / "tests" / "fixed_completions.py")
 TINY = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens", "12")

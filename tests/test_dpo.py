@@ -10,9 +10,8 @@ import transformers
 
 import common
 from infra import models
-import preferences
 from infra import runs
-import tasks
+from task import preferences, tasks
 from fixed_completions import sampler_from
 from conftest import (
     HAS_EMBEDDED_MODEL,

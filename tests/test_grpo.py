@@ -10,9 +10,8 @@ import torch
 import common
 from infra import models
 from infra import runs
+from task import stepwise, tasks
 import prm
-import stepwise
-import tasks
 from fixed_completions import sampler_from
 from conftest import (
     HAS_EMBEDDED_MODEL,
@@ -704,7 +703,7 @@ def test_completion_truncated_counts_rows_without_eos(tmp_path, monkeypatch):
 
 def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypatch, tiny_name_and_tokenizer):
     import reward_model
-    import tasks
+    from task import tasks
 
     name, tokenizer = tiny_name_and_tokenizer
     rm = reward_model.main(

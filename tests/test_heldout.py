@@ -12,10 +12,10 @@ import torch
 import dpo
 import grpo
 import ppo
-import preferences
+from task import preferences
 import reward_model
 import sft
-import tasks
+from task import tasks
 import variants
 from conftest import args_of
 

@@ -8,9 +8,9 @@ import pytest
 
 import grpo
 import sft
-import tasks
 from conftest import args_of, assert_one_line_error, run_script
 from infra import hub
+from task import tasks
 from infra.runs import InputError
 
 datasets = pytest.importorskip("datasets")  # optional; .ci/run installs it

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import PAIRS, REPO
-import tasks
+from task import tasks
 
 sys.path.insert(0, str(REPO / "scripts"))
 import judge  # noqa: E402

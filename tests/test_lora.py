@@ -10,9 +10,8 @@ import torch
 
 import common
 from infra import models
-import preferences
 from infra import runs
-import tasks
+from task import preferences, tasks
 from conftest import PAIRS, args_of, assert_resume_is_exact, digit_fraction, metrics_of
 
 pytest.importorskip("peft")

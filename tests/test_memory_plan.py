@@ -13,8 +13,8 @@ import common
 from infra import fsdp
 from infra import models
 import prm
-import stepwise
 from infra import runs
+from task import stepwise
 import variants
 from conftest import args_of, run_script
 

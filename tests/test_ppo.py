@@ -14,7 +14,7 @@ from infra import models
 import ppo
 import reward_model
 from infra import runs
-import tasks
+from task import tasks
 from fixed_completions import sampler_from
 from conftest import (
     HAS_EMBEDDED_MODEL,

@@ -10,11 +10,11 @@ import torch
 
 import common
 from infra import models
+from task import tasks
 import prm
-import tasks
 from conftest import RUN_FILES, args_of, assert_resume_is_exact, metrics_of, run_script
 from prm import Args, aggregate_steps, best_of_n_accuracy, main, prm_loss, step_labels
-from stepwise import (
+from task.stepwise import (
     dense_step_rewards,
     read_at_step_ends,
     score_steps,

@@ -27,8 +27,8 @@ import prm
 import reward_model
 import rft
 from infra import runs
+from task import tasks
 import sft
-import tasks
 import variants
 from conftest import (
     HAS_MATPLOTLIB,

@@ -13,7 +13,7 @@ import common
 from infra import models
 import reward_model
 from infra import runs
-import tasks
+from task import tasks
 from conftest import (
     HAS_EMBEDDED_MODEL,
     PAIRS,

@@ -11,7 +11,7 @@ import torch
 
 import common
 from infra import models
-import tasks
+from task import tasks
 from conftest import (
     REPO,
     args_of,

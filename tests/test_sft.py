@@ -9,7 +9,7 @@ import torch
 
 from infra import models
 from infra import runs
-import tasks
+from task import tasks
 from conftest import (
     PAIRS,
     RUN_FILES,

@@ -1,4 +1,4 @@
-"""tasks.py: the verifier, the problems, prompt formatting, data files and preference data."""
+"""task/tasks.py: the verifier, the problems, prompt formatting, data files and preference data."""
 
 import json
 from types import SimpleNamespace
@@ -8,9 +8,8 @@ import torch
 
 import common
 from infra import models
-import preferences
 from infra import runs
-import tasks
+from task import preferences, tasks
 
 
 # ---- the task -------------------------------------------------------------------------------------------------

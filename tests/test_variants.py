@@ -9,7 +9,7 @@ import torch
 
 from infra import models
 from infra import runs
-import tasks
+from task import tasks
 import variants
 from conftest import (
     PAIRS,

@@ -17,7 +17,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 import common
-import tasks
+from task import tasks
 
 
 def split_steps(text: str) -> list[tuple[int, int]]:

@@ -3,7 +3,7 @@
 Without a --dataset, pairs are the reference model's own samples on training problems, labelled by the task's
 verifier and paired correct-with-incorrect, built once and cached; with one, the user's JSONL of prompt, chosen,
 rejected. `sequence_logps` turns (prompt, completion) text into log π(y|x), the quantity every preference loss
-compares. The task itself (problems, verifier, prompts) is tasks.py's.
+compares. The task itself (problems, verifier, prompts) is task/tasks.py's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import common
 from infra import distributed
 from infra import models
 from infra import runs
-import tasks
+from task import tasks
 from infra.runs import InputError
 
 

@@ -3,7 +3,7 @@
 Everything that knows *what* is learned lives here; common.py knows only *how* a model is run. Every algorithm
 reports greedy held-out accuracy on the same problems with the same verifier, so all compare on one number.
 
-Your own task: change this file only (preferences.py builds its pairs from it). A task provides three functions,
+Your own task: change this file only (task/preferences.py builds its pairs from it). A task provides three functions,
 and the algorithm files use nothing else of it beyond the generic data helpers below them:
     heldout_problems(n)            -> list[Problem]       fixed, the same for every run; a larger n only appends
     train_problems(seed, exclude)  -> Iterator[Problem]   endless, never a held-out prompt
@@ -432,7 +432,7 @@ def evaluate_pass_at_k(
 
 
 # ten paragraphs of everyday English prose, nothing the task rewards: the forgetting measure's text
-GENERAL_TEXT = Path(__file__).resolve().parent / "data" / "general.txt"
+GENERAL_TEXT = Path(__file__).resolve().parents[1] / "data" / "general.txt"
 
 
 @torch.no_grad()
