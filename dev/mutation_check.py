@@ -907,7 +907,7 @@ MUTATIONS = [
         "LoRA reward model / critic with a frozen random score head",
         "tests/test_lora.py -k only_adapters",
     ),
-    # ---- task/tasks.py and task/preferences.py: the verifier, the data -------------------------------------------------------
+    # ---- task/tasks.py and task/preferences.py: the verifier, the data --------------------------------------------
     Mutation(
         "task/tasks.py",
         "data = Path(path).read_bytes().removeprefix(codecs.BOM_UTF8)",
@@ -2296,7 +2296,7 @@ MUTATIONS = [
         "reward/unearned counts the results stated as one, not the ones refused",
         f"{GRPO} -k verifier_option_picks",
     ),
-    # ---- grpo.py --prm: DeepSeekMath's process supervision (task/stepwise.py) --------------------------------------------
+    # ---- grpo.py --prm: DeepSeekMath's process supervision (task/stepwise.py) -------------------------------------
     Mutation(
         "task/stepwise.py",
         "grouped = step_rewards.reshape(-1, group_size * step_rewards.shape[1])",
