@@ -273,19 +273,39 @@ def masked_whiten(
     return whitened if shift_mean else whitened + mean
 
 
-def explained_variance(
-    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, all_sum: Optional[Callable] = None
-) -> float:
-    """1 - Var(R - V) / Var(R) over the masked tokens (every rank's, with all_sum as in masked_mean): 1 is a perfect
-    critic, 0 no better than a mean."""
+# |log w| beyond which a token counts as mismatched in `mismatch/frac_over_0.1`: w outside [0.905, 1.105]
+MISMATCH_THRESHOLD = 0.1
 
-    def mean(x: torch.Tensor) -> torch.Tensor:
-        return masked_mean(x, mask, all_sum=all_sum)
 
-    var_returns = mean((returns - mean(returns)) ** 2)
-    residual = returns - values
-    var_residual = mean((residual - mean(residual)) ** 2)
-    return (1.0 - var_residual / var_returns).item() if var_returns > 0 else float("nan")
+def mismatch_metrics(
+    trainer_logprobs: torch.Tensor,  # (B, T) log π_train at the sampled tokens
+    sampler_logprobs: torch.Tensor,  # (B, T) log π_sampler of the same tokens, as the sampler drew them
+    mask: torch.Tensor,  # (B, T)
+) -> dict[str, float]:
+    """The sampler is not the trainer: their log-probs of the tokens the sampler drew, w = π_train / π_sampler.
+
+    The sampler decodes token by token against a key/value cache (on a CPU in bfloat16 with packed weights, see
+    infra/kernels.py) and truncates to a nucleus when --top-p < 1; the trainer runs the whole sequence through the
+    same weights. Every sampling script logs the gap, as floats:
+    mismatch/kl              token mean of k3 = w - 1 - log w (Schulman 2020, "Approximating KL"): >= 0, 0 only
+                             where the two agree, low in variance; an unbiased estimate of KL(π_sampler || π_train)
+                             only while E_sampler[w] = 1, i.e. the sampler can draw every token the trainer can
+    mismatch/k1              token mean of k1 = -log w: unbiased always, noisy, may be < 0. Under a nucleus
+                             the sampler never draws the tokens it cut, E_sampler[w] = m (the mass kept) < 1,
+                             and k3 reads m - 1 - log m where the KL is -log m: there, read k1
+    mismatch/max_log_ratio   the largest |log w| of any token
+    mismatch/frac_over_0.1   the share of tokens with |log w| > MISMATCH_THRESHOLD (0.1 nats)
+    """
+    log_w = (trainer_logprobs - sampler_logprobs).detach().float()  # (B, T) log w
+    k3 = torch.exp(log_w) - 1.0 - log_w
+    beyond = (log_w.abs() > MISMATCH_THRESHOLD).float()
+    largest = log_w.abs().masked_fill(mask == 0, 0.0).max()
+    return {
+        "mismatch/kl": masked_mean(k3, mask).item(),
+        "mismatch/k1": masked_mean(-log_w, mask).item(),
+        "mismatch/max_log_ratio": largest.item(),
+        "mismatch/frac_over_0.1": masked_mean(beyond, mask).item(),
+    }
 
 
 def reward_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -432,7 +452,7 @@ def sample_with_logprobs(
     top_p < 1, no top-k. Rows that have emitted EOS are padded with pad_token_id; the loop stops
     when every row has finished. The log-probs are those of the distribution each token was drawn
     from (after the temperature and the nucleus's renormalisation), computed by this code path (its
-    attention, its cache, its kernels): the trainer's forward may differ from them (offpolicy.py).
+    attention, its cache, its kernels): the trainer's forward may differ from them (common.mismatch_metrics).
     """
     _check_left_padded(prompt_mask)
     check_fits(model, prompt_ids.shape[1], max_new_tokens)

@@ -61,7 +61,6 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import common
-import offpolicy
 from infra import distributed
 from infra import fsdp
 from infra import models
@@ -209,7 +208,7 @@ def sample_pairs(
 ) -> tuple[list[dict], int, dict]:
     """Two samples per problem from the policy, the one the verifier passes chosen; a pair of equal
     labels dropped. Also the sampler's cached decode against a full forward of the same tokens at the same
-    temperature (offpolicy.mismatch_metrics), by one more forward without gradient: the loss itself reads
+    temperature (common.mismatch_metrics), by one more forward without gradient: the loss itself reads
     the pairs as text, tokenized again, at temperature 1."""
     device = next(policy.parameters()).device
     eos = tokenizer.eos_token_id
@@ -234,7 +233,7 @@ def sample_pairs(
         trainer_logprobs, _ = common.completion_logprobs(
             policy, prompt_ids, prompt_mask, completion_ids, repeats, temperature
         )
-    mismatch = offpolicy.mismatch_metrics(trainer_logprobs, sampler_logprobs, mask)
+    mismatch = common.mismatch_metrics(trainer_logprobs, sampler_logprobs, mask)
     texts = tasks.decode_completions(tokenizer, completion_ids, mask)
     finished = (completion_ids == eos).any(1).tolist()  # a sample cut off at max_new_tokens gets no EOS later
     pairs = []

@@ -63,13 +63,12 @@ import torch
 from tqdm.auto import tqdm
 
 import common
-import offpolicy
 from infra import distributed
 from infra import fsdp
 from infra import models
 from infra import runs
 from task import tasks
-from common import explained_variance, masked_mean, masked_whiten
+from common import masked_mean, masked_whiten
 from infra.runs import InputError, require
 
 
@@ -299,6 +298,21 @@ def ppo_value_loss(values, old_values, returns, mask, clip_range: float = 0.2) -
     vf_loss2 = (clipped - returns) ** 2
     loss = 0.5 * masked_mean(torch.max(vf_loss1, vf_loss2), mask)
     return loss, masked_mean((vf_loss2 > vf_loss1).float(), mask).item()
+
+
+def explained_variance(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, all_sum: Optional[Callable] = None
+) -> float:
+    """1 - Var(R - V) / Var(R) over the masked tokens (every rank's, with all_sum as in masked_mean): 1 is a perfect
+    critic, 0 no better than a mean."""
+
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        return masked_mean(x, mask, all_sum=all_sum)
+
+    var_returns = mean((returns - mean(returns)) ** 2)
+    residual = returns - values
+    var_residual = mean((residual - mean(residual)) ** 2)
+    return (1.0 - var_residual / var_returns).item() if var_returns > 0 else float("nan")
 
 
 def adaptive_kl_coef(kl_coef: float, kl: float, target: float, horizon: int, n_completions: int) -> float:
@@ -696,7 +710,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             # the batch (a rank's share)
             "completions/distinct": common.distinct_fraction(completion_ids, mask, B),
             # the sampler against the trainer (π_old), at the sampled tokens
-            **offpolicy.mismatch_metrics(old_logprobs, sampler_logprobs, mask),
+            **common.mismatch_metrics(old_logprobs, sampler_logprobs, mask),
             "time/generate": time_generate,
             "time/score": time_score,
             "time/update": time_update,

@@ -78,7 +78,6 @@ import torch
 import torch.nn.functional as F
 
 import common
-import offpolicy
 from infra import distributed
 from infra import fsdp
 from infra import models
@@ -608,7 +607,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
                     completion_ids, mask, k if k > 1 else len(mask)
                 ),
                 # the sampler against the trainer, at the sampled tokens
-                **offpolicy.mismatch_metrics(logprobs, sampler_logprobs, mask),
+                **common.mismatch_metrics(logprobs, sampler_logprobs, mask),
             }
 
         # ---- update, log ---------------------------------------------------------------------------------

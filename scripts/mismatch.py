@@ -4,14 +4,14 @@ precision, kernels and nucleus, and under a nucleus the gap predicted beside the
 For each setting, P prompts × G samples of the training stream (grpo.py's defaults: 16 × 8, 32 tokens, temperature
 1) are drawn by common.sample_with_logprobs, which returns each token's log-prob as the sampler drew it. The same
 tokens then go through the trainer's forward (common.completion_logprobs, the model in train mode as in an update)
-and offpolicy.mismatch_metrics compares the two: mismatch/kl (k3, an estimate of KL(π_sampler ‖ π_train) per
+and common.mismatch_metrics compares the two: mismatch/kl (k3, an estimate of KL(π_sampler ‖ π_train) per
 token), the largest |log w| and the share of tokens beyond 0.1 nats, with w = π_train / π_sampler.
 
 A nucleus (--top-p p < 1) samples from p_k / m over the kept tokens, m the mass kept, and the trainer reads the
 full softmax p_k: log w = log m at every token, so KL(π_sampler ‖ π_train) = E[-log m]. The `predicted` column is
 that mean of -log m over the sampled tokens, m computed from the trainer's own softmax at each position; the
 measured mismatch/k1 should equal it in float32, and exceed it by the precision's own gap in bfloat16 (k3,
-mismatch/kl, reads m - 1 - log m a token there: see offpolicy.mismatch_metrics).
+mismatch/kl, reads m - 1 - log m a token there: see common.mismatch_metrics).
 
 Run:
     python scripts/mismatch.py                               # fp32, bf16-mixed with kernels on and off, top-p 1 and 0.9
@@ -35,7 +35,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import common  # noqa: E402
-import offpolicy  # noqa: E402
 from infra import models  # noqa: E402
 from task import tasks  # noqa: E402
 
@@ -136,7 +135,7 @@ def measure(args, setting: str, device: torch.device) -> dict:
             trainer_logprobs, _ = common.completion_logprobs(
                 policy, prompt_ids, prompt_mask, completion_ids, repeats, args.temperature
             )
-        metrics = offpolicy.mismatch_metrics(trainer_logprobs, sampler_logprobs, mask)
+        metrics = common.mismatch_metrics(trainer_logprobs, sampler_logprobs, mask)
         count = int(mask.sum())
         tokens += count
         sums["mismatch/kl"] += metrics["mismatch/kl"] * count
