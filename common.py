@@ -94,6 +94,11 @@ def make_optimizer(
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, warmup_steps, decay_steps)
     )
+    # The schedule counts batches, a skipped one too (GRPO's dynamic sampling): torch's warning when the scheduler
+    # steps before the optimizer has, is then meant.
+    warnings.filterwarnings(
+        "ignore", r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
+    )
     return optimizer, scheduler
 
 
@@ -233,15 +238,6 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Te
     first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), T)  # (B,), T when no EOS
     positions = torch.arange(T, device=completion_ids.device)[None, :]  # (1, T)
     return (positions <= first_eos[:, None]).long()
-
-
-def distinct_fraction(completion_ids: torch.Tensor, mask: torch.Tensor, group_size: int) -> float:
-    """Mode collapse, measured (logged as completions/distinct): the fraction of distinct completions in each
-    group of `group_size` consecutive rows, averaged over the groups; group_size = B for the whole batch.
-    Completions compare by their tokens up to and including EOS, never by what follows. (B, T) -> float"""
-    rows = [tuple(ids[m.bool()].tolist()) for ids, m in zip(completion_ids, mask)]
-    groups = [rows[i : i + group_size] for i in range(0, len(rows), group_size)]
-    return sum(len(set(g)) / len(g) for g in groups) / len(groups)
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:

@@ -9,8 +9,6 @@ Objective (DeepSeekMath, Shao et al. 2024, arXiv:2402.03300, eq. 3), maximised:
     J(θ) = E[ 1/G Σ_i 1/|o_i| Σ_t { min(ρ_it Â_it, clip(ρ_it, 1-ε_low, 1+ε_high) Â_it) - β D_KL[π_θ||π_ref]_it } ]
     ρ_it = π_θ(o_it | q, o_i,<t) / π_θold(o_it | q, o_i,<t)
     Â_it = (r_i - mean(r)) / std(r)                                            (outcome supervision, §4.1.2)
-    Â_it = Σ_{index(j) ≥ t} (r_i^index(j) - mean(R)) / std(R)    (process supervision, §4.1.3, --prm: R is every
-           step reward of the group, r_i^index(j) the PRM's score of o_i's step j, which ends at token index(j))
     D_KL ≈ π_ref/π_θ - log(π_ref/π_θ) - 1                                      (k3, eq. 4)
 
 Options from later papers, each off by default unless said:
@@ -25,10 +23,9 @@ Options from later papers, each off by default unless said:
 - Weighted rewards (`--rewards correct format --reward-weights 1 0.5`), summed, then normalised per
   group, as TRL does; `format` pays DeepSeek-R1's `<think>…</think><answer>…</answer>`
   (arXiv:2501.12948), `--prompt-style r1` asks for it.
-- The sampler against the trainer (offpolicy.py): `mismatch/*` logs how far the sampler's log-probs
-  of its tokens are from the update's; `--is-correction` weighs each token's policy-gradient term by
-  π_train / π_sampler, truncated (TIS) or masked (MIS), per token or per sequence; `--staleness k`
-  trains each step on the batch sampled k training steps earlier, as an asynchronous trainer would.
+- The sampler against the trainer: `mismatch/*` logs how far the sampler's log-probs of its tokens are
+  from the update's (common.mismatch_metrics). grpo_async.py trains on batches sampled k steps earlier,
+  as an asynchronous trainer does, and corrects with importance weights (TIS, MIS).
 
 The reward is the verifier's 0/1: the last number in the completion, which also pays for restating
 an operand ("the sum of 0 and 24"), or with `--verifier strict` only a result stated as one ("= 24",
@@ -64,22 +61,24 @@ Shapes: P prompts, G completions per prompt, B = P*G sequences, S prompt tokens,
 
 from __future__ import annotations
 
+import collections
+import functools
+import itertools
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Annotated, Callable, ClassVar, Literal, Optional
 
 import torch
 
 import common
-import offpolicy
 from infra import distributed
 from infra import fsdp
+from infra import metrics
 from infra import models
 from infra import runs
-from task import stepwise, tasks
+from task import tasks
 from common import masked_mean, masked_sum
-from infra.runs import InputError, require
+from infra.runs import require
 
 
 @dataclass
@@ -109,10 +108,6 @@ class Args:
     reward_model: Annotated[Optional[str], runs.none_means("the verifier", "DIR")] = None
     """a reward_model.py checkpoint to score completions with (as ppo.py does); the verifier is
     logged beside it"""
-    prm: Annotated[Optional[str], runs.none_means("outcome supervision", "DIR")] = None
-    """a prm.py checkpoint: process supervision, each step's score normalised over the group and summed from that
-    step on, in place of the outcome advantage (the steps are the completion's lines; the outcome reward is only
-    logged, so --reward-model, --rewards, --reward-weights and --overlong-buffer are refused with it)"""
     rewards: tuple[Literal["correct", "format"], ...] = ("correct",)
     """rewards summed into one: correct (--verifier's, or --reward-model's score), format
     (<think>…</think><answer>)"""
@@ -152,21 +147,11 @@ class Args:
     scale_by_std: bool = True
     """divide advantages by the group's reward std (off in Dr. GRPO)"""
     dynamic_sampling: bool = False
-    """drop groups whose advantages are all zero (DAPO: equal rewards; with --prm, equal step scores); a batch left
-    with none still counts as a step"""
+    """drop groups whose rewards are all equal (DAPO); a batch left with none still counts as a step"""
     overlong_buffer: int = 0
     """DAPO's soft overlong punishment over the last this-many tokens before max_new_tokens (0 = off)"""
     overlong_penalty: float = 1.0
     """penalty at max_new_tokens when overlong_buffer > 0"""
-    # ---- off-policy: the sampler against the trainer (offpolicy.py) ------------------------------
-    is_correction: offpolicy.Correction = "none"
-    """weight each token's policy-gradient term by w = π_train / π_sampler, truncated (min(w, C)) or
-    masked (0 outside [1/C, C]), per token or per sequence (the product of its tokens' w); see offpolicy.py"""
-    is_cap: float = 2.0
-    """C, the cap of --is-correction"""
-    staleness: int = 0
-    """train each step on the batch sampled this many training steps (× μ optimizer steps) earlier (a
-    queue, as asynchronous trainers do); 0 = on-policy"""
     # ---- generation: sampling the completions ----------------------------------------------------
     max_new_tokens: int = 32
     """completion length limit, in training and evaluation"""
@@ -215,31 +200,13 @@ def check_args(args: Args) -> None:
         args.batch_size is None or args.batch_size >= 1,
         f"--batch-size must be at least 1, not {args.batch_size}",
     )
-    require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
-    require(0 < args.top_p <= 1, "--top-p must be in (0, 1]")
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps-low must be in [0, 1) and --eps-high >= 0")
     require(
-        args.beta == 0 or args.kl_estimator != "k1",
-        "--kl-estimator k1 in the loss has zero expected gradient (it penalises nothing): use k3 or k2",
-    )
-    require(
         args.overlong_buffer < args.max_new_tokens, "--overlong-buffer must be smaller than --max-new-tokens"
-    )
-    require(args.is_cap > 1, f"--is-cap must be > 1 (weights are kept within [1/C, C]), not {args.is_cap}")
-    require(args.staleness >= 0, f"--staleness must be >= 0, not {args.staleness}")
-    require(
-        not (args.staleness and args.run.resume),
-        "--staleness with --resume: the queue of sampled batches is not in a checkpoint; resume with --staleness 0",
     )
     require(
         len(args.reward_weights or args.rewards) == len(args.rewards) > 0,
         "--reward-weights: one per --rewards",
-    )
-    outcome_default = (args.reward_model, args.rewards, args.reward_weights, args.overlong_buffer)
-    require(
-        not args.prm or outcome_default == (None, ("correct",), None, 0),
-        "--prm takes its advantages from the PRM's step scores alone: drop --reward-model, --rewards, "
-        "--reward-weights and --overlong-buffer, which shape the outcome reward it only logs",
     )
 
 
@@ -302,7 +269,7 @@ def grpo_loss(
     kl_kind: str = "k3",
     importance_level: str = "token",
     loss_type: str = "clip",  # GSPO: "sequence"; CISPO: "cispo"
-    is_weights: Optional[torch.Tensor] = None,  # (B, T) π_train / π_sampler, capped, constant (offpolicy.py)
+    is_weights: Optional[torch.Tensor] = None,  # (B, T) π_train / π_sampler, capped, constant (grpo_async.py)
 ) -> tuple[torch.Tensor, dict]:
     """The negated GRPO objective (see the module docstring), to be minimised.
 
@@ -393,35 +360,48 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, pe
     return -penalty * (over / buffer).clamp(max=1.0)
 
 
+def reward_stats(
+    rewards, scores, scored: tasks.Scored, names: tuple[str, ...], group_size: int, learned: bool
+):
+    """TRL's reward metrics of a batch, as floats: the reward (B,) and its spread within the groups, the score (B,)
+    before any overlong penalty, each of --rewards, and with a learned reward the verifier beside it (the true one)."""
+    grouped = rewards.view(-1, group_size)  # (P, G)
+    stats = {
+        "reward": rewards.mean().item(),
+        "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
+        "frac_reward_zero_std": (grouped.amax(1) == grouped.amin(1)).float().mean().item(),
+        "score": scores.mean().item(),
+        **{f"rewards/{name}/mean": scored.rewards[:, k].mean().item() for k, name in enumerate(names)},
+        "reward/unearned": sum(scored.unearned) / len(scored.unearned),
+    }
+    if learned:
+        stats["verifier"] = scored.verified.mean().item()
+    return stats
+
+
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class Batch:
-    """One sampled and scored batch, as the update reads it: the groups dynamic sampling kept (B rows, maybe 0)."""
-
-    prompt_ids: torch.Tensor  # (P, S) left-padded
-    prompt_mask: torch.Tensor  # (P, S)
-    completion_ids: torch.Tensor  # (B, T)
-    mask: torch.Tensor  # (B, T)
-    sampler_logprobs: torch.Tensor  # (B, T) as the sampler drew the tokens
-    advantages: torch.Tensor  # (B,), or (B, T) with --prm
-    stats: dict  # the rewards and completions of every sampled group, and the sampling's time
-    sampled_tokens: int  # completion tokens sampled, kept or not
+def group_logprobs(model, sequences: tuple, rows: slice, group_size: int, temperature: float, entropy=False):
+    """log π of the completions in `rows` (and their entropy), each prompt encoded once for its group's rows: row r
+    belongs to prompt r // G. sequences = (prompt_ids (P, S), prompt_mask (P, S), completion_ids (B, T)) ->
+    (B_rows, T), and (B_rows, T) or None"""
+    prompt_ids, prompt_mask, completion_ids = sequences
+    groups = torch.arange(rows.start, rows.stop, device=completion_ids.device) // group_size
+    prompts, repeats = torch.unique_consecutive(groups, return_counts=True)
+    return common.completion_logprobs(
+        model, prompt_ids[prompts], prompt_mask[prompts], completion_ids[rows], repeats, temperature, entropy
+    )
 
 
 def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) -> dict:
-    """Train with GRPO; returns the final metrics (also in eval.json). reward_fn(completion, answer)
-    -> float is the `correct` reward (default: --verifier's); held-out accuracy is always the
-    last-number verifier's."""
+    """Train with GRPO; returns the final metrics (also in eval.json). reward_fn(completion, answer) -> float is
+    the `correct` reward (default: --verifier's); held-out accuracy is always the last-number verifier's."""
     args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
     reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]
     models.set_seed(args.seed)
-    device = models.resolve_device(args.run.device)
-    precision = models.resolve_precision(args.run.precision, device, args.model)
-    # the kernels' faster versions: on for a CPU, off for CUDA
-    kernels_on = models.resolve_kernels(args.run.kernels, device)
+    device, precision, kernels_on = models.resolve_run(args.run, args.model)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     train_stream, heldout = tasks.load_problems(
@@ -429,55 +409,34 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     )
     train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)  # held-out too
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
-    policy = models.load_model(
-        args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on
+    # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
+    policy, ref_model = models.load_policy(
+        args, tokenizer, device, precision, kernels_on, resumed, args.beta != 0
     )
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     reward_model = None
     if args.reward_model:
-        reward_model = models.load_reward_model(
-            args.reward_model, tokenizer, device, precision, kernels_on=kernels_on
-        )
-    prm = models.load_reward_model(args.prm, tokenizer, device, precision, kernels_on) if args.prm else None
-    # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
-    ref_model = common.frozen_copy(policy) if args.beta != 0.0 and not args.lora.lora_r else None
-    if resumed:
-        policy = models.load_model(
-            f"{args.run.resume}/model",
-            len(tokenizer),
-            device,
-            precision,
-            args.seed,
-            keep_adapter=True,
-            kernels_on=kernels_on,
-        )
-    elif args.lora.lora_r:
-        policy = common.add_lora(policy, args.model, args.lora)
-    if args.gradient_checkpointing:
-        policy.activation_checkpointing_enable()
-    # --fsdp: 1/N of each model's weights on a rank
-    fsdp.shard(args.run.fsdp, policy, ref_model, reward_model, prm)
+        reward_model = models.load_reward_model(args.reward_model, tokenizer, device, precision, kernels_on)
+    fsdp.shard(args.run.fsdp, policy, ref_model, reward_model)  # --fsdp: 1/N of each model's weights
     optimizer, scheduler = common.make_optimizer(
         policy, args.lr, args.weight_decay, args.warmup_steps, args.steps if args.lr_decay else 0
     )
     # each rank its own draws
     generator = torch.Generator(device=device).manual_seed(args.seed + distributed.rank())
     G = args.group_size
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id
 
     run = runs.Run(args, "grpo", tokenizer, device, resumed)  # the run folder, metrics.jsonl, checkpoints
     # what a checkpoint holds; resumed here
     run.checkpointed(policy, generator, optimizer=optimizer, scheduler=scheduler)
     # a resumed run's data position: P problems a step
-    for _ in range((run.first_step - 1) * args.prompts_per_step):
-        next(train_stream)
+    train_stream = itertools.islice(train_stream, (run.first_step - 1) * args.prompts_per_step, None)
 
-    def evaluate(step: int, pass_k: int = 0) -> dict:
-        return tasks.evaluate_policy(policy, tokenizer, heldout, args.max_new_tokens, args.seed, step, pass_k)
+    evaluate = functools.partial(
+        tasks.evaluate_policy, policy, tokenizer, heldout, args.max_new_tokens, args.seed
+    )
 
-    def sample_batch(index: int) -> Batch:
-        step = run.first_step + index  # the step that trains on this batch
+    run.begin(evaluate)
+    for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample G completions per prompt from the current policy -------------------------
         t0 = time.time()
         # P/N on a rank
@@ -491,13 +450,13 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             prompt_mask,
             G,
             args.max_new_tokens,
-            eos,
-            pad,
+            tokenizer.eos_token_id,
+            tokenizer.pad_token_id,
             args.temperature,
             args.top_p,
             generator,
         )
-        mask = common.completion_mask(completion_ids, eos)  # (B, T), EOS included
+        mask = common.completion_mask(completion_ids, tokenizer.eos_token_id)  # (B, T), EOS included
         time_generate = time.time() - t0
 
         # ---- 2. score with each of --rewards (a verifier or a reward model, the format) -----------
@@ -512,11 +471,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 )
         scored = tasks.score_completions(texts, answers, args.rewards, reward_fn, device, learned)
         per_reward = scored.rewards  # (B, K), one column per reward
-        if not torch.isfinite(per_reward).all():
-            raise InputError(
-                f"reward became {per_reward[~torch.isfinite(per_reward)][0].item()} at step {step}: "
-                "the reward function returned a non-finite score"
-            )
+        runs.check_rewards(per_reward, step)
         scores = weighted_rewards(
             per_reward, per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards))
         )
@@ -527,122 +482,60 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
         # ---- 3. group-relative advantages -------------------------------------------------------
         advantages = group_advantages(rewards, G, args.scale_by_std)  # (B,)
-        if prm is not None:  # process supervision: per token, from the PRM's score of each step
-            prompts = [p.prompt for p in problems for _ in range(G)]
-            advantages, step_scores, step_mask = stepwise.process_supervision(
-                prm, tokenizer, prompts, completion_ids, mask, G, args.scale_by_std
-            )
-        grouped = rewards.view(-1, G)  # (P, G)
-        all_equal = grouped.amax(1) == grouped.amin(1)  # (P,)
-        # (P,) every token's advantage 0: equal rewards, or with --prm equal step scores
-        no_signal = (advantages.view(grouped.shape[0], -1) == 0).all(1)
+        stats = reward_stats(rewards, scores, scored, args.rewards, G, learned is not None)
+        stats.update(metrics.completion_stats(completion_ids, mask, tokenizer.eos_token_id, G, time_generate))
+        # DAPO's dynamic sampling drops the groups whose every advantage is 0 (equal rewards)
+        no_signal = (advantages.view(len(problems), -1) == 0).all(1)  # (P,)
         keep_groups = ~no_signal if args.dynamic_sampling else torch.ones_like(no_signal)
         keep = keep_groups.repeat_interleave(G)  # (B,)
-        stats = {
-            "reward": rewards.mean().item(),
-            "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
-            "frac_reward_zero_std": all_equal.float().mean().item(),
-            "score": scores.mean().item(),  # before any overlong penalty
-            **{f"rewards/{name}/mean": per_reward[:, k].mean().item() for k, name in enumerate(args.rewards)},
-            "reward/unearned": sum(scored.unearned) / len(scored.unearned),
-            "completion_length": lengths.float().mean().item(),
-            # 1/G: a group all alike
-            "completions/distinct": common.distinct_fraction(completion_ids, mask, G),
-            "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # cut: no EOS
-            "time/generate": time_generate,
-            "tokens_per_second/generate": lengths.sum().item() / time_generate,
-        }
-        if reward_model is not None:  # the true reward, beside the learned one
-            stats["verifier"] = scored.verified.mean().item()
-        if prm is not None:
-            stats["prm/step_score"] = masked_mean(step_scores, step_mask).item()
-            stats["prm/steps"] = step_mask.sum(1).float().mean().item()
-        # dynamic sampling drops the groups of equal rewards; the columns that are padding in every kept row go
-        width = int((mask * keep[:, None]).sum(1).max())
-        return Batch(
-            prompt_ids[keep_groups],
-            prompt_mask[keep_groups],
-            completion_ids[keep, :width],
-            mask[keep, :width],
-            sampler_logprobs[keep, :width],
-            advantages[keep] if prm is None else advantages[keep, :width],
-            stats,
-            int(lengths.sum()),
-        )
-
-    run.begin(evaluate)
-    # phases 1-3 above: this step's batch, or with --staleness k the one sampled k steps earlier
-    batches = offpolicy.StaleQueue(sample_batch, args.staleness, args.steps - run.first_step + 1)
-    for step in range(run.first_step, args.steps + 1):
-        t0 = time.time()
-        batch = batches.next()
-        prompt_ids = batch.prompt_ids
-        prompt_mask = batch.prompt_mask
-        completion_ids = batch.completion_ids
-        mask = batch.mask
-        advantages = batch.advantages
-        # its sampling's (with --staleness, some steps ago)
-        stats = dict(batch.stats)
+        width = int((mask * keep[:, None]).sum(1).max())  # the columns that are padding in every kept row go
+        prompt_ids, prompt_mask = prompt_ids[keep_groups], prompt_mask[keep_groups]
+        completion_ids, mask = completion_ids[keep, :width], mask[keep, :width]
+        sampler_logprobs = sampler_logprobs[keep, :width]
+        advantages = advantages[keep]
+        B = completion_ids.shape[0]
+        update = B > 0  # a batch left with no group makes no update, but counts as a step
         t1 = time.time()
-        # dynamic sampling may leave no group: no update, but the batch still counts
-        update = completion_ids.shape[0] > 0
 
         # ---- 4. old and reference log-probs, once per batch -------------------------------------
         if update:
-            B = completion_ids.shape[0]
-            micro = min(args.batch_size or B, B)  # dynamic sampling may have shrunk this batch
+            # the batch's rows: each kept prompt once, and its G completions
+            sequences = (prompt_ids, prompt_mask, completion_ids)
+            micro = min(args.batch_size or B, B)
             slices = [slice(i, min(i + micro, B)) for i in range(0, B, micro)]
-            group_of_row = torch.arange(B, device=device) // G  # (B,) which kept prompt each row belongs to
-            # every rank's
-            batch_tokens = distributed.all_sum(mask.sum())
+            batch_tokens = distributed.all_sum(mask.sum())  # every rank's
             batch_rows = distributed.all_sum(B)
-
-            def logprobs_of(model, rows: slice, with_entropy: bool = False):
-                prompts, repeats = torch.unique_consecutive(group_of_row[rows], return_counts=True)
-                return common.completion_logprobs(
-                    model,
-                    prompt_ids[prompts],
-                    prompt_mask[prompts],
-                    completion_ids[rows],
-                    repeats,
-                    args.temperature,
-                    with_entropy,
-                )
-
             with torch.no_grad():
-                # With μ = 1, π_θold is the trainer's current π: old = current.detach() below, so ρ is exactly
-                # 1 (no extra forward); with μ > 1 they must be frozen before the first update. Either way the
-                # sampler's own log-probs differ (offpolicy.py): --is-correction weighs that gap.
+                # μ = 1: π_θold is the current π, old = current.detach() below (ρ = 1 exactly); μ > 1: frozen here
                 old_logprobs = None
                 if args.num_iterations > 1:
-                    old_logprobs = torch.cat([logprobs_of(policy, s)[0] for s in slices])
+                    old_logprobs = torch.cat(
+                        [group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
+                    )
                 ref_logprobs = None
                 if args.beta != 0.0:
                     with common.reference(policy, ref_model) as ref:
-                        ref_logprobs = torch.cat([logprobs_of(ref, s)[0] for s in slices])
+                        ref_logprobs = torch.cat(
+                            [group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
+                        )
 
             # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
             policy.train()
             # metric -> Σ over micro-batches and iterations of value × weight
-            sums = {}
+            sums = collections.defaultdict(float)
             entropy_sum = 0.0
             trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
             for iteration in range(args.num_iterations):
                 for s in slices:
-                    logprobs, entropy = logprobs_of(policy, s, with_entropy=iteration == 0)
+                    logprobs, entropy = group_logprobs(
+                        policy, sequences, s, G, args.temperature, iteration == 0
+                    )
                     # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
                     old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
-                    ref = ref_logprobs[s] if ref_logprobs is not None else None
-                    if iteration == 0:
-                        trainer_logprobs.append(old)
-                    # (B_s, T) constant: all 1 without --is-correction
-                    is_weights, cut = offpolicy.importance_weights(
-                        old, batch.sampler_logprobs[s], mask[s], args.is_correction, args.is_cap
-                    )
                     loss, m = grpo_loss(
                         logprobs,
                         old,
-                        ref,
+                        ref_logprobs[s] if ref_logprobs is not None else None,
                         advantages[s],
                         mask[s],
                         eps_low=args.eps_low,
@@ -653,22 +546,19 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         kl_kind=args.kl_estimator,
                         importance_level=args.importance_level,
                         loss_type=args.loss_type,
-                        is_weights=is_weights,
                     )
-                    if args.is_correction != "none":
-                        m["is/weight_mean"] = masked_mean(is_weights, mask[s]).item()
-                        m["is/frac_cut"] = masked_mean(cut.float(), mask[s]).item()
                     run.check_finite(loss, step)
                     weight = micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
-                    # kl, clip_ratio, entropy: token means over the whole batch (every rank's), the
-                    # loss by its weight
+                    # kl, clip_ratio, entropy: token means over the whole batch (every rank's), the loss by its weight
                     token_share = (mask[s].sum() / batch_tokens).item()
-                    if entropy is not None:  # iteration 0 only: the sampling policy's entropy
+                    # iteration 0: the sampling policy's entropy, and its log-probs to hold against the sampler's
+                    if iteration == 0:
                         entropy_sum += masked_mean(entropy, mask[s]).item() * token_share
+                        trainer_logprobs.append(old)
                     for k, v in m.items():
-                        sums[k] = sums.get(k, 0.0) + v * token_share
-                    sums["loss"] = sums.get("loss", 0.0) + loss.item() * weight
+                        sums[k] += v * token_share
+                    sums["loss"] += loss.item() * weight
                 # Σ over the ranks: each one's loss is its part of the batch's
                 distributed.all_reduce_grads(policy)
                 grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
@@ -676,60 +566,33 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
         # the rate this step used, or would have: warm-up counts batches, skipped too
-        lr = scheduler.get_last_lr()[0]
-        # torch warns when a skipped first batch steps the schedule first; it is meant
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore", r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
-            )
-            scheduler.step()
+        stats["lr"] = scheduler.get_last_lr()[0]
+        scheduler.step()
         time_train = time.time() - t1
 
         # ---- 6. log -------------------------------------------------------------------------------
-        step_time = time.time() - t0
         if update:
-            # each iteration's token shares (and loss weights) sum to 1: dividing by μ averages the iterations
-            # ranks' parts
+            # an iteration's token shares (and loss weights) sum to 1: ÷ μ averages them; Σ the ranks' parts
             stats.update({k: distributed.all_sum(v) / args.num_iterations for k, v in sums.items()})
             # the sampler against the trainer, at the tokens sampled
-            stats.update(
-                offpolicy.mismatch_metrics(torch.cat(trainer_logprobs), batch.sampler_logprobs, mask)
-            )
-            stats.update(
-                {
-                    "entropy": distributed.all_sum(entropy_sum),
-                    "grad_norm": grad_norm.item(),
-                    "tokens_per_second/train": mask.sum().item() * args.num_iterations / time_train,
-                }
-            )
+            stats.update(common.mismatch_metrics(torch.cat(trainer_logprobs), sampler_logprobs, mask))
+            stats["entropy"] = distributed.all_sum(entropy_sum)
+            stats["grad_norm"] = grad_norm.item()
+            stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
         else:
             stats["skipped"] = 1
-        stats.update(
-            {
-                "lr": lr,
-                "time/train": time_train,
-                "time/step": step_time,
-                "tokens_per_second": batch.sampled_tokens / step_time,
-            }
-        )
+        stats["time/train"] = time_train
+        stats["time/step"] = time.time() - t0
+        stats["tokens_per_second"] = lengths.sum().item() / stats["time/step"]
         # each rank's mean over an equal share: their mean is the batch's
         stats = distributed.mean_over_ranks(stats)
-        progress = {"reward": f"{stats['reward']:.3f}", "len": f"{stats['completion_length']:.1f}"}
-        if "kl" in stats:
-            progress["kl"] = f"{stats['kl']:.4f}"
-        if not update:
-            progress["skipped"] = "all groups equal"
-        run.log(step, stats, progress)
+        run.log(step, stats, ("reward", "completion_length", "kl", "skipped"))
 
         # ---- 7. evaluate and checkpoint -----------------------------------------------------------
         run.evaluate(step, evaluate)
         run.save_if_due(step)
 
-    return run.finish(
-        evaluate,
-        tasks.before_and_after,
-        lambda before, after: f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}",
-    )
+    return run.finish(evaluate, tasks.before_and_after)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from infra import distributed
 from infra import hub
 from infra import kernels
 from infra import runs
+from infra.tiny import make_tiny_model, make_tiny_tokenizer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,6 +88,17 @@ def join_ranks(device: torch.device) -> torch.device:
     if not distributed.is_main():
         sys.stdout = open(os.devnull, "w")
     return device
+
+
+def resolve_run(options, model: str) -> tuple[torch.device, str, bool]:
+    """--device, --precision and --kernels resolved for this machine: (device, precision, kernels on: on for a CPU,
+    off for CUDA)."""
+    device = resolve_device(options.device)
+    return (
+        device,
+        resolve_precision(options.precision, device, model),
+        resolve_kernels(options.kernels, device),
+    )
 
 
 def resolve_kernels(kernels: str, device: torch.device) -> bool:
@@ -216,61 +228,6 @@ def from_pretrained(auto_class, name: str, **kwargs):
 # ---------------------------------------------------------------------------------------------
 # Models and tokenizers: "smollm2" (embedded), "tiny" / "tiny-gpt2" (random), or a hub id / path
 # ---------------------------------------------------------------------------------------------
-def make_tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    """A character-level tokenizer with a ChatML template, built in memory (no files, no hub)."""
-    from tokenizers import Tokenizer, decoders
-    from tokenizers.models import BPE
-
-    specials = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
-    chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    vocab = {tok: i for i, tok in enumerate(specials + chars)}
-    backend = Tokenizer(BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    backend.add_special_tokens(specials)
-    backend.decoder = decoders.Fuse()
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>"
-    )
-    tokenizer.chat_template = (
-        "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-    )
-    return tokenizer
-
-
-def make_tiny_model(vocab_size: int, arch: str = "llama", head: str = "lm") -> transformers.PreTrainedModel:
-    """A randomly initialised 2-layer model: Llama (rotary positions) or GPT-2 (absolute positions),
-    with a language-model head (head="lm") or a scalar score head (head="score", a reward model)."""
-    if arch == "llama":
-        config = transformers.LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=512,
-            tie_word_embeddings=True,
-            num_labels=1,
-        )
-        return (
-            transformers.LlamaForCausalLM if head == "lm" else transformers.LlamaForSequenceClassification
-        )(config)
-    config = transformers.GPT2Config(
-        vocab_size=vocab_size,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        n_positions=512,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        num_labels=1,
-    )
-    return (transformers.GPT2LMHeadModel if head == "lm" else transformers.GPT2ForSequenceClassification)(
-        config
-    )
-
-
 def load_tokenizer(name: str, prompt_format: str = "auto") -> transformers.PreTrainedTokenizerBase:
     """The tokenizer, and how prompts are shown to the model (tasks.format_prompt): auto = its chat
     template if it has one, else plain `Question: ...\nAnswer:`; plain drops the template, as a base
@@ -376,6 +333,29 @@ def switch_off_dropout(model: torch.nn.Module) -> None:
         for name, value in list(vars(obj).items()):
             if isinstance(value, float) and ("dropout" in name or "pdrop" in name):
                 setattr(obj, name, 0.0)
+
+
+def load_policy(args, tokenizer, device, precision: str, kernels_on: bool, resumed, with_reference: bool):
+    """The model a run trains, and its frozen reference: the starting model (also when resuming; with LoRA none, the
+    policy with its adapter off is the reference), then the policy itself, resumed from --resume's checkpoint or
+    with a fresh LoRA adapter on the starting model, with --gradient-checkpointing. Returns (policy, reference)."""
+    policy = load_model(args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on)
+    reference = common.frozen_copy(policy) if with_reference and not args.lora.lora_r else None
+    if resumed:
+        policy = load_model(
+            f"{args.run.resume}/model",
+            len(tokenizer),
+            device,
+            precision,
+            args.seed,
+            keep_adapter=True,
+            kernels_on=kernels_on,
+        )
+    elif args.lora.lora_r:
+        policy = common.add_lora(policy, args.model, args.lora)
+    if args.gradient_checkpointing:
+        policy.activation_checkpointing_enable()
+    return policy, reference
 
 
 def load_reward_model(

@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 import common
 from common import InputError, require
 from infra import distributed
+from infra.metrics import MetricsLog, plot_curves
 from infra import fsdp
 
 transformers.logging.set_verbosity_error()
@@ -127,6 +128,10 @@ def check_options(
         )
     fsdp.check_options(args, ranks, distributed.under_torchrun(), require)
     require(args.lr is None or args.lr > 0, f"--lr must be > 0, not {args.lr}")  # `not >` refuses NaN too
+    # a script that samples: its temperature and nucleus
+    if hasattr(args, "top_p"):
+        require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
+        require(0 < args.top_p <= 1, "--top-p must be in (0, 1]")
     require(
         args.max_grad_norm > 0,
         f"--max-grad-norm must be > 0 (a negative one flips the gradient), not {args.max_grad_norm}",
@@ -288,106 +293,13 @@ def load_trainer_state(resume: Optional[str], steps: int) -> Optional[dict]:
     return state
 
 
-class MetricsLog:
-    """Appends one JSON line per step to metrics.jsonl and, with --report-to, sends the same numbers to TensorBoard or
-    Weights & Biases under TRL's names (train/reward, eval/accuracy, ...). Resuming from step k drops the lines after
-    k (steps the interrupted run logged but never checkpointed), so no step is logged twice in metrics.jsonl."""
-
-    def __init__(self, path: Path, resume_step: int = 0, report_to: str = "none", args=None):
-        self.path = path
-        self.start = time.time()
-        if resume_step and path.exists():
-            rows = [
-                line for line in path.read_text().splitlines(True) if json.loads(line)["step"] <= resume_step
-            ]
-            path.write_text("".join(rows))
-        self.tensorboard = self.wandb = None
-        if report_to == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tensorboard = SummaryWriter(
-                str(path.parent / "tensorboard"), purge_step=resume_step + 1 if resume_step else None
-            )
-        elif report_to == "wandb":
-            import wandb
-
-            from infra import hub  # its network probe, needed only here
-
-            # Offline (files in the run folder, `wandb sync` them later) unless WANDB_MODE says otherwise
-            # and the service can be reached: a machine without a network must not hang or fail here.
-            mode = os.environ.get("WANDB_MODE") or ("online" if hub.reachable("api.wandb.ai") else "offline")
-            self.wandb = wandb.init(
-                project="minimal-rlhf",
-                name=path.parent.name,
-                dir=str(path.parent),
-                mode=mode,
-                id=re.sub(r"[^\w-]", "-", path.parent.name),
-                resume="allow",
-                config=asdict(args) if args is not None else None,
-            )
-
-    def write(self, step: int, metrics: dict) -> None:
-        """metrics.jsonl gets 6 significant digits (an lr of 2e-7 stays 2e-7), the trackers the values as they are."""
-        row = {"step": step, "time/elapsed": round(time.time() - self.start, 2), **metrics}
-        with open(self.path, "a") as f:
-            f.write(
-                json.dumps({k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in row.items()})
-                + "\n"
-            )
-        self.track(step, {f"train/{k}": v for k, v in row.items() if k != "step"})
-
-    def track(self, step: int, metrics: dict) -> None:
-        numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-        if self.tensorboard is not None:
-            for k, v in numbers.items():
-                self.tensorboard.add_scalar(k, v, step)
-            self.tensorboard.flush()  # a killed run keeps every step it logged
-        if self.wandb is not None:
-            self.wandb.log(numbers, step=step)
-
-    def write_eval(self, evaluation: dict) -> dict:
-        """An evaluation's numbers to the tracker as eval/... (eval.json keeps them, not metrics.jsonl)."""
-        self.track(
-            evaluation["step"],
-            {k if k.startswith("eval/") else f"eval/{k}": v for k, v in evaluation.items() if k != "step"},
+def check_rewards(rewards: torch.Tensor, step: int, source: str = "reward function") -> None:
+    """Stop at a NaN or infinite reward, blaming its source, before it is taken for a loss that needs a lower --lr."""
+    if not torch.isfinite(rewards).all():
+        raise InputError(
+            f"reward became {rewards[~torch.isfinite(rewards)][0].item()} at step {step}: "
+            f"the {source} returned a non-finite score"
         )
-        return evaluation
-
-    def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        if self.wandb is not None:
-            self.wandb.finish()
-
-
-def plot_curves(run_dir: Path, evals: list[dict], accuracy_key: str = "accuracy") -> None:
-    """curves.png: reward (or loss), KL and held-out accuracy against step; skipped, with a note, without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: curves.png skipped (pip install matplotlib to draw it)", file=sys.stderr)
-        return
-    rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
-    first = "reward" if any("reward" in r for r in rows) else "loss"
-    panels = [
-        (first, [(r["step"], r[first]) for r in rows if first in r]),
-        ("kl", [(r["step"], r["kl"]) for r in rows if "kl" in r]),
-        (f"held-out {accuracy_key}", [(e["step"], e[accuracy_key]) for e in evals if accuracy_key in e]),
-    ]
-    panels = [(name, points) for name, points in panels if points]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
-    for ax, (name, points) in zip(axes[0], panels):
-        ax.plot(*zip(*points), marker="o" if name.startswith("held-out") else None, markersize=4)
-        ax.set(title=name, xlabel="step")
-        ax.grid(alpha=0.3)
-    fig.suptitle(run_dir.name, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(run_dir / "curves.tmp.png", dpi=110)
-    plt.close(fig)
-    (run_dir / "curves.tmp.png").replace(run_dir / "curves.png")
 
 
 def progress(steps: int, desc: str, initial: int = 0, leave: bool = True):
@@ -539,10 +451,13 @@ class Run:
                 f"{what} became {value.item()} at step {step}; stopped without saving it; {where}. Try a lower --lr"
             )
 
-    def log(self, step: int, stats: dict, postfix: Optional[dict] = None) -> None:
-        """One line of metrics.jsonl (and the trackers), and the progress bar."""
+    def log(self, step: int, stats: dict, postfix=None) -> None:
+        """One line of metrics.jsonl (and the trackers), and the progress bar: `postfix` a dict of what it shows, or
+        a tuple of the names of the stats it shows (those present)."""
         self.metrics.write(step, {**stats, "memory/peak_gb": peak_memory_gb(self.device)})
         self.bar.update(1)
+        if isinstance(postfix, tuple):
+            postfix = {name: f"{stats[name]:.4g}" for name in postfix if name in stats}
         self.bar.set_postfix(postfix or {})
         # the expected duration, after
         if self.main and step - self.first_step in (0, 1) and step < self.args.steps:
@@ -599,12 +514,13 @@ class Run:
         self,
         evaluate: Callable,
         results: Callable[[dict, dict], dict],
-        headline: Callable[[dict, dict], str],
+        headline: Optional[Callable[[dict, dict], str]] = None,
         last_step: Optional[int] = None,
     ) -> dict:
         """The final evaluation, eval.json, curves.png, the last checkpoint (after eval.json: a failed save, a full
         disk, never loses the results), the merged model with --merge-lora, and the summary. `results(before,
-        after)` gives eval.json's own numbers; `last_step` is the last step trained (PPO's --kl-budget may stop
+        after)` gives eval.json's own numbers, `headline(before, after)` the summary's line (held-out accuracy before ->
+        after if None); `last_step` is the last step trained (PPO's --kl-budget may stop
         early)."""
         self.bar.close()
         last_step = self.args.steps if last_step is None else last_step
@@ -637,8 +553,11 @@ class Run:
                 self.tokenizer.save_pretrained(self.dir / "merged")
         self.metrics.close()
         minutes, seconds = divmod(round(result["wall_time_s"]), 60)
+        line = f"held-out accuracy {self.before['accuracy']:.3f} -> {after['accuracy']:.3f}"
+        if headline is not None:
+            line = headline(self.before, after)
         print(
-            f"{headline(self.before, after)}\nwall time {minutes} min {seconds} s; "
+            f"{line}\nwall time {minutes} min {seconds} s; "
             f"peak memory {result['memory/peak_gb']:.2f} GiB\nrun folder {result['run_dir']}"
         )
         # under torchrun: every rank done, the group left, the process ended here
