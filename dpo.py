@@ -16,8 +16,8 @@ Conventions a reader could get wrong (each pinned by a test):
 - log π(y|x) is the *sum* of the completion's token log-probs (EOS included), never the mean.
 - β multiplies the log-ratios inside the sigmoid; it is not a KL coefficient added to a loss.
 - The reference is the starting model, frozen, its log-probs computed once before the first update
-  (one model in memory); `--no-precompute-ref-logprobs` (same numbers) and `--online` keep a frozen
-  copy to score each batch.
+  (one model in memory); `--no-precompute-ref-logprobs` (same numbers) keeps a frozen copy to score
+  each batch.
 - Chosen and rejected go through the model together: each prompt is encoded once and its key/value
   cache shared by its two completions (common.completion_logprobs); the test suite checks this
   equals two separate forwards.
@@ -30,10 +30,8 @@ own pairs (a tenth held out). Completions get EOS appended (sampled ones only wh
 emitted it: a truncated sample stays truncated) and are tokenised apart from the prompt, so a pair's
 two rows share exactly the same prompt tokens.
 
-Online DPO (`--online`; Guo et al. 2024, arXiv:2402.04792; TRL's OnlineDPOTrainer with a judge):
-each step, two samples per prompt from the current policy, the one the verifier passes chosen; a
-pair with equal labels says nothing and is dropped (pairs/kept, pairs/dropped). Loss, log-probs and
-reference (the starting model) as above.
+Online DPO (Guo et al. 2024, pairs sampled from the policy each step) is another loop around the
+same loss: dpo_online.py, which imports this file's loss and metrics.
 
 Where this file departs from the paper, and why:
 - No SFT stage on the chosen completions first: the embedded model is already instruction-tuned
@@ -43,8 +41,7 @@ Where this file departs from the paper, and why:
 Run:
     python dpo.py                       # SmolLM2-135M-Instruct (embedded), its own samples as pairs
     python dpo.py --model tiny --dataset tests/data/pairs.jsonl --steps 3
-    python dpo.py --online                # online DPO: pairs sampled from the policy each step
-    torchrun --nproc_per_node 2 dpo.py    # 2 ranks, P/2 pairs each (offline only); --fsdp: each holds half the model
+    torchrun --nproc_per_node 2 dpo.py    # 2 ranks, P/2 pairs each; --fsdp: each holds half the model
     python dpo.py --help
 
 Shapes: P pairs, B = 2P sequences (chosen and rejected interleaved), S prompt tokens, T completion tokens.
@@ -52,6 +49,7 @@ Shapes: P pairs, B = 2P sequences (chosen and rejected interleaved), S prompt to
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Annotated, Optional
@@ -101,9 +99,6 @@ class Args:
     """ε of conservative DPO: the probability that a pair's label is wrong (0 = plain DPO)"""
     precompute_ref_logprobs: bool = True
     """score every pair with the reference once before training and keep only the policy in memory"""
-    online: bool = False
-    """online DPO: two samples per prompt from the policy each step (--batch-size prompts), labelled
-    by the verifier"""
     # ---- preference data: the pairs sampled from the model when --dataset is not given -----------
     num_prompts: int = 512
     """distinct arithmetic prompts to sample; an eighth are held out"""
@@ -161,10 +156,10 @@ def dpo_loss(
 # Data and the concatenated forward
 # ---------------------------------------------------------------------------------------------
 def concatenated_logps(
-    model, tokenizer, pairs: list[dict], max_completion_tokens: int
+    model, tokenizer, pairs: list[dict], max_completion_tokens: Optional[int]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Summed log-probs of chosen and rejected completions, both in one batch: (P,), (P,), their lengths in
-    tokens (P, 2), tokens processed.
+    tokens (P, 2), tokens processed. Completions longer than max_completion_tokens are cut (None: none is).
 
     Rows are [chosen_0, rejected_0, chosen_1, ...]; each prompt is encoded once and shared by its two
     completions (common.completion_logprobs), which is the same function as two separate forwards.
@@ -195,62 +190,7 @@ def score_pairs(
             model, tokenizer, pairs[start : start + batch_size], max_completion_tokens
         )
         out.append(torch.stack([chosen, rejected], dim=1))
-    return torch.cat(out) if out else torch.zeros(0, 2)  # online DPO has no held-out pairs
-
-
-def sample_pairs(
-    policy,
-    tokenizer,
-    problems: list[tasks.Problem],
-    max_new_tokens: int,
-    temperature: float,
-    generator: torch.Generator,
-) -> tuple[list[dict], int, dict]:
-    """Two samples per problem from the policy, the one the verifier passes chosen; a pair of equal
-    labels dropped. Also the sampler's cached decode against a full forward of the same tokens at the same
-    temperature (common.mismatch_metrics), by one more forward without gradient: the loss itself reads
-    the pairs as text, tokenized again, at temperature 1."""
-    device = next(policy.parameters()).device
-    eos = tokenizer.eos_token_id
-    policy.eval()
-    prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
-    # (2P, T) each
-    completion_ids, sampler_logprobs = common.sample_with_logprobs(
-        policy,
-        prompt_ids,
-        prompt_mask,
-        2,
-        max_new_tokens,
-        eos,
-        tokenizer.pad_token_id,
-        temperature,
-        1.0,
-        generator,
-    )
-    mask = common.completion_mask(completion_ids, eos)
-    with torch.no_grad():
-        repeats = torch.full((len(problems),), 2, device=device)
-        trainer_logprobs, _ = common.completion_logprobs(
-            policy, prompt_ids, prompt_mask, completion_ids, repeats, temperature
-        )
-    mismatch = common.mismatch_metrics(trainer_logprobs, sampler_logprobs, mask)
-    texts = tasks.decode_completions(tokenizer, completion_ids, mask)
-    finished = (completion_ids == eos).any(1).tolist()  # a sample cut off at max_new_tokens gets no EOS later
-    pairs = []
-    for i, problem in enumerate(problems):  # rows 2i and 2i + 1 are the problem's two samples
-        labels = tasks.verify(texts[2 * i], problem.answer), tasks.verify(texts[2 * i + 1], problem.answer)
-        if labels[0] != labels[1]:
-            chosen, rejected = (2 * i, 2 * i + 1) if labels[0] > labels[1] else (2 * i + 1, 2 * i)
-            pairs.append(
-                {
-                    "prompt": problem.prompt,
-                    "chosen": texts[chosen],
-                    "rejected": texts[rejected],
-                    "chosen_finished": finished[chosen],
-                    "rejected_finished": finished[rejected],
-                }
-            )
-    return pairs, len(problems) - len(pairs), mismatch
+    return torch.cat(out)
 
 
 def pair_metrics(
@@ -280,7 +220,6 @@ def check_args(args: Args) -> None:
             "max_completion_tokens",
         ),
         divided_over_ranks="batch_size",
-        one_process_only=("online",),
     )
     require(
         args.samples_per_prompt >= 2,
@@ -292,6 +231,34 @@ def check_args(args: Args) -> None:
         "--label-smoothing must be in [0, 0.5): it is the probability that a label is wrong",
     )
     require(args.temperature > 0, "--temperature must be > 0 (it samples the preference data)")
+
+
+def evaluate_heldout(
+    policy,
+    tokenizer,
+    heldout_problems: list[tasks.Problem],
+    heldout_pairs: list[dict],
+    heldout_ref: torch.Tensor,  # (N, 2) log π_ref of the held-out pairs [chosen, rejected]
+    args: Args,
+    step: int,
+    pass_k: int = 0,
+) -> dict:
+    """Held-out greedy task accuracy (the number every algorithm reports) and the held-out pairs' DPO metrics."""
+    result = tasks.evaluate_policy(
+        policy, tokenizer, heldout_problems, args.max_new_tokens, args.seed, step, pass_k
+    )
+    chosen, rejected = score_pairs(
+        policy, tokenizer, heldout_pairs, args.batch_size, args.max_completion_tokens, "held-out pairs"
+    ).unbind(1)
+    losses, chosen_rewards, rejected_rewards = dpo_loss(
+        chosen, rejected, heldout_ref[:, 0], heldout_ref[:, 1], args.beta, args.label_smoothing
+    )
+    result["pairs"] = pair_metrics(losses, chosen_rewards, rejected_rewards, chosen, rejected, prefix="eval/")
+    tqdm.write(
+        f"step {step}: held-out pairs: loss {result['pairs']['eval/loss']:.4f}, "
+        f"reward accuracy {result['pairs']['eval/rewards/accuracies']:.3f}"
+    )
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,33 +276,24 @@ def main(args: Args) -> dict:
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
-    train_pairs, heldout_pairs, _ = (
-        ([], [], [])
-        if args.online
-        else preferences.load_preference_pairs(
-            args.dataset,
-            args.model,
-            tokenizer,
-            args.seed,
-            args.num_prompts,
-            args.samples_per_prompt,
-            args.max_new_tokens,
-            args.temperature,
-            device,
-            precision,
-            args.eval_size,
-        )
+    train_pairs, heldout_pairs, _ = preferences.load_preference_pairs(
+        args.dataset,
+        args.model,
+        tokenizer,
+        args.seed,
+        args.num_prompts,
+        args.samples_per_prompt,
+        args.max_new_tokens,
+        args.temperature,
+        device,
+        precision,
+        args.eval_size,
     )
     heldout_problems = tasks.heldout_problems(args.eval_size)
-    if args.online:  # problems, not pairs: the pairs are sampled from the policy at each step
-        train_stream, heldout_problems = tasks.load_problems(
-            args.dataset, args.seed, args.eval_size, args.batch_size
-        )
     policy = models.load_model(
         args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on
     )
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
-    # online: all empty
     batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
 
     # ---- 1. the reference: log π_ref once for every pair, or a frozen copy -----------------------
@@ -356,7 +314,7 @@ def main(args: Args) -> dict:
             args.max_completion_tokens,
             "reference log-probs (held-out)",
         )
-        if args.precompute_ref_logprobs and not args.online:
+        if args.precompute_ref_logprobs:
             train_ref = score_pairs(
                 policy,
                 tokenizer,
@@ -365,7 +323,7 @@ def main(args: Args) -> dict:
                 args.max_completion_tokens,
                 "reference log-probs (train)",
             )
-    if (args.online or not args.precompute_ref_logprobs) and not args.lora.lora_r:
+    if not args.precompute_ref_logprobs and not args.lora.lora_r:
         # the starting model, also when resuming; with LoRA: adapter off
         ref_model = common.frozen_copy(policy)
     if resumed:
@@ -385,76 +343,24 @@ def main(args: Args) -> dict:
     fsdp.shard(args.run.fsdp, policy, ref_model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
     run = runs.Run(
-        args,
-        "dpo",
-        tokenizer,
-        device,
-        resumed,
-        eval_row=lambda r: {"accuracy": r["accuracy"], **r.get("pairs", {})},
+        args, "dpo", tokenizer, device, resumed, eval_row=lambda r: {"accuracy": r["accuracy"], **r["pairs"]}
     )
-    # online sampling
-    generator = torch.Generator(device=device).manual_seed(args.seed) if args.online else None
-    # the data position is the step: batches[step:] come next, or online the problems after (step - 1)·P
+    # the data position is the step: batches[step:] come next
     run.checkpointed(
         policy,
-        generator,
         optimizer=optimizer,
         scheduler=scheduler,
         extra=lambda: {"heldout_ref": heldout_ref, "train_ref": train_ref},
     )
-    for _ in range((run.first_step - 1) * args.batch_size if args.online else 0):
-        next(train_stream)
-
-    def evaluate(step: int, pass_k: int = 0) -> dict:
-        """Held-out greedy task accuracy (the number every algorithm reports) and held-out pair metrics."""
-        result = tasks.evaluate_policy(
-            policy, tokenizer, heldout_problems, args.max_new_tokens, args.seed, step, pass_k
-        )
-        if not heldout_pairs:  # online
-            return result
-        with torch.no_grad():
-            chosen, rejected = score_pairs(
-                policy,
-                tokenizer,
-                heldout_pairs,
-                args.batch_size,
-                args.max_completion_tokens,
-                "held-out pairs",
-            ).unbind(1)
-        losses, chosen_rewards, rejected_rewards = dpo_loss(
-            chosen, rejected, heldout_ref[:, 0], heldout_ref[:, 1], args.beta, args.label_smoothing
-        )
-        result["pairs"] = pair_metrics(
-            losses, chosen_rewards, rejected_rewards, chosen, rejected, prefix="eval/"
-        )
-        tqdm.write(
-            f"step {step}: held-out pairs: loss {result['pairs']['eval/loss']:.4f}, "
-            f"reward accuracy {result['pairs']['eval/rewards/accuracies']:.3f}"
-        )
-        return result
+    evaluate = functools.partial(
+        evaluate_heldout, policy, tokenizer, heldout_problems, heldout_pairs, heldout_ref, args
+    )
 
     run.begin(evaluate)
     for step, batch in enumerate(batches[run.first_step - 1 :], run.first_step):
         t0 = time.time()
         batch = distributed.share(batch)  # under torchrun, P/N pairs on a rank
         pairs = [train_pairs[i] for i in batch]
-        # ---- online: two samples per prompt from the policy, labelled by the verifier -------
-        if args.online:
-            pairs, dropped, mismatch = sample_pairs(
-                policy,
-                tokenizer,
-                [next(train_stream) for _ in range(args.batch_size)],
-                args.max_new_tokens,
-                args.temperature,
-                generator,
-            )
-            # all labels equal: no update and no scheduler step; logged, evaluated, saved as usual
-            if not pairs:
-                stats = {"pairs/kept": 0, "pairs/dropped": dropped, **mismatch, "time/step": time.time() - t0}
-                run.log(step, stats)
-                run.evaluate(step, evaluate)
-                run.save_if_due(step)
-                continue
 
         # ---- 2. log π_ref of this batch: precomputed, or from the frozen copy ---------------------
         if train_ref is not None:
@@ -501,8 +407,6 @@ def main(args: Args) -> dict:
                 "lengths/rejected": lengths[:, 1].float().mean().item(),
             }
         )
-        if args.online:
-            stats.update({"pairs/kept": len(pairs), "pairs/dropped": dropped, **mismatch})
         # each rank's mean over an equal share: their mean is the batch's
         stats = distributed.mean_over_ranks(stats)
         run.log(
@@ -523,8 +427,7 @@ def main(args: Args) -> dict:
         numbers = tasks.before_and_after(before, after)
         numbers["pairs_train"] = len(train_pairs)
         numbers["pairs_heldout"] = len(heldout_pairs)
-        if not args.online:  # online: pairs/kept, step by step
-            numbers["pairs_used"] = args.steps * args.batch_size
+        numbers["pairs_used"] = args.steps * args.batch_size
         return numbers
 
     return run.finish(

@@ -553,8 +553,9 @@ class Run:
                 self.tokenizer.save_pretrained(self.dir / "merged")
         self.metrics.close()
         minutes, seconds = divmod(round(result["wall_time_s"]), 60)
-        line = f"held-out accuracy {self.before['accuracy']:.3f} -> {after['accuracy']:.3f}"
-        if headline is not None:
+        if headline is None:
+            line = f"held-out accuracy {self.before['accuracy']:.3f} -> {after['accuracy']:.3f}"
+        else:
             line = headline(self.before, after)
         print(
             f"{line}\nwall time {minutes} min {seconds} s; "
