@@ -35,9 +35,10 @@ Where this file departs from InstructGPT, and why:
 - With --top-p < 1 the tokens come from the nucleus, but the ratio and the KL use the full softmax
   (as TRL does): the update is off-policy by -log(mass kept) per token.
 
-Reward over-optimisation (Gao et al. 2023): the mitigations the literature lists are options, off by
-default (ensemble_score, shaped_score, --kl-budget). Each step logs the learned `score` beside the
-`verifier`'s 0/1 of the same samples, `kl` and `completion_length`.
+Reward over-optimisation (Gao et al. 2023, arXiv:2210.10760): each step logs the learned `score` beside
+the `verifier`'s 0/1 of the same samples, `kl` and `completion_length`, so the two can be watched parting
+ways. The mitigations the literature lists (an ensemble of reward models, a clipped or composite reward, a
+length penalty, a KL budget) are a study of their own: ppo_overoptimisation.py, this loop with them in it.
 
 Under `torchrun --nproc_per_node N` a rank samples B/N completions and puts M/N of its rows into
 each minibatch of M (M < B: other minibatches than one process's). Advantages are whitened, and the
@@ -55,6 +56,7 @@ Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Annotated, Callable, Literal, Optional
@@ -65,6 +67,7 @@ from tqdm.auto import tqdm
 import common
 from infra import distributed
 from infra import fsdp
+from infra import metrics
 from infra import models
 from infra import runs
 from task import tasks
@@ -141,24 +144,6 @@ class Args:
     """subtracted from the score of a completion that hits --max-new-tokens without EOS (0 = off)"""
     whiten_rewards: bool = False
     """whiten the per-token rewards over the batch before GAE (population variance, mean kept)"""
-    # ---- optional: mitigations of reward over-optimisation, all off unless set -------------------
-    ensemble: tuple[str, ...] = ()
-    """more reward_model.py checkpoints (other --seed values): with --reward-model they score as one
-    ensemble"""
-    ensemble_agg: Literal["min", "mean-std"] = "min"
-    """how the ensemble's standardised scores combine (Coste et al. 2024): min, or mean − k·std"""
-    ensemble_std_coef: float = 1.0
-    """k in mean − k·std"""
-    reward_clip: Annotated[Optional[float], runs.none_means("off", "FLOAT")] = None
-    """standardise the learned score by the starting policy's held-out mean and std, then clip it to
-    [−C, C]"""
-    length_penalty: float = 0.0
-    """subtracted from the score per completion token"""
-    verifier_weight: float = 0.0
-    """composite reward: add this times the verifier's 0/1 to the learned score (after --reward-clip)"""
-    kl_budget: Annotated[Optional[float], runs.none_means("off", "FLOAT")] = None
-    """stop before the first update whose batch has a KL per completion above this (--resume redraws
-    that batch)"""
     # ---- generation: sampling the completions ----------------------------------------------------
     max_new_tokens: int = 32
     """completion length limit, in training and evaluation"""
@@ -203,17 +188,6 @@ def check_args(args: Args) -> None:
         "--reward model needs --reward-model PATH: train one with `python reward_model.py` (it prints its run "
         "folder; the checkpoint is <run folder>/model), or score with --reward verifier",
     )
-    for name, used in (
-        ("ensemble", args.ensemble),
-        ("reward-clip", args.reward_clip is not None),
-        ("verifier-weight", args.verifier_weight),
-    ):
-        require(
-            not used or args.reward == "model",
-            f"--{name} shapes a learned reward: use it with --reward model --reward-model PATH",
-        )
-    require(args.reward_clip is None or args.reward_clip > 0, "--reward-clip must be > 0")
-    require(args.kl_budget is None or args.kl_budget > 0, "--kl-budget must be > 0")
     require(
         args.critic_init != "reward-model" or args.reward_model is not None,
         "--critic-init reward-model needs --reward-model PATH; without one leave --critic-init out "
@@ -339,51 +313,85 @@ def token_values(critic, prompt_ids, prompt_mask, completion_ids) -> torch.Tenso
 
 
 # ---------------------------------------------------------------------------------------------
-# Optional: mitigations of reward over-optimisation (all off by default; with --reward model)
+# The four models, the reward, the evaluation
 # ---------------------------------------------------------------------------------------------
-def ensemble_score(
-    scores: torch.Tensor,
-    agg: str = "min",
-    std_coef: float = 1.0,
-    mean: Optional[torch.Tensor] = None,
-    std: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """(M, B) scores of M reward models -> (B,): the minimum over models (worst-case optimisation), or
-    mean − k·std with the population std over models (uncertainty-weighted; Coste et al. 2024,
-    arXiv:2310.02743, use the variance). One model: its score either way. With several, each is first
-    standardised by its own (M,) mean and std on the starting policy: a Bradley-Terry score has an
-    arbitrary offset and scale per model."""
-    if len(scores) > 1 and mean is not None:
-        scores = (scores - mean[:, None]) / std[:, None]
-    if agg == "min":
-        return scores.amin(0)
-    if agg == "mean-std":
-        return scores.mean(0) - std_coef * scores.std(0, unbiased=False)
-    raise ValueError(f"unknown ensemble aggregation {agg!r}")
+def load_models(
+    args: Args, tokenizer, device, precision: str, kernels_on: bool, resumed: Optional[dict]
+) -> tuple:
+    """The reward model (frozen; none with --reward verifier), the critic, the policy and its frozen reference
+    (the starting model, also when resuming; with LoRA none: the policy with its adapter off).
+
+    The critic starts from the reward model (InstructGPT §3.5) or from the policy's backbone with a new head
+    (--critic-init). With LoRA the critic is its own model with its own adapter and a fully trained head, not a
+    second adapter on the policy's weights: the value head would then read features the policy's adapter keeps
+    moving. The critic loads before the policy and gets its adapter after the policy's, so that each random
+    initialisation draws what it always has. -> (policy, ref_model, reward_model, critic)"""
+    reward_model = None
+    if args.reward == "model":
+        reward_model = models.load_reward_model(
+            args.reward_model, tokenizer, device, precision, kernels_on=kernels_on
+        )
+    critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
+    critic_source = args.reward_model if critic_init == "reward-model" else args.model
+    critic = models.load_model(
+        f"{args.run.resume}/model/critic" if resumed else critic_source,
+        len(tokenizer),
+        device,
+        precision,
+        args.seed,
+        head="score",
+        keep_adapter=bool(resumed),
+        kernels_on=kernels_on,
+    )
+    policy, ref_model = models.load_policy(
+        args, tokenizer, device, precision, kernels_on, resumed, with_reference=True
+    )
+    if args.lora.lora_r and not resumed:
+        critic = common.add_lora(critic, critic_source, args.lora)
+    if args.gradient_checkpointing:
+        critic.activation_checkpointing_enable()
+    return policy, ref_model, reward_model, critic
 
 
-def shaped_score(
-    scores: torch.Tensor,
-    verified: torch.Tensor,
-    lengths: torch.Tensor,
-    start_score: float,
-    start_score_std: float,
-    reward_clip: Optional[float] = None,
-    verifier_weight: float = 0.0,
-    length_penalty: float = 0.0,
-) -> torch.Tensor:
-    """The reward the policy is trained on, from the reward model's scores (B,), the verifier's 0/1
-    (B,) and the completion lengths (B,), before the missing-EOS penalty and the KL. Each term is
-    off at its default:
-    - reward_clip C: the score in units of the starting policy's spread, (s - mean) / std, clipped
-      to [-C, C], so C means the same for any reward model (start_score, start_score_std: the
-      starting policy's held-out ones);
-    - verifier_weight w: + w · verifier, a composite reward with the true reward in it;
-    - length_penalty λ: - λ · length, against the verbosity a reward model learns to pay for. -> (B,)"""
-    shaped = scores
-    if reward_clip is not None:
-        shaped = ((shaped - start_score) / max(start_score_std, 1e-6)).clamp(-reward_clip, reward_clip)
-    return shaped + verifier_weight * verified - length_penalty * lengths
+def score_completions(
+    reward_model, reward_fn, tokenizer, prompt_ids, prompt_mask, completion_ids, mask, problems
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reward r_θ(x, y) of each completion: the reward model's score of the prompt and completion tokens, or,
+    with no reward model (--reward verifier), reward_fn(text, answer). Beside it the verifier's 0/1 of the same
+    completions, logged as the true reward. -> (scores (B,), verified (B,))"""
+    texts = tasks.decode_completions(tokenizer, completion_ids, mask)
+    answers = [p.answer for p in problems]
+    verified = torch.tensor([tasks.verify(t, a) for t, a in zip(texts, answers)], device=mask.device)
+    if reward_model is None:
+        scores = torch.tensor([reward_fn(t, a) for t, a in zip(texts, answers)], device=mask.device)
+        return scores, verified
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, mask], dim=1)
+    return common.reward_scores(reward_model, input_ids, attention_mask), verified
+
+
+def evaluate_with_reward(
+    policy, tokenizer, heldout, args: Args, score: Callable, step: int, pass_k: int = 0
+) -> dict:
+    """Greedy held-out accuracy by the verifier, beside the mean reward (`score`'s) of the same completions; each
+    sample keeps its own. It reads the models and changes nothing the training uses."""
+    result = tasks.evaluate_policy(
+        policy,
+        tokenizer,
+        heldout,
+        args.max_new_tokens,
+        args.seed,
+        step,
+        pass_k,
+        score=lambda *batch: score(*batch)[0],
+    )
+    # (N,): every rank's share of the problems, in order
+    scores = distributed.concat(result.pop("scores"))
+    for sample, reward in zip(result["samples"], scores):
+        sample["score"] = round(reward.item(), 4)
+    result["score"] = scores.mean().item()
+    tqdm.write(f"step {step}: held-out mean reward {result['score']:.3f} ({args.reward})")
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,59 +403,17 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
     models.set_seed(args.seed)
-    device = models.resolve_device(args.run.device)
-    precision = models.resolve_precision(args.run.precision, device, args.model)
-    # the kernels' faster versions: on for a CPU, off for CUDA
-    kernels_on = models.resolve_kernels(args.run.kernels, device)
+    device, precision, kernels_on = models.resolve_run(args.run, args.model)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
-
-    # ---- the four models ----------------------------------------------------------------------
-    policy = models.load_model(
-        args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on
+    policy, ref_model, reward_model, critic = load_models(
+        args, tokenizer, device, precision, kernels_on, resumed
     )
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    # with LoRA: the policy, adapter off
-    ref_model = common.frozen_copy(policy) if not args.lora.lora_r else None
-    # or --ensemble
-    reward_models = [
-        models.load_reward_model(path, tokenizer, device, precision, kernels_on=kernels_on)  # frozen; one,
-        for path in ((args.reward_model, *args.ensemble) if args.reward_model else ())
-    ]
-    critic_init = args.critic_init or ("reward-model" if args.reward_model is not None else "policy")
-    critic_source = args.reward_model if critic_init == "reward-model" else args.model
-    # With LoRA the critic is its own model with its own adapter and a fully trained head (not a
-    # second adapter on the policy's weights: the value head would then read features the policy's
-    # adapter keeps moving).
-    critic = models.load_model(
-        f"{args.run.resume}/model/critic" if resumed else critic_source,
-        len(tokenizer),
-        device,
-        precision,
-        args.seed,
-        head="score",
-        keep_adapter=bool(resumed),
-        kernels_on=kernels_on,
-    )
-    if resumed:  # the reference stays the starting model
-        policy = models.load_model(
-            f"{args.run.resume}/model",
-            len(tokenizer),
-            device,
-            precision,
-            args.seed,
-            keep_adapter=True,
-            kernels_on=kernels_on,
-        )
-    elif args.lora.lora_r:
-        policy = common.add_lora(policy, args.model, args.lora)
-        critic = common.add_lora(critic, critic_source, args.lora)
-    for model in (policy, critic) if args.gradient_checkpointing else ():
-        model.activation_checkpointing_enable()
     # --fsdp: 1/N of each model on a rank
-    fsdp.shard(args.run.fsdp, policy, ref_model, critic, *reward_models)
+    fsdp.shard(args.run.fsdp, policy, ref_model, critic, reward_model)
     policy_optimizer, _ = common.make_optimizer(policy, args.lr)  # constant rates, no warm-up
     critic_optimizer, _ = common.make_optimizer(critic, args.critic_lr)
     # each rank its own draws
@@ -475,64 +441,14 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     # a resumed run's data position: batch-size problems a step
     for _ in range((run.first_step - 1) * args.batch_size):
         next(train_stream)
+    # (prompt_ids, prompt_mask, completion_ids, mask, problems) -> the reward (B,), the verifier's 0/1 (B,)
+    score = functools.partial(score_completions, reward_model, reward_fn, tokenizer)
+    evaluate = functools.partial(evaluate_with_reward, policy, tokenizer, heldout, args, score)
 
-    def score_completions(
-        prompt_ids, prompt_mask, completion_ids, mask, problems
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(raw scores (M, B): each reward model's, or the verifier's as M = 1; the verifier's 0/1 (B,))."""
-        texts = tasks.decode_completions(tokenizer, completion_ids, mask)
-        answers = [p.answer for p in problems]
-        verified = torch.tensor([tasks.verify(t, a) for t, a in zip(texts, answers)], device=device)
-        if args.reward == "verifier":
-            return torch.tensor([[reward_fn(t, a) for t, a in zip(texts, answers)]], device=device), verified
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, mask], dim=1)
-        return torch.stack(
-            [common.reward_scores(m, input_ids, attention_mask) for m in reward_models]
-        ), verified
-
-    ensemble_norm = {}  # each reward model's mean and std on the starting policy's held-out answers (first evaluation)
-
-    def learned_score(raw: torch.Tensor) -> torch.Tensor:
-        return ensemble_score(raw, args.ensemble_agg, args.ensemble_std_coef, **ensemble_norm)
-
-    def evaluate(step: int, pass_k: int = 0) -> dict:
-        """Greedy held-out accuracy by the verifier, beside the reward model's mean score of the
-        same completions."""
-        result = tasks.evaluate_policy(
-            policy,
-            tokenizer,
-            heldout,
-            args.max_new_tokens,
-            args.seed,
-            step,
-            pass_k,
-            score=lambda *batch: score_completions(*batch)[0],
-        )
-        # (M, N): every rank's share of the problems, in order
-        raw = distributed.concat(result.pop("scores").T).T
-        if not ensemble_norm:  # the starting policy
-            ensemble_norm.update(mean=raw.mean(1), std=raw.std(1, unbiased=False).clamp(min=1e-6))
-        scores = learned_score(raw)  # (N,)
-        for sample, score in zip(result["samples"], scores):
-            sample["score"] = round(score.item(), 4)
-        result.update(
-            score=scores.mean().item(),
-            score_std=scores.std(unbiased=False).item(),
-            ensemble_norm={k: v.tolist() for k, v in ensemble_norm.items()},
-        )
-        tqdm.write(f"step {step}: held-out mean reward {result['score']:.3f} ({args.reward})")
-        return result
-
-    before = run.begin(evaluate)
-    if resumed:  # the ensemble's standardisation is the starting policy's, from the first evaluation
-        ensemble_norm.update({k: torch.tensor(v, device=device) for k, v in before["ensemble_norm"].items()})
-    stopped_at = args.steps  # the last step trained: --kl-budget may stop early
+    run.begin(evaluate)
     for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample one completion per prompt from the policy --------------------------------
         t0 = time.time()
-        # what a --kl-budget stop saves, to sample it again
-        rng_before_sampling = distributed.rng_state(generator)
         problems = distributed.share([next(train_stream) for _ in range(args.batch_size)])  # B/N on a rank
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
@@ -563,30 +479,16 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         # ---- 2. score, and the frozen quantities of this batch -------------------------------------
         t1 = time.time()
         with torch.no_grad():
-            # (M, B), (B,)
-            raw, verified = score_completions(prompt_ids, prompt_mask, completion_ids, mask, problems)
-            scores = learned_score(raw)  # (B,)
+            # (B,) each
+            scores, verified = score(prompt_ids, prompt_mask, completion_ids, mask, problems)
             if not torch.isfinite(scores).all():  # caught here, it is not blamed on the loss and --lr
                 source = "reward model" if args.reward == "model" else "reward function"
                 raise InputError(
                     f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: "
                     f"the {source} returned a non-finite score"
                 )
-            # (B,) each
-            finished = (completion_ids == eos).any(1)
-            lengths = mask.sum(1)
-            # the optional mitigations
-            shaped = shaped_score(
-                scores,
-                verified,
-                lengths,
-                before["score"],
-                before["score_std"],
-                args.reward_clip,
-                args.verifier_weight,
-                args.length_penalty,
-            )
-            penalised = shaped - args.missing_eos_penalty * (~finished).float()
+            finished = (completion_ids == eos).any(1)  # (B,)
+            penalised = scores - args.missing_eos_penalty * (~finished).float()
             # (B, T)
             old_logprobs, _ = common.completion_logprobs(
                 policy, prompt_ids, prompt_mask, completion_ids, ones, args.temperature
@@ -608,14 +510,6 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             advantages = masked_whiten(advantages, mask, all_sum=distributed.all_sum) * mask
         # the whole batch's
         kl_per_completion = distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})["kl"]
-        if args.kl_budget is not None and kl_per_completion > args.kl_budget:
-            stopped_at = step - 1
-            distributed.set_rng_state(rng_before_sampling, generator)  # rewound: the checkpoint resumes here
-            tqdm.write(
-                f"step {step}: KL per completion {kl_per_completion:.3f} > --kl-budget {args.kl_budget}: "
-                "stopped before this update"
-            )
-            break
         memory_score = runs.peak_memory_gb(device)
         time_score = time.time() - t1
 
@@ -673,8 +567,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                     "value_clip_ratio": vf_clip,
                     "entropy": entropy_mean.item(),
                 }
-                # × share × N: the mean over the ranks (mean_over_ranks, below) is then the
-                # minibatch's token mean
+                # × share × N: the mean over the ranks (mean_over_ranks, below) is then the minibatch's token mean
                 step_metrics.append(
                     {
                         **{k: v * share * distributed.world_size() for k, v in token_means.items()},
@@ -696,7 +589,6 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         step_time = time.time() - t0
         stats = {
             "score": scores.mean().item(),
-            "score_shaped": shaped.mean().item(),  # after the mitigations, before the missing-EOS penalty
             "score_penalised": penalised.mean().item(),
             "verifier": verified.mean().item(),  # the true reward of the same samples: over-optimisation shows
             "kl": kl_per_completion,
@@ -708,7 +600,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "completion_length": mask.sum(1).float().mean().item(),
             "completion_finished": finished.float().mean().item(),
             # the batch (a rank's share)
-            "completions/distinct": common.distinct_fraction(completion_ids, mask, B),
+            "completions/distinct": metrics.distinct_fraction(completion_ids, mask, B),
             # the sampler against the trainer (π_old), at the sampled tokens
             **common.mismatch_metrics(old_logprobs, sampler_logprobs, mask),
             "time/generate": time_generate,
@@ -742,13 +634,11 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             **tasks.before_and_after(before, after),
             "score_before": before["score"],
             "score_after": after["score"],
-            "steps_trained": stopped_at,
         },
         lambda before, after: (
             f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
             f"reward {before['score']:.3f} -> {after['score']:.3f}"
         ),
-        last_step=stopped_at,
     )
 
 

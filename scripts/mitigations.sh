@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reward over-optimisation and what mitigates it. The pipeline's case (SFT model -> reward model -> ppo.py,
 # where held-out accuracy falls from 0.915 to 0.180 while the learned score rises) is run again with each
-# mitigation option of ppo.py, one at a time, everything else equal (seed 0, 40 steps, the same two models):
+# mitigation option of ppo_overoptimisation.py (ppo.py's loop with them), one at a time, everything else equal
+# (seed 0, 40 steps, the same two models):
 #   bash scripts/pipeline.sh runs/pipeline                            # first: the SFT model, the reward model, plain PPO
 #   bash scripts/mitigations.sh runs/pipeline [OUT_DIR] [options for every run]
 # About 15 minutes per run on 2 CPU cores with the embedded model; the ensemble first trains two more reward
@@ -15,10 +16,10 @@ mkdir -p "$OUT"
 last() { ls -d "$1"/*/ | tail -1; }
 SFT=$(last "$PIPE/sft")model
 RM=$(last "$PIPE/rm")model
-run() {  # NAME OPTIONS...: one ppo.py run into OUT/NAME, skipped when it has finished
+run() {  # NAME OPTIONS...: one ppo_overoptimisation.py run into OUT/NAME, skipped when it has finished
   local name=$1; shift
   ls "$OUT/$name"/*/eval.json > /dev/null 2>&1 && return
-  python ppo.py --model "$SFT" --reward-model "$RM" --eval-every 20 --pass-k 0 --no-save-model --output-dir "$OUT/$name" "$@" "${EXTRA[@]}"
+  python ppo_overoptimisation.py --model "$SFT" --reward-model "$RM" --eval-every 20 --pass-k 0 --no-save-model --output-dir "$OUT/$name" "$@" "${EXTRA[@]}"
 }
 EXTRA=("$@")
 run verifier-weight --verifier-weight 1        # composite reward: the learned score + 1 x the verifier's 0/1
@@ -54,5 +55,5 @@ for name, folder in (("no mitigation (the pipeline's ppo.py)", f"{pipe}/ppo"), (
     mean = lambda key: sum(r[key] for r in tail) / len(tail)
     print(f"| {name} | {result['accuracy_before']:.3f} -> {at20} -> {result['accuracy_after']:.3f} | "
           f"{result['score_before']:.2f} -> {result['score_after']:.2f} | {mean('score'):.2f} | {mean('verifier'):.2f} | "
-          f"{mean('kl'):.2f} | {mean('completion_length'):.1f} | {result['steps_trained']} |")
+          f"{mean('kl'):.2f} | {mean('completion_length'):.1f} | {result.get('steps_trained', result['steps'])} |")
 EOF

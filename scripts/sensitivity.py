@@ -110,8 +110,17 @@ STUDIES = {
         80,
         (
             ("one reward model", ()),
-            (f"{compare.ENSEMBLE_SIZE} reward models, min", ("--ensemble-agg", "min")),
-            (f"{compare.ENSEMBLE_SIZE} reward models, mean − 1·std", ("--ensemble-agg", "mean-std")),
+            # ppo_overoptimisation.py: ppo.py's loop with the ensemble
+            (
+                f"{compare.ENSEMBLE_SIZE} reward models, min",
+                ("--ensemble-agg", "min"),
+                "ppo-rm-overoptimisation",
+            ),
+            (
+                f"{compare.ENSEMBLE_SIZE} reward models, mean − 1·std",
+                ("--ensemble-agg", "mean-std"),
+                "ppo-rm-overoptimisation",
+            ),
         ),
         (("score", "mean"), ("verifier", "mean"), ("kl", "mean")),
     ),

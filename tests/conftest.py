@@ -197,6 +197,18 @@ def preference_cache(tmp_path, monkeypatch):
 PAIRS = str(REPO / "tests" / "data" / "pairs.jsonl")
 
 
+@pytest.fixture(scope="session")
+def tiny_reward_model_path(tmp_path_factory) -> str:
+    """A tiny reward model made by reward_model.py itself, as ppo.py's users make theirs (ppo.py, its variant)."""
+    import reward_model
+
+    out = tmp_path_factory.mktemp("rm")
+    result = reward_model.main(
+        args_of(reward_model.Args, model="tiny", dataset=PAIRS, steps=2, batch_size=4, output_dir=str(out))
+    )
+    return os.path.join(result["run_dir"], "model")
+
+
 @pytest.fixture
 def digits_are_correct(monkeypatch, preference_cache):
     """Label preference samples 'correct' when they contain a digit: the random tiny model never

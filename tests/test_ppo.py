@@ -1,10 +1,8 @@
 """ppo.py: rewards, GAE and both losses on hand-computed numbers, the loop's invariants, learning, the CLI."""
 
 import inspect
-import itertools
 import math
 import os
-import re
 
 import pytest
 import torch
@@ -12,13 +10,11 @@ import torch
 import common
 from infra import models
 import ppo
-import reward_model
 from infra import runs
 from task import tasks
 from fixed_completions import sampler_from
 from conftest import (
     HAS_EMBEDDED_MODEL,
-    PAIRS,
     RUN_FILES,
     TIMING,
     args_of,
@@ -34,7 +30,6 @@ from ppo import (
     Args,
     adaptive_kl_coef,
     compute_gae,
-    ensemble_score,
     explained_variance,
     kl_penalized_rewards,
     main,
@@ -45,17 +40,8 @@ from ppo import (
 )
 
 
-@pytest.fixture(scope="module")
-def tiny_reward_model_path(tmp_path_factory):
-    """A tiny reward model made by reward_model.py itself, as ppo.py's users make theirs."""
-    out = tmp_path_factory.mktemp("rm")
-    result = reward_model.main(
-        args_of(reward_model.Args, model="tiny", dataset=PAIRS, steps=2, batch_size=4, output_dir=str(out))
-    )
-    return os.path.join(result["run_dir"], "model")
-
-
-def tiny_args(tmp_path, rm_path, **overrides) -> Args:
+def tiny_args(tmp_path, rm_path, args_class=Args, **overrides) -> Args:
+    """A tiny run (2 steps of 4 prompts) of ppo.py, or with args_class of its variant ppo_overoptimisation.py."""
     defaults = dict(
         model="tiny",
         reward_model=rm_path,
@@ -69,7 +55,7 @@ def tiny_args(tmp_path, rm_path, **overrides) -> Args:
         lr=1e-3,
         critic_lr=1e-3,
     )
-    return args_of(Args, **{**defaults, **overrides})
+    return args_of(args_class, **{**defaults, **overrides})
 
 
 def fixed_completions(monkeypatch, rows: list[list[int]]) -> None:
@@ -331,6 +317,17 @@ def test_run_folder_and_metrics(tmp_path, tiny_reward_model_path):
     assert all(row["mismatch/kl"] < 1e-8 for row in metrics_of(result))
 
 
+def test_evaluating_every_step_changes_no_training_number(tmp_path, tiny_reward_model_path):
+    # evaluate() reads the models and sets nothing the training uses: the same steps with and without evaluations
+    def steady_rows(every: int) -> list[dict]:
+        result = main(
+            tiny_args(tmp_path / f"every-{every}", tiny_reward_model_path, steps=3, eval_every=every)
+        )
+        return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in metrics_of(result)]
+
+    assert steady_rows(0) == steady_rows(1)
+
+
 def test_ppo_raises_a_rule_based_score_on_the_tiny_model_with_bounded_kl(tmp_path):
     args = tiny_args(
         tmp_path,
@@ -395,109 +392,6 @@ def test_whiten_rewards_scales_the_token_rewards_keeping_their_mean(tmp_path, mo
     # 1 → 0.5 + (1 - 0.5) / 0.5 = 1.5, 0 → 0.5 + (0 - 0.5) / 0.5 = -0.5; padding stays 0
     expected = torch.tensor([[1.5, 0.0, 0.0], [1.5, 0.0, 0.0], [-0.5, -0.5, 1.5], [-0.5, -0.5, 1.5]])
     torch.testing.assert_close(rewards_seen[0], expected, atol=1e-6, rtol=0)
-
-
-# ---- mitigations of reward over-optimisation ------------------------------------------------------------------------
-def test_ensemble_score_by_hand():
-    scores = torch.tensor([[1.0, 2.0], [3.0, 0.0], [2.0, 1.0]])  # 3 models, 2 completions
-    assert ensemble_score(scores, "min").tolist() == [1.0, 0.0]
-    # mean [2, 1]; population std over models sqrt(2/3) = 0.816497 for both; mean − 1·std
-    assert ensemble_score(scores, "mean-std", 1.0).tolist() == pytest.approx([1.183503, 0.183503], abs=1e-6)
-    assert ensemble_score(scores[:1], "mean-std", 1.0).tolist() == [1.0, 2.0]  # one model: its score
-
-
-@pytest.mark.parametrize("agg, coef, expected", [("min", 1.0, -1.309307), ("mean-std", 0.5, -1.091089)])
-def test_ensemble_standardises_each_model_then_combines(
-    tmp_path, tiny_reward_model_path, monkeypatch, agg, coef, expected
-):
-    # held-out (8 problems, the starting policy): both models score 0..7, mean 3.5, population std
-    # sqrt(63/12) = 2.291288. Training batch: model 1 scores [0, 1, 2, 3], model 2 [3, 2, 1, 0]; standardised
-    # z = (x − 3.5) / 2.291288 = [−1.527525, −1.091089, −0.654654, −0.218218] and its reverse.
-    # min per row [−1.5275, −1.0911, −1.0911, −1.5275]: mean −1.309307.
-    # mean − 0.5·std per row: rows 0, 3: −0.872872 − 0.5·0.654654; rows 1, 2: −0.872872 − 0.5·0.218218: mean −1.091089
-    calls = itertools.count()
-
-    def scores(model, ids, mask):  # every batch is scored by model 1, then model 2
-        x = torch.arange(len(ids)).float()
-        return x.flip(0) if next(calls) % 2 and len(ids) == 4 else x
-
-    monkeypatch.setattr(common, "reward_scores", scores)
-    args = tiny_args(
-        tmp_path,
-        tiny_reward_model_path,
-        steps=1,
-        ensemble=(tiny_reward_model_path,),
-        ensemble_agg=agg,
-        ensemble_std_coef=coef,
-    )
-    result = main(args)
-    # metrics.jsonl keeps 6 significant digits
-    assert metrics_of(result)[0]["score"] == pytest.approx(expected, abs=5e-6)
-
-
-def test_reward_clip_standardises_by_the_starting_policys_held_out_scores(
-    tmp_path, tiny_reward_model_path, monkeypatch
-):
-    monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: torch.arange(len(ids)).float())
-    row = metrics_of(main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, reward_clip=1.0)))[0]
-    # held-out (8 problems): scores 0..7, mean 3.5, population std sqrt(63/12) = 2.291288. Training batch 0..3:
-    # (0, 1, 2, 3 − 3.5) / 2.291288 = −1.527525, −1.091089, −0.654654, −0.218218; clipped at ±1: mean −0.718218
-    assert row["score"] == pytest.approx(1.5) and row["score_shaped"] == pytest.approx(-0.718218, abs=1e-6)
-
-
-def test_composite_reward_and_length_penalty(tmp_path, tiny_reward_model_path, monkeypatch, tokenizer):
-    eos, seven = tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("7")
-    # lengths 2, 3 (EOS counts), texts "7", "77"
-    fixed_completions(monkeypatch, [[seven, eos, 0], [seven, seven, eos]])
-    monkeypatch.setattr(common, "reward_scores", lambda model, ids, mask: torch.ones(len(ids)))
-    monkeypatch.setattr(tasks, "verify", lambda completion, answer: float(completion == "77"))
-    row = metrics_of(
-        main(
-            tiny_args(
-                tmp_path,
-                tiny_reward_model_path,
-                steps=1,
-                max_new_tokens=3,
-                verifier_weight=0.5,
-                length_penalty=0.2,
-            )
-        )
-    )[0]
-    # 1 + 0.5 · verifier − 0.2 · length: [1 + 0 − 0.4, 1 + 0.5 − 0.6] = [0.6, 0.9], twice: mean 0.75
-    assert row["score"] == 1.0 and row["verifier"] == 0.5 and row["score_shaped"] == pytest.approx(0.75)
-
-
-def test_kl_budget_stops_before_the_update_and_a_resume_redraws_that_batch(
-    tmp_path, tiny_reward_model_path, capsys
-):
-    def run(out, **overrides):
-        return main(tiny_args(out, tiny_reward_model_path, steps=3, eval_every=1, **overrides))
-
-    # the KL per completion of the batch that stopped the last run, as it printed it
-    def stopping_kl() -> float:
-        return float(
-            re.search(r"step 2: KL per completion ([\d.]+) > --kl-budget", capsys.readouterr().out).group(1)
-        )
-
-    # step 1 samples from the reference itself (KL 0) and updates; step 2's samples are already off it
-    result = run(tmp_path / "split", kl_budget=1e-9)
-    assert result["steps_trained"] == 1 and len(metrics_of(result)) == 1
-    # the final evaluation replaces step 1's, not a second row
-    assert [e["step"] for e in result["evals"]] == [0, 1]
-    state = torch.load(os.path.join(result["run_dir"], "model", "trainer_state.pt"), weights_only=False)
-    assert state["step"] == 1  # the checkpoint says what was trained: a --resume starts at step 2
-    first_kl = stopping_kl()
-    # the same budget again: the same batch is drawn, and stops the run again
-    again = run(tmp_path / "split", kl_budget=1e-9, resume=result["run_dir"])
-    assert again["steps_trained"] == 1 and stopping_kl() == first_kl
-    # the budget lifted: the resumed run trains on that batch, exactly as a run that never had a budget does
-    resumed, straight = run(tmp_path / "split", resume=result["run_dir"]), run(tmp_path / "straight")
-    rows = [
-        [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in metrics_of(r)]
-        for r in (straight, resumed)
-    ]
-    assert [row["step"] for row in rows[1]] == [1, 2, 3] and rows[0] == rows[1]
-    assert rows[1][1]["kl"] == pytest.approx(first_kl, abs=5e-4) and straight["evals"] == resumed["evals"]
 
 
 def test_entropy_bonus_raises_entropy_and_lowers_the_loss_by_coef_times_entropy(tmp_path, monkeypatch):
@@ -570,16 +464,6 @@ def test_a_non_finite_reward_stops_the_run_naming_the_reward(tmp_path):
         (dict(target_kl=0.0), "--target-kl must be > 0"),
         (dict(top_p=0.0), "--top-p must be in (0, 1]"),
         (dict(top_p=1.5), "--top-p must be in (0, 1]"),
-        (
-            dict(reward="verifier", reward_model=None, ensemble=("x",)),
-            "--ensemble shapes a learned reward: use it with --reward model",
-        ),
-        (
-            dict(reward="verifier", reward_model=None, verifier_weight=1.0),
-            "--verifier-weight shapes a learned reward",
-        ),
-        (dict(reward_clip=0.0), "--reward-clip must be > 0"),
-        (dict(kl_budget=-1.0), "--kl-budget must be > 0"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, tiny_reward_model_path, overrides, message):
@@ -603,7 +487,7 @@ def test_critic_starts_from_the_reward_model_when_given_else_from_the_policy(
     # no --critic-init either way
     overrides = {} if with_reward_model else dict(reward="verifier", reward_model=None)
     main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, **overrides))
-    # the critic is loaded last
+    # the critic is the last model loaded with a score head (the reward model's is loaded as "trained-score")
     assert score_heads[-1] == (tiny_reward_model_path if with_reward_model else "tiny")
 
 
