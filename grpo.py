@@ -26,6 +26,7 @@ Options from later papers, each off by default unless said:
 - The sampler against the trainer: `mismatch/*` logs how far the sampler's log-probs of its tokens are
   from the update's (common.mismatch_metrics). grpo_async.py trains on batches sampled k steps earlier,
   as an asynchronous trainer does, and corrects with importance weights (TIS, MIS).
+- Process supervision (DeepSeekMath §4.1.3), a process reward model's step scores as the advantages: grpo_prm.py.
 
 The reward is the verifier's 0/1: the last number in the completion, which also pays for restating
 an operand ("the sum of 0 and 24"), or with `--verifier strict` only a result stated as one ("= 24",

@@ -80,6 +80,7 @@ import torch.nn.functional as F
 import common
 from infra import distributed
 from infra import fsdp
+from infra import metrics
 from infra import models
 from infra import runs
 from task import preferences, tasks
@@ -603,7 +604,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
                 .float()
                 .mean()
                 .item(),  # distinct: per group; ReMax: per batch
-                "completions/distinct": common.distinct_fraction(
+                "completions/distinct": metrics.distinct_fraction(
                     completion_ids, mask, k if k > 1 else len(mask)
                 ),
                 # the sampler against the trainer, at the sampled tokens

@@ -65,12 +65,26 @@ def collect(out: Path) -> None:
     (out / "numbers.json").write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
 
 
+def differences(before, after, path: str = "") -> list[str]:
+    """Where two numbers.json entries part: "key: before -> after", a key one of them lacks as "(none)"."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        found = []
+        for key in sorted(set(before) | set(after)):
+            found += differences(before.get(key, "(none)"), after.get(key, "(none)"), f"{path}/{key}")
+        return found
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        return [d for i, (x, y) in enumerate(zip(before, after)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if before == after else [f"{path}: {before} -> {after}"]
+
+
 def compare(a: Path, b: Path) -> int:
     before = json.loads((a / "numbers.json").read_text())
     after = json.loads((b / "numbers.json").read_text())
     differing = [name for name in before if before[name] != after.get(name)]
     for name in before:
         print(f"{name:<14} {'DIFFERENT' if name in differing else 'identical'}")
+        for line in differences(before[name], after.get(name, {}))[:10]:
+            print(f"    {line}")
     return 1 if differing else 0
 
 

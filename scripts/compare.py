@@ -1,4 +1,4 @@
-"""Every algorithm at one budget on several seeds: the README's comparison table and its picture.
+"""Every algorithm at one budget on several seeds: docs/results.md's comparison table and its picture.
 
 The budget is a number of *training completions*: the completions a loss is computed on.
 - Online algorithms count their samples. GRPO and RLOO sample 32 per step; PPO and ReMax sample 8.
@@ -34,7 +34,7 @@ training and its two greedy evaluations. So:
 Run (a finished (algorithm, seed) is read back from its eval.json, never rerun, when its args.json
 agrees with every option given):
     python scripts/compare.py                                    # every algorithm, 3 seeds, the CPU budget
-                                                                 # (see the README for its cost)
+                                                                 # (see docs/results.md for its cost)
     python scripts/compare.py --full --device cuda               # the GPU budget
     python scripts/compare.py --algos grpo dpo --seeds 0 --budget 320 --out runs/compare-small
 
@@ -57,6 +57,8 @@ sys.path.insert(0, str(REPO))
 
 # 4 prompts × 8 completions = 32 a step: the shape the comparison was run with (grpo.py's own default is 16 prompts)
 GRPO = ["grpo.py", "--prompts-per-step", "4"]
+# the same shape, as an asynchronous trainer runs it (grpo_async.py: --staleness, --is-correction)
+GRPO_ASYNC = ["grpo_async.py", "--prompts-per-step", "4"]
 # slug: (name in the table, command after `python`, training completions per step)
 ALGORITHMS = {
     "sft": ("SFT", ["sft.py"], 16),
@@ -75,6 +77,12 @@ ALGORITHMS = {
     "remax": ("ReMax", ["variants.py", "--algo", "remax"], 8),
     "ppo-verifier": ("PPO, verifier", ["ppo.py", "--reward", "verifier"], 8),
     "ppo-rm": ("PPO, reward model", ["ppo.py", "--reward", "model"], 8),
+    # its variant with the mitigations of over-optimisation (--ensemble-agg, --reward-clip, ...), all off
+    "ppo-rm-overoptimisation": (
+        "PPO, reward model, over-optimisation variant",
+        ["ppo_overoptimisation.py", "--reward", "model"],
+        8,
+    ),
     "dpo": ("DPO", ["dpo.py"], 16),
     "ipo": ("IPO", ["variants.py", "--algo", "ipo"], 16),
     "kto": ("KTO", ["variants.py", "--algo", "kto"], 16),
@@ -86,7 +94,7 @@ ALGORITHMS = {
         ["variants.py", "--algo", "reinforce_pp_baseline"],
         32,
     ),
-    "online-dpo": ("Online DPO", ["dpo.py", "--online"], 16),  # two samples per prompt, kept pairs or not
+    "online-dpo": ("Online DPO", ["dpo_online.py"], 16),  # two samples per prompt, kept pairs or not
     # With μ = 1 the ratio is 1 and GSPO and CISPO are GRPO itself: they differ only with μ > 1.
     "grpo-mu2": ("GRPO, μ = 2", [*GRPO, "--num-iterations", "2"], 32),
     "gspo": (
@@ -112,23 +120,24 @@ ALGORITHMS = {
     ),
     # GRPO's shape without the RL: 4 prompts × 8 samples a round, the verified kept, one SFT step on them
     "rft": ("RFT (rejection sampling)", ["rft.py", "--prompts-per-round", "4", "--steps-per-round", "1"], 32),
-    # each step trains on the batch sampled k updates earlier, uncorrected or with truncated IS (offpolicy.py)
-    "grpo-tis": ("GRPO, token-truncate IS", [*GRPO, "--is-correction", "token-truncate"], 32),
-    "grpo-stale2": ("GRPO, staleness 2", [*GRPO, "--staleness", "2"], 32),
+    # each step trains on the batch sampled k updates earlier, uncorrected or with truncated IS (grpo_async.py)
+    "grpo-tis": ("GRPO, token-truncate IS", [*GRPO_ASYNC, "--is-correction", "token-truncate"], 32),
+    "grpo-stale2": ("GRPO, staleness 2", [*GRPO_ASYNC, "--staleness", "2"], 32),
     "grpo-stale2-tis": (
         "GRPO, staleness 2, token-truncate IS",
-        [*GRPO, "--staleness", "2", "--is-correction", "token-truncate"],
+        [*GRPO_ASYNC, "--staleness", "2", "--is-correction", "token-truncate"],
         32,
     ),
-    "grpo-stale4": ("GRPO, staleness 4", [*GRPO, "--staleness", "4"], 32),
+    "grpo-stale4": ("GRPO, staleness 4", [*GRPO_ASYNC, "--staleness", "4"], 32),
     "grpo-stale4-tis": (
         "GRPO, staleness 4, token-truncate IS",
-        [*GRPO, "--staleness", "4", "--is-correction", "token-truncate"],
+        [*GRPO_ASYNC, "--staleness", "4", "--is-correction", "token-truncate"],
         32,
     ),
 }
-# Choices by name only: the default set is the one the README's comparison was run with.
+# Choices by name only: the default set is the one docs/results.md's comparison was run with.
 NOT_BY_DEFAULT = (
+    "ppo-rm-overoptimisation",
     "rft",
     "reinforce-pp",
     "reinforce-pp-baseline",
@@ -385,7 +394,7 @@ def reward_model_seeds(command: list[str], seed: int) -> list[int]:
     """The seeds of the reward models a run trains first: none for a verifier's reward; for PPO on a learned reward,
     the run's own seed, and for an ensemble (a run that names --ensemble-agg) ENSEMBLE_SIZE − 1 more, 1000 apart,
     so that no member is another run's own (they train on the first's pairs: reward_model_run)."""
-    if command[:3] != ["ppo.py", "--reward", "model"]:
+    if command[0] not in ("ppo.py", "ppo_overoptimisation.py") or command[1:3] != ["--reward", "model"]:
         return []
     members = ENSEMBLE_SIZE if "--ensemble-agg" in command else 1
     return [seed + 1000 * member for member in range(members)]

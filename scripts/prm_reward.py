@@ -1,5 +1,5 @@
 """The process reward model as an RL reward: GRPO on the multi-step chains with a PRM's per-step reward (DeepSeekMath's
-process supervision, `grpo.py --prm`) against the verifier's outcome reward alone, at the same budget, on several seeds.
+process supervision, `grpo_prm.py`) against the verifier's outcome reward alone, at the same budget, on several seeds.
 
     python scripts/prm_reward.py                                  # SmolLM2-135M-Instruct (embedded), 3 seeds
     python scripts/prm_reward.py --model tiny --quick --out runs/prm-reward-tiny   # the plumbing, about a minute
@@ -11,7 +11,7 @@ Stages, each one of the project's scripts run as a user runs it (a finished stag
 3. The RL data: OUT/chains.jsonl, held-out chains that neither the SFT demonstrations (excluded up to
    --num-chains) nor the held-out evaluation of step 1 touch; grpo.py holds out a tenth of them for its evaluation.
 4. On each seed, from the SFT policy: `grpo.py --dataset OUT/chains.jsonl` (outcome supervision, the verifier's
-   0/1) and the same with `--prm PRM` (process supervision), everything else equal.
+   0/1) and `grpo_prm.py --prm PRM` with the same options (process supervision), everything else equal.
 SFT and the PRM are trained once (seed 0); the seeds vary the GRPO runs, and with them which tenth of the chains
 is held out. Writes OUT/prm-reward-STEPS-steps.md and OUT/results-STEPS-steps.jsonl (several --steps share one OUT,
 its SFT policy and its PRM).
@@ -125,8 +125,10 @@ def main(argv=None) -> list[dict]:
     results = []
     for seed in args.seeds:
         for name, with_prm in ROWS.items():
+            # process supervision is grpo.py's variant, with the PRM named
+            script = "grpo_prm.py" if with_prm else "grpo.py"
             grpo_command = [
-                "grpo.py",
+                script,
                 "--model",
                 policy,
                 "--dataset",

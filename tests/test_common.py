@@ -11,6 +11,7 @@ import torch
 import transformers
 
 import common
+from infra import metrics
 from infra import models
 from infra import runs
 
@@ -303,6 +304,32 @@ def test_sampler_log_probs_equal_the_trainers_in_float32_and_exceed_them_by_the_
             assert (sampled[b, t] - trained[b, t]).item() == pytest.approx(-math.log(mass.item()), abs=1e-4)
 
 
+# ---- the sampler against the trainer ------------------------------------------------------------------------
+def test_mismatch_metrics_by_hand():
+    # w = 2, 1/2, 1 in row 0 and 1.05 in row 1, then padding (e^5, never counted)
+    trainer = torch.log(0.2 * torch.tensor([[2.0, 0.5, 1.0], [1.05, math.exp(5.0), 1.0]]))
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    mismatch = common.mismatch_metrics(trainer, torch.full((2, 3), math.log(0.2)), mask)
+    # k3 = w - 1 - log w: 2 - 1 - 0.693147 = 0.306853; 0.5 - 1 + 0.693147 = 0.193147; 0; 1.05 - 1 - 0.048790 =
+    # 0.001210. Their mean over 4 tokens: 0.501210 / 4 = 0.125302. (KL the other way, -log w summed, is 0.)
+    assert mismatch["mismatch/kl"] == pytest.approx(0.125302, abs=1e-6)
+    assert mismatch["mismatch/max_log_ratio"] == pytest.approx(math.log(2.0), abs=1e-6)
+    # k1 = -log w: (-0.693147 + 0.693147 - 0 - 0.048790) / 4 = -0.012198, below 0 though the KL is not
+    assert mismatch["mismatch/k1"] == pytest.approx(-0.012198, abs=1e-6)
+    # |log w| > 0.1: 2 and 1/2, not 1 or 1.05 (0.0488)
+    assert mismatch["mismatch/frac_over_0.1"] == 0.5
+
+
+def test_under_a_nucleus_k1_is_the_kl_and_k3_is_not():
+    # A nucleus keeping mass m = 0.9 samples p_k / 0.9: w = π_train / π_sampler = 0.9 at every token it draws, and
+    # KL(π_sampler || π_train) = -log 0.9 = 0.105361. k1 reads exactly that; k3 reads 0.9 - 1 + 0.105361 = 0.005361,
+    # since E_sampler[w] = 0.9, not 1 (the trainer's mass on the cut tokens is never drawn).
+    sampler = torch.log(torch.tensor([[0.5, 0.25, 0.4]]))
+    mismatch = common.mismatch_metrics(sampler + math.log(0.9), sampler, torch.ones(1, 3))
+    assert mismatch["mismatch/k1"] == pytest.approx(0.105361, abs=1e-6)
+    assert mismatch["mismatch/kl"] == pytest.approx(0.005361, abs=1e-6)
+
+
 # ---- checkpoints and loaded models ---------------------------------------------------------------------------
 def test_interrupted_save_keeps_the_last_good_checkpoint(tmp_path, tokenizer, monkeypatch):
     model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32")
@@ -460,9 +487,9 @@ def test_distinct_fraction_per_group_ignores_what_follows_eos():
     rows = torch.tensor([[5, 6, eos], [5, 6, eos], [7, eos, 9], [7, eos, pad], [8, eos, pad], [5, 6, eos]])
     mask = common.completion_mask(rows, eos)
     # groups of 2: {a, a} -> 1/2, {7, 7 (tokens after EOS differ, ignored)} -> 1/2, {8, a} -> 2/2: mean 2/3
-    assert common.distinct_fraction(rows, mask, 2) == pytest.approx(2 / 3)
+    assert metrics.distinct_fraction(rows, mask, 2) == pytest.approx(2 / 3)
     # the whole batch: distinct {a, 7, 8} = 3 of 6
-    assert common.distinct_fraction(rows, mask, 6) == pytest.approx(0.5)
+    assert metrics.distinct_fraction(rows, mask, 6) == pytest.approx(0.5)
 
 
 def test_metrics_keep_six_significant_digits_not_six_decimals(tmp_path):

@@ -38,9 +38,11 @@ def test_completions_per_step_are_the_scripts_own_defaults():
     import variants
 
     per_step = {slug: n for slug, (_, _, n) in compare.ALGORITHMS.items()}
-    grpo_rows = [command for _, command, _ in compare.ALGORITHMS.values() if command[0] == "grpo.py"]
+    grpo_scripts = ("grpo.py", "grpo_async.py")  # grpo.py and its variant for an asynchronous trainer
+    grpo_rows = [command for _, command, _ in compare.ALGORITHMS.values() if command[0] in grpo_scripts]
     # the table's shape
-    assert all(command[:3] == ["grpo.py", "--prompts-per-step", "4"] for command in grpo_rows)
+    assert all(command[1:3] == ["--prompts-per-step", "4"] for command in grpo_rows)
+    assert {command[0] for command in grpo_rows} == set(grpo_scripts)
     assert per_step["grpo"] == 4 * args_of(grpo.Args).group_size
     rft_args = args_of(rft.Args, prompts_per_round=4, steps_per_round=1)  # its row's command
     assert (
@@ -61,6 +63,21 @@ def test_completions_per_step_are_the_scripts_own_defaults():
     )
     with pytest.raises(SystemExit):
         compare.parse_args(["--extra", "--batch-size 16"])  # would break the equal budget silently
+
+
+def test_every_row_is_a_command_its_script_parses():
+    import importlib
+
+    import tyro
+
+    for slug, (_, command, _) in compare.ALGORITHMS.items():
+        script = importlib.import_module(command[0].removesuffix(".py"))
+        # an option misspelled, or moved to a variant, would stop tyro here, hours into a comparison
+        args = tyro.cli(script.Args, args=command[1:])
+        for key, value in compare.command_settings(command).items():
+            made = getattr(args, key)
+            made = list(made) if isinstance(made, tuple) else made  # as args.json holds it
+            assert compare.same_setting(made, value), (slug, key)
 
 
 def test_every_algorithm_gets_the_same_budget_in_training_completions():
@@ -508,7 +525,7 @@ def test_ppo_on_a_learned_reward_trains_its_reward_models_first():
     assert compare.reward_model_seeds(["grpo.py"], 1) == []
     assert compare.reward_model_seeds(["ppo.py", "--reward", "verifier"], 1) == []
     assert compare.reward_model_seeds(["ppo.py", "--reward", "model"], 1) == [1]
-    ensemble = ["ppo.py", "--reward", "model", "--ensemble-agg", "min"]
+    ensemble = ["ppo_overoptimisation.py", "--reward", "model", "--ensemble-agg", "min"]
     assert compare.reward_model_seeds(ensemble, 2) == [2, 1002, 2002]
 
 
@@ -534,7 +551,7 @@ def test_an_ensemble_run_is_given_its_members(monkeypatch, tmp_path):
 
     monkeypatch.setattr(compare, "reward_model_run", trained)
     monkeypatch.setattr(compare, "run", run)
-    ensemble = ["ppo.py", "--reward", "model", "--ensemble-agg", "min"]
+    ensemble = ["ppo_overoptimisation.py", "--reward", "model", "--ensemble-agg", "min"]
     monkeypatch.setitem(compare.ALGORITHMS, "ppo-ensemble", ("PPO, an ensemble", ensemble, 8))
     args = compare.parse_args(["--out", str(tmp_path / "out")])
     with pytest.raises(Stop):

@@ -288,6 +288,12 @@ def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, script, argv):
     [
         ("grpo", {"prompts_per_step": 3}, "--prompts-per-step 3 does not divide over 2 torchrun ranks"),
         ("grpo", {"dynamic_sampling": True}, "--dynamic-sampling does not run under torchrun yet"),
+        ("grpo_async", {"prompts_per_step": 3}, "--prompts-per-step 3 does not divide over 2 torchrun ranks"),
+        (
+            "grpo_prm",
+            {"prm": "runs/p", "dynamic_sampling": True},
+            "--dynamic-sampling does not run under torchrun",
+        ),
         ("dpo", {"batch_size": 5}, "--batch-size 5 does not divide over 2 torchrun ranks"),
         ("sft", {"batch_size": 7}, "--batch-size 7 does not divide over 2 torchrun ranks"),
         ("reward_model", {"batch_size": 3}, "--batch-size 3 does not divide over 2 torchrun ranks"),

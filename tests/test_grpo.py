@@ -10,8 +10,7 @@ import torch
 import common
 from infra import models
 from infra import runs
-from task import stepwise, tasks
-import prm
+from task import tasks
 from fixed_completions import sampler_from
 from conftest import (
     HAS_EMBEDDED_MODEL,
@@ -39,7 +38,8 @@ from grpo import (
 )
 
 
-def tiny_args(tmp_path, **overrides) -> Args:
+def tiny_args(tmp_path, args_class=Args, **overrides) -> Args:
+    """A tiny run in seconds: grpo.py's Args, or a variant's (args_class)."""
     defaults = dict(
         model="tiny",
         steps=2,
@@ -52,7 +52,7 @@ def tiny_args(tmp_path, **overrides) -> Args:
         lr=1e-3,
         warmup_steps=1,
     )
-    return args_of(Args, **{**defaults, **overrides})
+    return args_of(args_class, **{**defaults, **overrides})
 
 
 # ---- group_advantages ----------------------------------------------------------------------------
@@ -775,34 +775,15 @@ def shifted_sampler(monkeypatch, shift: float) -> None:
     monkeypatch.setattr(common, "sample_with_logprobs", sample)
 
 
-def test_the_sampler_against_the_trainer_is_logged_and_corrected(tmp_path, monkeypatch):
+def test_the_sampler_against_the_trainer_is_logged(tmp_path, monkeypatch):
     shifted_sampler(monkeypatch, 0.3)
-    # w = e^0.3 = 1.349859 at every token: k3 = w - 1 - log w = 0.049859; capped at 1.2
-    rows = metrics_of(main(tiny_args(tmp_path / "a", steps=1, is_correction="token-truncate", is_cap=1.2)))
-    assert rows[0]["mismatch/kl"] == pytest.approx(0.049859, abs=1e-5)
-    assert rows[0]["mismatch/max_log_ratio"] == pytest.approx(0.3, abs=1e-5)
-    assert rows[0]["mismatch/frac_over_0.1"] == 1.0
-    assert rows[0]["is/weight_mean"] == pytest.approx(1.2) and rows[0]["is/frac_cut"] == 1.0
-    # masked per sequence: every sequence's w = e^(0.3 |o_i|) >= 1.35 > 1.2 leaves the loss, so without a KL nothing
-    # moves; truncated per sequence, every token of every sequence weighs 1.2
-    args = tiny_args(tmp_path / "b", steps=1, is_correction="sequence-mask", is_cap=1.2, beta=0.0)
-    rows = metrics_of(main(args, reward_fn=digit_fraction))
-    assert rows[0]["is/weight_mean"] == 0.0 and rows[0]["grad_norm"] == 0.0
-    args = tiny_args(tmp_path / "c", steps=1, is_correction="sequence-truncate", is_cap=1.2, beta=0.0)
-    rows = metrics_of(main(args, reward_fn=digit_fraction))
-    assert rows[0]["is/weight_mean"] == pytest.approx(1.2) and rows[0]["is/frac_cut"] == 1.0
-    assert rows[0]["grad_norm"] > 0
-
-
-def test_stale_batches_are_off_policy_by_the_updates_between(tmp_path):
-    # float32: sampler and trainer agree to rounding on policy. With staleness 1, steps 1 and 2 train on batches
-    # drawn by the starting policy, step 3 on one drawn after the first update: from step 2 on the trainer is one
-    # update ahead of the sampler (lr 1e-3 moves the tiny model's log-probs by far more than rounding).
-    on_policy = metrics_of(main(tiny_args(tmp_path / "a", steps=3), reward_fn=digit_fraction))
-    assert all(row["mismatch/max_log_ratio"] < 1e-4 for row in on_policy)
-    stale = metrics_of(main(tiny_args(tmp_path / "b", steps=3, staleness=1), reward_fn=digit_fraction))
-    assert stale[0]["mismatch/max_log_ratio"] < 1e-4
-    assert all(row["mismatch/max_log_ratio"] > 1e-2 for row in stale[1:])
+    # w = e^0.3 = 1.349859 at every token: k3 = w - 1 - log w = 0.049859, k1 = -log w = -0.3 (grpo_async.py corrects
+    # for it with importance weights)
+    row = metrics_of(main(tiny_args(tmp_path, steps=1, save_model=False)))[0]
+    assert row["mismatch/kl"] == pytest.approx(0.049859, abs=1e-5)
+    assert row["mismatch/k1"] == pytest.approx(-0.3, abs=1e-5)
+    assert row["mismatch/max_log_ratio"] == pytest.approx(0.3, abs=1e-5)
+    assert row["mismatch/frac_over_0.1"] == 1.0
 
 
 def test_non_finite_reward_is_reported_as_the_rewards_fault(tmp_path):
@@ -980,19 +961,8 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
         (dict(dataset="/nonexistent.jsonl"), "no such file"),
         (dict(temperature=0.0), "--temperature must be > 0"),
         (dict(overlong_buffer=8), "--overlong-buffer must be smaller"),
-        (dict(kl_estimator="k1"), "--kl-estimator k1 in the loss has zero expected gradient"),
         (dict(pass_k=-1), "--pass-k must be 0"),
         (dict(rewards=("correct", "format"), reward_weights=(1.0,)), "--reward-weights: one per --rewards"),
-        (dict(is_cap=1.0), "--is-cap must be > 1"),
-        (dict(staleness=-1), "--staleness must be >= 0"),
-        (dict(staleness=2, resume="runs/x"), "--staleness with --resume: the queue of sampled batches"),
-        (
-            dict(prm="runs/p", reward_model="runs/r"),
-            "--prm takes its advantages from the PRM's step scores alone",
-        ),
-        (dict(prm="runs/p", rewards=("correct", "format")), "--prm takes its advantages from the PRM's"),
-        (dict(prm="runs/p", reward_weights=(2.0,)), "--prm takes its advantages from the PRM's"),
-        (dict(prm="runs/p", overlong_buffer=2), "--prm takes its advantages from the PRM's"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
@@ -1104,6 +1074,13 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, argv, message):
         assert "Offline choices: --model smollm2" in proc.stderr
 
 
+def test_kl_estimator_k1_is_not_a_choice_of_the_command_line():
+    # k1 in the loss has zero expected gradient (the enumeration above), and grpo_loss refuses it: --kl-estimator
+    # offers k2 and k3 only
+    proc = run_script_here("grpo.py", "--model", "tiny", "--kl-estimator", "k1")
+    assert proc.returncode == 2 and "invalid choice 'k1'" in proc.stderr and "--kl-estimator" in proc.stderr
+
+
 # ---- the embedded model --------------------------------------------------------------------------------------------
 @pytest.mark.embedded
 @pytest.mark.skipif(
@@ -1125,96 +1102,3 @@ def test_embedded_smollm2_takes_one_grpo_step(tmp_path):
     assert 0.0 <= result["accuracy_after"] <= 1.0
     row = metrics_of(result)[0]
     assert row["clip_ratio"] == 0.0 and math.isfinite(row["loss"])
-
-
-# ---- process supervision (--prm) -----------------------------------------------------------------
-def test_process_advantages_by_hand():
-    # one group of G = 2: o_0's steps score 0.9 and 0.1 and end at tokens 1 and 3; o_1's one step 0.2 ends at 2.
-    # R = {0.9, 0.1, 0.2}: mean 0.4, population std sqrt(0.38 / 3) = 0.355903, so r̃ = 1.404878, -0.842927, -0.561951
-    # (normalised over the group's steps, not each completion's). Token t gets Σ r̃ of the steps ending at t or later.
-    scores = torch.tensor([[0.9, 0.1], [0.2, 0.0]])
-    ends = torch.tensor([[1, 3], [2, 0]])
-    step_mask = torch.tensor([[1, 1], [1, 0]])
-    expected = [[0.561951, 0.561951, -0.842927, -0.842927, 0.0], [-0.561951, -0.561951, -0.561951, 0.0, 0.0]]
-    advantages = stepwise.process_advantages(scores, ends, step_mask, group_size=2, num_tokens=5, eps=0.0)
-    torch.testing.assert_close(advantages, torch.tensor(expected), atol=1e-6, rtol=0)
-    # a second group, every score 0.5 higher: the same advantages, since each group is normalised on its own
-    two_groups = stepwise.process_advantages(
-        torch.cat([scores, scores + 0.5]), ends.repeat(2, 1), step_mask.repeat(2, 1), 2, 5, eps=0.0
-    )
-    torch.testing.assert_close(two_groups, torch.tensor(expected + expected), atol=1e-6, rtol=0)
-    # Dr. GRPO (--no-scale-by-std): r - mean(R) = 0.5, -0.3, -0.2, summed from each token on
-    centred = [[0.2, 0.2, -0.3, -0.3, 0.0], [-0.2, -0.2, -0.2, 0.0, 0.0]]
-    unscaled = stepwise.process_advantages(scores, ends, step_mask, 2, 5, scale_by_std=False)
-    torch.testing.assert_close(unscaled, torch.tensor(centred), atol=1e-6, rtol=0)
-
-
-@pytest.mark.parametrize("scale_by_std", [True, False])
-def test_process_advantages_of_a_group_of_equal_step_scores_are_exactly_zero(scale_by_std):
-    # three steps of 0.9: their float32 mean is 6e-8 off 0.9, which ÷ (0 + 1e-4) would make ±6e-4 advantages
-    scores = torch.tensor([[0.9, 0.9], [0.9, 0.0]])
-    ends = torch.tensor([[1, 3], [2, 0]])
-    step_mask = torch.tensor([[1, 1], [1, 0]])
-    advantages = stepwise.process_advantages(scores, ends, step_mask, 2, 5, scale_by_std=scale_by_std)
-    assert advantages.abs().max().item() == 0.0
-
-
-def test_completion_steps_end_on_the_sampled_tokens(tokenizer):
-    # the tiny tokenizer has a token a character: the steps end at the '5' of "15" (index 10) and the last '1' (22)
-    text = "12 + 3 = 15\n15 - 4 = 11"
-    ids = torch.tensor([tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id, 0]])
-    mask = torch.tensor([[1] * (len(text) + 1) + [0]])
-    texts, ends, step_mask = stepwise.completion_steps(tokenizer, ids, mask)
-    assert texts == [text] and ends.tolist() == [[10, 22]] and step_mask.tolist() == [[1, 1]]
-
-
-@pytest.fixture(scope="module")
-def tiny_prm(tmp_path_factory) -> str:
-    """A prm.py checkpoint of the tiny model, one step trained: step scores that differ, for grpo.py --prm."""
-    out = tmp_path_factory.mktemp("prm")
-    return prm.main(args_of(prm.Args, model="tiny", steps=1, output_dir=str(out)))["run_dir"] + "/model"
-
-
-def test_a_prm_gives_advantages_where_every_outcome_is_equal(tmp_path, tiny_prm):
-    # every completion scores 0, so the outcome advantages are 0 and the loss of the first step (β = 0: no KL) is 0;
-    # a PRM's step scores still differ, and so do the advantages
-    options = dict(steps=1, beta=0.0, max_new_tokens=16, save_model=False)
-    outcome = metrics_of(main(tiny_args(tmp_path / "outcome", **options), reward_fn=lambda c, a: 0.0))[0]
-    process = metrics_of(
-        main(tiny_args(tmp_path / "process", prm=tiny_prm, **options), reward_fn=lambda c, a: 0.0)
-    )[0]
-    assert outcome["loss"] == 0.0 and "prm/step_score" not in outcome
-    assert process["loss"] != 0.0 and 0.0 < process["prm/step_score"] < 1.0 and process["prm/steps"] > 0
-
-
-def test_dynamic_sampling_with_a_prm_keeps_the_groups_whose_step_scores_differ(tmp_path, tiny_prm):
-    # every outcome 0: dynamic sampling on the outcome reward would drop every group and skip every step
-    args = tiny_args(
-        tmp_path, steps=2, prm=tiny_prm, dynamic_sampling=True, max_new_tokens=16, save_model=False
-    )
-    rows = metrics_of(main(args, reward_fn=lambda c, a: 0.0))
-    assert all(row["frac_reward_zero_std"] == 1.0 for row in rows)
-    assert all("skipped" not in row and row["loss"] != 0.0 for row in rows)
-
-
-def test_no_scale_by_std_reaches_the_process_advantages(tmp_path, monkeypatch, tiny_prm):
-    # the same completions and step scores (one seed), once per setting: within a group the scaled advantages are
-    # the unscaled ones ÷ (std(R) + eps), one factor a group, so their ratio is constant there and not 1
-    calls = spy_on_grpo_loss(monkeypatch)
-    for scale_by_std in (True, False):
-        args = tiny_args(
-            tmp_path / str(scale_by_std),
-            steps=1,
-            prm=tiny_prm,
-            scale_by_std=scale_by_std,
-            max_new_tokens=16,
-            save_model=False,
-        )
-        main(args, reward_fn=lambda c, a: 0.0)
-    scaled, unscaled = calls[0]["advantages"], calls[1]["advantages"]  # (B, T)
-    for group in range(2):
-        rows = slice(4 * group, 4 * group + 4)
-        real = unscaled[rows].abs() > 1e-3
-        ratios = scaled[rows][real] / unscaled[rows][real]
-        assert ratios.max() - ratios.min() < 1e-3 * ratios.max()
-        assert abs(ratios.mean().item() - 1.0) > 1e-2

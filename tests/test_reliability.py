@@ -20,6 +20,8 @@ import tyro
 import common
 import dpo
 import grpo
+import grpo_async
+import grpo_prm
 from infra import hub
 from infra import models
 import ppo
@@ -265,6 +267,8 @@ def help_of(script: str) -> str:
 
 OUT_OF_MEMORY_SCRIPTS = {
     "grpo": args_of(grpo.Args),
+    "grpo_async": args_of(grpo_async.Args),
+    "grpo_prm": args_of(grpo_prm.Args),
     "ppo": args_of(ppo.Args),
     "dpo": args_of(dpo.Args),
     "sft": args_of(sft.Args),
@@ -291,8 +295,10 @@ def test_the_out_of_memory_line_names_only_the_options_its_script_has(script, sa
     assert all(re.search(rf"(?<![\w-]){flag}(?![\w-])", text) for flag in named), (script, line)
     resumes = "--resume" in named
     assert resumes == (saved and script not in ("prm", "judge", "rm_agreement", "policy_pairs")), line
-    # only grpo.py's --batch-size is a micro-batch: elsewhere it sets the samples a step, and so changes the run
-    assert ("--resume" in line and "a lower --batch-size, or start" in line) == (saved and script == "grpo")
+    # only grpo.py's --batch-size (and its variants') is a micro-batch: elsewhere it sets the samples a step, and so
+    # changes the run
+    micro_batch = script in ("grpo", "grpo_async", "grpo_prm")
+    assert ("--resume" in line and "a lower --batch-size, or start" in line) == (saved and micro_batch)
 
 
 def test_a_nan_gradient_with_a_finite_loss_stops_before_the_update(tmp_path, monkeypatch):
@@ -466,6 +472,8 @@ def test_a_transformers_older_than_5_23_is_one_line_before_anything_loads(
 
 SCRIPTS = {
     "grpo": grpo,
+    "grpo_async": grpo_async,
+    "grpo_prm": grpo_prm,
     "dpo": dpo,
     "ppo": ppo,
     "reward_model": reward_model,
@@ -544,7 +552,7 @@ def test_report_to_wandb_goes_offline_without_a_network(tmp_path, monkeypatch):
     )
 
 
-@pytest.mark.parametrize("name", ["grpo", "dpo", "ppo", "variants", "sft"])
+@pytest.mark.parametrize("name", ["grpo", "grpo_async", "grpo_prm", "dpo", "ppo", "variants", "sft"])
 def test_evaluation_is_scaled_to_the_model_unless_set(name):
     """A tiny random model answers nothing right: 16 problems and no pass@k keep its smoke run to seconds."""
     Args = SCRIPTS[name].Args
@@ -563,18 +571,22 @@ def test_evaluation_is_scaled_to_the_model_unless_set(name):
     assert chosen(model="gpt2", eval_size=8, pass_k=0).pass_k == 0  # an explicit 0 stays off
 
 
-@pytest.mark.parametrize("name", ["grpo", "dpo", "ppo", "variants", "sft", "rft"])
-def test_every_policy_script_reports_the_forgetting_measure_before_and_after(tmp_path, name):
+@pytest.mark.parametrize("name", ["grpo", "grpo_async", "grpo_prm", "dpo", "ppo", "variants", "sft", "rft"])
+def test_every_policy_script_reports_the_forgetting_measure_before_and_after(tmp_path, request, name):
     """The general text's NLL, of the starting policy and of the trained one (the reward models have no LM head)."""
     script = rft if name == "rft" else SCRIPTS[name]
     options = {
         "grpo": dict(prompts_per_step=2, group_size=2),
+        "grpo_async": dict(prompts_per_step=2, group_size=2, staleness=1),
+        "grpo_prm": dict(prompts_per_step=2, group_size=2),
         "dpo": dict(dataset=PAIRS, batch_size=2),
         "ppo": dict(reward="verifier", batch_size=2, minibatch_size=2),
         "variants": dict(algo="ipo", dataset=PAIRS, batch_size=2),
         "sft": dict(batch_size=2, num_demonstrations=8),
         "rft": dict(prompts_per_round=2, samples_per_prompt=2),
     }[name]
+    if name == "grpo_prm":  # a reward model's score head reads the steps' ends as a PRM's does
+        options["prm"] = request.getfixturevalue("tiny_reward_model_path")
     args = args_of(
         script.Args,
         model="tiny",
@@ -589,6 +601,7 @@ def test_every_policy_script_reports_the_forgetting_measure_before_and_after(tmp
     calls = itertools.count()
     rewards = {
         "grpo": lambda completion, answer: float(next(calls) % 2),
+        "grpo_async": lambda completion, answer: float(next(calls) % 2),
         "rft": lambda completion, answer: 1.0,
     }
     result = script.main(args, **({"reward_fn": rewards[name]} if name in rewards else {}))
