@@ -81,6 +81,12 @@ class Args(grpo.Args):
     """train each step on the batch sampled this many training steps (× μ optimizer steps) earlier (a
     queue, as asynchronous trainers do); 0 = on-policy"""
 
+    @property
+    def resumable(self) -> bool:
+        """Whether a checkpoint holds the whole run (infra/runs offers --resume only then): not the queue of stale
+        batches."""
+        return self.staleness == 0
+
 
 def check_args(args: Args) -> None:
     grpo.check_args(args)

@@ -174,8 +174,8 @@ MUTATIONS = [
     ),
     Mutation(
         "grpo.py",
-        "repeats,\n                    args.temperature,\n                    with_entropy,",
-        "repeats,\n                    1.0,\n                    with_entropy,",
+        "completion_ids[rows], repeats, temperature, entropy",
+        "completion_ids[rows], repeats, 1.0, entropy",
         "log-probs recomputed at temperature 1, not the sampling temperature",
         f"{GRPO} -k sampling_temperature",
     ),
@@ -270,16 +270,8 @@ MUTATIONS = [
     ),
     Mutation(
         "grpo.py",
-        (
-            '            **{f"rewards/{name}/mean": per_reward[:,'
-            " k].mean().item() for k, name in enumerate(args.rewards)},\n"
-        ),
-        (
-            "            **{\n"
-            '                f"rewards/{name}/mean": per_reward[:, -1 - k].mean().item()\n'
-            "                for k, name in enumerate(args.rewards)\n"
-            "            },\n"
-        ),
+        "scored.rewards[:, k].mean().item() for k, name in enumerate(names)",
+        "scored.rewards[:, -1 - k].mean().item() for k, name in enumerate(names)",
         "weighted rewards: rewards/<name>/mean logged under another reward's name",
         f"{GRPO} -k weighted_rewards_in_the_loop",
     ),
@@ -312,6 +304,20 @@ MUTATIONS = [
         f"{TASKS} -k r1_prompt",
     ),
     # ---- grpo_async.py and the sampler's log-probs: the mismatch, the corrections, staleness ---------------------
+    Mutation(
+        "infra/runs.py",
+        'if saved and same and getattr(args, "resumable", True):',
+        "if saved and same:",
+        "out of memory in a stale grpo_async.py run offers the --resume it refuses",
+        f"{ASYNC} -k never_offered",
+    ),
+    Mutation(
+        "grpo_async.py",
+        "        return self.staleness == 0",
+        "        return True",
+        "a stale grpo_async.py run, interrupted, offers the --resume it refuses",
+        f"{ASYNC} -k never_offered",
+    ),
     Mutation(
         "grpo_async.py",
         "return weights.clamp(max=cap), cut",
@@ -1664,8 +1670,8 @@ MUTATIONS = [
     ),
     Mutation(
         "grpo.py",
-        "            scheduler.step()\n",
-        "            scheduler.step() if update else None\n",
+        "        scheduler.step()\n",
+        "        scheduler.step() if update else None\n",
         "a batch skipped by dynamic sampling does not count for the warm-up",
         f"{GRPO} -k skipped_batch",
     ),
@@ -1792,7 +1798,7 @@ MUTATIONS = [
         f"{TASKS} -k times_pass_at_k",
     ),
     Mutation(
-        "infra/runs.py",
+        "infra/metrics.py",
         (
             '                json.dumps({k: float(f"{v:.6g}") if'
             " isinstance(v, float) else v for k, v in row.items()})\n"
@@ -2089,15 +2095,18 @@ MUTATIONS = [
     # ---- torchrun: the loss exact over the ranks, the logged numbers reduced, each rank's random states ----------
     Mutation(
         "grpo.py",
-        "            batch_tokens = distributed.all_sum(mask.sum())\n            batch_rows = distributed.all_sum(B)\n",
-        "            batch_tokens = mask.sum()\n            batch_rows = B\n",
+        (
+            "            batch_tokens = distributed.all_sum(mask.sum())  # every rank's\n"
+            "            batch_rows = distributed.all_sum(B)\n"
+        ),
+        "            batch_tokens = mask.sum()  # every rank's\n            batch_rows = B\n",
         "GRPO loss divided by each rank's own tokens and sequences",
         f"{DIST} -k grpo_two_ranks",
     ),
     Mutation(
         "grpo.py",
-        '"entropy": distributed.all_sum(entropy_sum)',
-        '"entropy": entropy_sum',
+        'stats["entropy"] = distributed.all_sum(entropy_sum)',
+        'stats["entropy"] = entropy_sum',
         "GRPO entropy, a rank's part of the token mean, not summed over the ranks",
         f"{DIST} -k grpo_two_ranks",
     ),

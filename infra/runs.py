@@ -185,7 +185,7 @@ def run_main(main: Callable, args) -> dict:
             raise
         _one_line_error(_out_of_memory(e, args))
     except KeyboardInterrupt:
-        print(f"interrupted: the current step was abandoned; {_resume_hint()}", file=sys.stderr)
+        print(f"interrupted: the current step was abandoned; {_resume_hint(args)}", file=sys.stderr)
         raise SystemExit(130)
 
 
@@ -208,7 +208,7 @@ def _out_of_memory(error: BaseException, args) -> str:
     if not same + changed:
         return f"out of memory on {where}: free memory, or run on a machine with more"
     saved = _RUN_DIR is not None and (_RUN_DIR / "model" / "trainer_state.pt").exists()
-    if saved and same:
+    if saved and same and getattr(args, "resumable", True):
         line = f"out of memory on {where}; continue with --resume {_RUN_DIR} and {_either(same)}"
         if changed:
             line += f", or start again with {_either(changed)} (the run changes)"
@@ -227,8 +227,11 @@ def _either(options: list[str]) -> str:
     return " or ".join([", ".join(options[:-1]), options[-1]] if len(options) > 1 else options)
 
 
-def _resume_hint() -> str:
-    """Where to go on from: the run folder, when it holds a checkpoint."""
+def _resume_hint(args) -> str:
+    """Where to go on from: the run folder, when it holds a checkpoint and Args say a checkpoint holds the whole run
+    (`resumable`, True unless an Args says otherwise)."""
+    if not getattr(args, "resumable", True):
+        return "a checkpoint of this run does not hold all its state: start again"
     saved = _RUN_DIR is not None and (_RUN_DIR / "model" / "trainer_state.pt").exists()
     if saved:
         return f"continue with --resume {_RUN_DIR}"

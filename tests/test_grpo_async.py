@@ -269,3 +269,15 @@ def test_cli_help_and_bad_input_is_one_line_and_exit_2(tmp_path):
         "grpo_async.py", "--model", "tiny", "--is-cap", "0.5", "--output-dir", str(tmp_path)
     )
     assert_one_line_error(proc, "--is-cap must be > 1 (weights are kept within [1/C, C]), not 0.5")
+
+
+@pytest.mark.parametrize("staleness, resumes", [(0, True), (2, False)])
+def test_a_stale_run_is_never_offered_a_resume(staleness, resumes, tmp_path, monkeypatch):
+    """--staleness with --resume is refused (the queue is not in a checkpoint), so neither the out-of-memory line nor
+    Ctrl-C's may offer one."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "trainer_state.pt").write_bytes(b"")
+    monkeypatch.setattr(runs, "_RUN_DIR", tmp_path)
+    args = Args(staleness=staleness)
+    assert ("--resume" in runs._out_of_memory(MemoryError(), args)) == resumes
+    assert ("--resume" in runs._resume_hint(args)) == resumes
