@@ -36,7 +36,7 @@ BUDGETS = {
     "prm": 2484 + 2,
     "rft": 1970 + 2,
     # the variants, each at its size when it was made
-    "grpo_async": 2322,
+    "grpo_async": 2338,
     "grpo_prm": 1739,
     "ppo_overoptimisation": 2724,
     "dpo_online": 1408,
