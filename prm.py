@@ -3,7 +3,7 @@
 An outcome reward model (reward_model.py) scores a whole completion; a PRM scores each step, so it can say where a
 solution went wrong. Its labels need no human (Math-Shepherd): from the prefix that ends at step i the policy rolls
 out k completions, and step i is good when they reach the right answer. The trained PRM reranks N sampled solutions
-(best-of-N) and gives a dense, per-step reward for RL (stepwise.dense_step_rewards, grpo.py --prm).
+(best-of-N) and gives a dense, per-step reward for RL (stepwise.dense_step_rewards, grpo_prm.py).
 
 Labels (Wang et al. 2023, Math-Shepherd, arXiv:2312.08935, hard and soft estimation), for step s_i of a solution to
 q with answer a*, from the answers a_1..a_k of k rollouts from the prefix (q, s_1..s_i):

@@ -1,5 +1,5 @@
 """A solution's steps, and a process reward model's score of each: shared by prm.py, which trains the PRM, and
-grpo.py, which takes it as a dense reward (--prm).
+grpo_prm.py, which takes it as a dense reward.
 
 A step is a line with more than whitespace (split_steps), as the task's worked answers write them
 ("23 + 45 = 68\n68 - 17 = 51", tasks.worked_demonstration). A PRM (prm.py: a backbone with a scalar head) reads
@@ -169,7 +169,7 @@ def process_supervision(
     group_size: int,
     scale_by_std: bool = True,
 ) -> tuple[torch.Tensor, ...]:
-    """grpo.py --prm: the PRM's σ(z) of each step of the sampled completions (B, T), and their process-supervised
+    """grpo_prm.py: the PRM's σ(z) of each step of the sampled completions (B, T), and their process-supervised
     advantages: (B, T) advantages, (B, K) step scores, (B, K) step mask."""
     texts, step_ends, step_mask = completion_steps(tokenizer, completion_ids, mask)
     step_scores = torch.sigmoid(score_steps(prm, tokenizer, prompts, texts)[0])  # (B, K)
