@@ -204,7 +204,7 @@ def main(args: Args) -> dict:
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
-    run = runs.Run(args, "dpo_online", tokenizer, device, resumed)
+    run = runs.Run(args, "dpo-online", tokenizer, device, resumed)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     run.checkpointed(policy, generator, optimizer=optimizer, scheduler=scheduler)
     # a resumed run's data position: P problems a step
