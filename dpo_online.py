@@ -168,10 +168,7 @@ def main(args: Args) -> dict:
     args = tasks.evaluation_for_model(args)  # --eval-size and --pass-k, if unset, scaled to the model
     check_args(args)
     models.set_seed(args.seed)
-    device = models.resolve_device(args.run.device)
-    precision = models.resolve_precision(args.run.precision, device, args.model)
-    # the kernels' faster versions: on for a CPU, off for CUDA
-    kernels_on = models.resolve_kernels(args.run.kernels, device)
+    device, precision, kernels_on = models.resolve_run(args.run, args.model)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
@@ -179,30 +176,10 @@ def main(args: Args) -> dict:
     train_stream, heldout_problems = tasks.load_problems(
         args.dataset, args.seed, args.eval_size, args.batch_size
     )
-    policy = models.load_model(
-        args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on
-    )
-    common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
-
     # The reference: the starting model, also when resuming, as a frozen copy; with LoRA, the policy with its
     # adapter off. The pairs are new at each step, so there is nothing to score ahead.
-    ref_model = None
-    if not args.lora.lora_r:
-        ref_model = common.frozen_copy(policy)
-    if resumed:
-        policy = models.load_model(
-            f"{args.run.resume}/model",
-            len(tokenizer),
-            device,
-            precision,
-            args.seed,
-            keep_adapter=True,
-            kernels_on=kernels_on,
-        )
-    elif args.lora.lora_r:
-        policy = common.add_lora(policy, args.model, args.lora)
-    if args.gradient_checkpointing:
-        policy.activation_checkpointing_enable()
+    policy, ref_model = models.load_policy(args, tokenizer, device, precision, kernels_on, resumed, True)
+    common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
     optimizer, scheduler = common.make_optimizer(policy, args.lr, args.weight_decay, args.warmup_steps)
     run = runs.Run(args, "dpo-online", tokenizer, device, resumed)
     generator = torch.Generator(device=device).manual_seed(args.seed)

@@ -447,10 +447,7 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.algo]
     kl_placement = args.kl_placement or ("loss" if args.algo == "reinforce_pp_baseline" else "reward")
     models.set_seed(args.seed)
-    device = models.resolve_device(args.run.device)
-    precision = models.resolve_precision(args.run.precision, device, args.model)
-    # the kernels' faster versions: on for a CPU, off for CUDA
-    kernels_on = models.resolve_kernels(args.run.kernels, device)
+    device, precision, kernels_on = models.resolve_run(args.run, args.model)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
@@ -474,27 +471,12 @@ def main(args: Args, reward_fn=tasks.verify) -> dict:
         heldout = tasks.heldout_problems(args.eval_size)
     else:
         train_stream, heldout = tasks.load_problems(args.dataset, args.seed, args.eval_size, args.batch_size)
-    policy = models.load_model(
-        args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on
-    )
-    common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     # SimPO, ORPO: no reference. Else the starting model, also when resuming (with LoRA: the policy, adapter off)
     uses_reference = args.algo in ("ipo", "kto", "rloo", "remax", *REINFORCE_PP)
-    ref_model = common.frozen_copy(policy) if uses_reference and not args.lora.lora_r else None
-    if resumed:
-        policy = models.load_model(
-            f"{args.run.resume}/model",
-            len(tokenizer),
-            device,
-            precision,
-            args.seed,
-            keep_adapter=True,
-            kernels_on=kernels_on,
-        )
-    elif args.lora.lora_r:
-        policy = common.add_lora(policy, args.model, args.lora)
-    if args.gradient_checkpointing:
-        policy.activation_checkpointing_enable()
+    policy, ref_model = models.load_policy(
+        args, tokenizer, device, precision, kernels_on, resumed, uses_reference
+    )
+    common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
     fsdp.shard(args.run.fsdp, policy, ref_model)  # --fsdp: 1/N of each model's weights on a rank
     optimizer, scheduler = common.make_optimizer(policy, lr, warmup_steps=args.warmup_steps)
     # each rank its own draws
