@@ -452,6 +452,9 @@ def sample_with_logprobs(
     """
     _check_left_padded(prompt_mask)
     check_fits(model, prompt_ids.shape[1], max_new_tokens)
+    sampling = (max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, generator)
+    if hasattr(model, "decoder"):  # --decode compiled: infra/decoding.py, the same tokens
+        return model.decoder.sample(prompt_ids, prompt_mask, num_samples, *sampling)
     rows = prompt_ids.shape[0] * num_samples
     if kernels_on(model):  # kernels.cpu_bf16_decoding: the same tokens, faster on a CPU in bfloat16
         from infra import kernels
@@ -460,18 +463,7 @@ def sample_with_logprobs(
     else:  # plain: the model as it is
         decoding = contextlib.nullcontext()
     with autocast(model), decoding:
-        return _sample(
-            model,
-            prompt_ids,
-            prompt_mask,
-            num_samples,
-            max_new_tokens,
-            eos_token_id,
-            pad_token_id,
-            temperature,
-            top_p,
-            generator,
-        )
+        return _sample(model, prompt_ids, prompt_mask, num_samples, *sampling)
 
 
 def _sample(
@@ -537,17 +529,24 @@ def _sample_token(logits: torch.Tensor, temperature: float, top_p: float, genera
     """
     if temperature == 0:
         token = logits.argmax(-1)
-        return token, torch.zeros(token.shape, device=logits.device)
+        return token, torch.zeros_like(logits[:, 0])
+    # Inverse-CDF sampling: one uniform per row. torch.multinomial draws an exponential per vocabulary
+    # entry, which on a CPU cost a third of all generation time at V = 49k.
+    return token_from_uniform(
+        logits, temperature, top_p, torch.rand(logits.shape[0], 1, device=logits.device, generator=generator)
+    )
+
+
+def token_from_uniform(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor):
+    """_sample_token's draw for given uniforms u (B, 1) in [0, 1): (B, V) -> token (B,), its log-prob (B,)."""
     probs = torch.softmax(logits / temperature, dim=-1)  # (B, V)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         drop = sorted_probs.cumsum(-1) - sorted_probs > top_p  # keep the smallest set with mass >= top_p
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    # Inverse-CDF sampling: one uniform per row. torch.multinomial draws an exponential per vocabulary
-    # entry, which on a CPU cost a third of all generation time at V = 49k.
     cdf = probs.cumsum(dim=-1)  # (B, V)
-    u = torch.rand(cdf.shape[0], 1, device=cdf.device, generator=generator) * cdf[:, -1:]
+    u = u * cdf[:, -1:]
     # The first token whose cumulative mass exceeds u (right=True): at u = 0 exactly, the first with any mass,
     # never a token of zero mass before it (searchsorted's default would return token 0 there).
     token = torch.searchsorted(cdf, u, right=True).clamp(max=cdf.shape[-1] - 1)  # (B, 1)

@@ -65,6 +65,7 @@ COMMON, TASKS, VARIANTS = "tests/test_common.py", "tests/test_tasks.py", "tests/
 REL, SFT, BANDIT = "tests/test_reliability.py", "tests/test_sft.py", "tests/test_bandit.py"
 MEMORY, PRM, DIST = "tests/test_memory_plan.py", "tests/test_prm.py", "tests/test_distributed.py"
 ASYNC = "tests/test_grpo_async.py"
+DECODING = "tests/test_decoding.py"
 GRPO_PRM = "tests/test_grpo_prm.py"
 RFT, JUDGE = "tests/test_rft.py", "tests/test_judge.py"
 
@@ -2091,6 +2092,77 @@ MUTATIONS = [
         'CACHE = "past_key_values" if',
         "the cache passed by the name transformers deprecated",
         f"{COMMON} -k installed_transformers",
+    ),
+    # ---- infra/decoding.py: the compiled decode step, equal to the plain sampler ---------------------------------
+    Mutation(
+        "infra/decoding.py",
+        "token, logprob = common.token_from_uniform(logits, temperature, top_p, u)",
+        "token, logprob = common.token_from_uniform(logits, 1.0, top_p, u)",
+        "compiled decoding: the step drops the temperature",
+        f"{DECODING} -k plain_sampler",
+    ),
+    Mutation(
+        "infra/decoding.py",
+        "token, logprob = common.token_from_uniform(logits, temperature, top_p, u)",
+        "token, logprob = common.token_from_uniform(logits, temperature, 1.0, u)",
+        "compiled decoding: the step drops the nucleus",
+        f"{DECODING} -k plain_sampler",
+    ),
+    Mutation(
+        "infra/decoding.py",
+        "            layer.cumulative_length.fill_(keys.shape[2])",
+        "            pass",
+        "compiled decoding: new keys written over the prompt's (the static cache's length left at 0)",
+        f"{DECODING} -k plain_sampler",
+    ),
+    Mutation(
+        "infra/decoding.py",
+        "position = prompt_lengths + t  #",
+        "position = prompt_lengths + t + 1  #",
+        "compiled decoding: each new token one position late",
+        f"{DECODING} -k plain_sampler",
+    ),
+    Mutation(
+        "infra/decoding.py",
+        "        token = torch.where(finished, pad, token)",
+        "        token = token",
+        "compiled decoding: a finished row goes on drawing tokens",
+        f"{DECODING} -k end_early",
+    ),
+    Mutation(
+        "infra/decoding.py",
+        "            for _ in range(steps):",
+        "            for _ in range(steps + 1):",
+        "compiled decoding: the generator left one draw ahead of the plain sampler's",
+        f"{DECODING} -k end_early",
+    ),
+    Mutation(
+        "infra/decoding.py",
+        "        return tokens[:, :steps], logprobs[:, :steps]",
+        "        return tokens, logprobs",
+        "compiled decoding: the steps after the last EOS, up to the next check, kept",
+        f"{DECODING} -k end_early",
+    ),
+    Mutation(
+        "infra/models.py",
+        '    if args.run.decode == "compiled":',
+        "    if False:",
+        "--decode compiled never reaches the policy",
+        f"{DECODING} -k grpo_with",
+    ),
+    Mutation(
+        "common.py",
+        '    if hasattr(model, "decoder"):',
+        "    if False:",
+        "the plain sampler never hands over to the compiled decoder",
+        f"{DECODING} -k grpo_with",
+    ),
+    Mutation(
+        "infra/runs.py",
+        'not (args.run.fsdp and args.run.decode == "compiled"),',
+        "True,",
+        "--decode compiled with --fsdp let through",
+        f"{DECODING} -k fsdp",
     ),
     # ---- torchrun: the loss exact over the ranks, the logged numbers reduced, each rank's random states ----------
     Mutation(

@@ -27,6 +27,7 @@ import transformers
 
 import common
 from common import InputError, require
+from infra import decoding
 from infra import distributed
 from infra import hub
 from infra import kernels
@@ -355,6 +356,8 @@ def load_policy(args, tokenizer, device, precision: str, kernels_on: bool, resum
         policy = common.add_lora(policy, args.model, args.lora)
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
+    if args.run.decode == "compiled":  # read by common.sample_with_logprobs
+        policy.decoder = decoding.CompiledDecoder(policy)
     return policy, reference
 
 

@@ -63,6 +63,10 @@ class RunOptions:
     kernels: Literal["auto", "on", "off"] = "auto"
     """infra/kernels.py's faster log-probs and sampling (same numbers in fp32, bf16-rounding apart in bf16): auto = on
     for a CPU, off for CUDA"""
+    decode: Literal["plain", "compiled"] = "plain"
+    """how the policy samples: plain (common.sample_with_logprobs, token by token in Python) or compiled (one
+    compiled decode step over a static cache, infra/decoding.py: the same tokens; it compiles for a few seconds
+    first, and on CUDA runs as CUDA graphs); not with --fsdp"""
     prompt_format: Literal["auto", "chat", "plain"] = "auto"
     """chat (the tokenizer's template), plain (`Question: ...\\nAnswer:`, as for gpt2), auto (chat if it has one)"""
     output_dir: str = "runs"
@@ -127,6 +131,11 @@ def check_options(
             f"--{name.replace('_', '-')} does not run under torchrun yet",
         )
     fsdp.check_options(args, ranks, distributed.under_torchrun(), require)
+    require(
+        not (args.run.fsdp and args.run.decode == "compiled"),
+        "--decode compiled does not run with --fsdp (a sharded forward gathers its weights step by step): "
+        "use --decode plain",
+    )
     require(args.lr is None or args.lr > 0, f"--lr must be > 0, not {args.lr}")  # `not >` refuses NaN too
     # a script that samples: its temperature and nucleus
     if hasattr(args, "top_p"):
