@@ -12,8 +12,12 @@ Steps, each timed and recorded in DIR/summary.json (ok, seconds, and what it mea
             the scripts on the embedded model, GRPO at its defaults: held-out accuracy before -> after, wall time,
             seconds per step (generation and training apart where the script logs them), generated tokens per
             second, peak memory (torch.cuda.max_memory_allocated) beside what scripts/memory_plan.py predicts
-  decode    one sampling call at GRPO's default batch: seconds per token step against the floor of reading every
-            weight once per step at the copy bandwidth measured above
+  decode    one sampling call at GRPO's default batch (128 rows) and at half of it (64): milliseconds per token step
+            of the plain sampler and of the compiled decode step (--decode compiled, infra/decoding.py; its first
+            call, which compiles, left out), against the floor of reading every weight once per step at the copy
+            bandwidth measured above
+  grpo-compiled
+            `python grpo.py --decode compiled`, as the grpo run below
   mismatch  scripts/mismatch.py: the sampler's log-probs (the cached decode) against the trainer's (the full
             forward) at GRPO's default batch, bf16-mixed and float32, and under a nucleus (top-p 0.9)
   ppo-precision
@@ -47,6 +51,7 @@ sys.path.insert(0, str(REPO))
 # The runs on the embedded model (GPU) and their tiny stand-ins (--dry-run): script and options.
 GPU_RUNS = {
     "grpo": ["grpo.py"],
+    "grpo-compiled": ["grpo.py", "--decode", "compiled"],
     "ppo-verifier": ["ppo.py", "--reward", "verifier", "--steps", "20"],
     "dpo": ["dpo.py"],
     "sft": ["sft.py"],
@@ -54,12 +59,22 @@ GPU_RUNS = {
 TINY = ["--model", "tiny", "--steps", "2", "--eval-size", "8"]
 DRY_RUNS = {
     "grpo": ["grpo.py", *TINY, "--prompts-per-step", "2", "--group-size", "4"],
+    "grpo-compiled": [
+        "grpo.py",
+        *TINY,
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "4",
+        "--decode",
+        "compiled",
+    ],
     "ppo-verifier": ["ppo.py", "--reward", "verifier", *TINY],
     "dpo": ["dpo.py", *TINY, "--dataset", "tests/data/pairs.jsonl"],
     "sft": ["sft.py", *TINY, "--num-demonstrations", "20"],
 }
 # a stuck run costs the rest of the check
-RUN_LIMIT_S = {"grpo": 300, "ppo-verifier": 200, "dpo": 150, "sft": 120}
+RUN_LIMIT_S = {"grpo": 300, "grpo-compiled": 300, "ppo-verifier": 200, "dpo": 150, "sft": 120}
 # PPO on the verifier as the CPU runs of docs/ppo.md ran it: bf16-mixed first, the GPU's default and the question
 PPO_PRECISION = ["ppo.py", "--reward", "verifier", "--steps", "30", "--eval-every", "10", "--pass-k", "0"]
 DRY_PPO_PRECISION = ["ppo.py", "--reward", "verifier", *TINY, "--eval-every", "1", "--pass-k", "0"]
@@ -301,28 +316,49 @@ def training_run(check: Check, name: str) -> dict:
 
 
 def decode(check: Check) -> dict:
-    """Seconds per token step of one sampling call at GRPO's default batch (16 prompts x 8 samples, 32 new tokens,
-    bf16-mixed on CUDA), against the floor: every weight read once per step, in bf16, at the measured bandwidth."""
+    """Milliseconds per token step of one sampling call, 8 samples a prompt and 32 new tokens, bf16-mixed on CUDA:
+    the plain sampler and the compiled step, at 128 rows (GRPO's default batch) and 64, against the floor of every
+    weight read once per step, in bf16, at the measured bandwidth."""
     import torch
 
-    import common
+    from infra import decoding
     from infra import models
+    from infra import runs
     from task import tasks
 
     name = "tiny" if check.dry_run else "smollm2"
-    from infra import runs
-
     runs.CACHE_DIR = Path(check.env["RLHF_CACHE"])
     tokenizer = models.load_tokenizer(name)
     device = torch.device(check.device)
     precision = "fp32" if check.dry_run else "bf16-mixed"
     model = models.load_model(name, len(tokenizer), device, precision, seed=0)
+    weight_bytes = 2 * sum(p.numel() for p in model.parameters())
+    floor = weight_bytes / check.bandwidth
+    record = {"bf16_weight_mb": round(weight_bytes / 1e6, 1), "floor_ms_per_step": round(1e3 * floor, 4)}
     # the dry run times 2 prompts: the steps' plumbing, not a CPU's speed
-    problems = tasks.heldout_problems(2 if check.dry_run else 16)
-    ids, mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
+    for prompts in (2,) if check.dry_run else (16, 8):
+        problems = tasks.heldout_problems(prompts)
+        ids, mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
+        for path in ("plain", "compiled"):
+            if path == "compiled":
+                model.decoder = decoding.CompiledDecoder(model)
+            row = time_sampling(check, model, tokenizer, ids, mask)
+            row["fraction_of_bound"] = float(f"{floor / (row['ms_per_token_step'] / 1e3):.3g}")
+            record[f"{path} {prompts * 8} rows"] = row
+            if path == "compiled":
+                del model.decoder
+    return record
+
+
+def time_sampling(check: Check, model, tokenizer, ids, mask) -> dict:
+    """Four sampling calls from seeds 0-3, the first (a warm-up, or the compilation) left out."""
+    import torch
+
+    import common
+
     times, steps = [], []
     for seed in range(4):
-        generator = torch.Generator(device=device).manual_seed(seed)
+        generator = torch.Generator(device=check.device).manual_seed(seed)
         synchronize(check.device)
         start = time.perf_counter()
         completions = common.sample_completions(
@@ -339,17 +375,11 @@ def decode(check: Check) -> dict:
         synchronize(check.device)
         times.append(time.perf_counter() - start)
         steps.append(completions.shape[1])
-    seconds_per_step = sum(times[1:]) / sum(steps[1:])  # the first call warms up
-    weight_bytes = 2 * sum(p.numel() for p in model.parameters())
-    floor = weight_bytes / check.bandwidth
+    seconds_per_step = sum(times[1:]) / sum(steps[1:])
     return {
-        "rows": ids.shape[0] * 8,
         "token_steps": steps[1:],
+        "first_call_s": round(times[0], 2),
         "ms_per_token_step": round(1e3 * seconds_per_step, 3),
-        "bf16_weight_mb": round(weight_bytes / 1e6, 1),
-        "floor_ms_per_step": round(1e3 * floor, 4),
-        # significant figures, not decimals: a tiny model on a busy CPU is far below 1e-4 of its bound
-        "fraction_of_bound": float(f"{floor / seconds_per_step:.3g}"),
         "tokens_per_second": round(ids.shape[0] * 8 / seconds_per_step),
     }
 

@@ -9,7 +9,8 @@ Here the step is one function, compiled once per bucket of rows (on CUDA with CU
   each, into a static cache allocated once for the prompt and every new token;
 - the attention mask is the prompt's, followed by ones for every new position (causality masks what is not written
   yet), and the positions and cache positions are computed, not grown, so every step has the same shapes;
-- the rows are padded to a bucket (a multiple of 16), so a run's batches compile once;
+- the rows are padded to a multiple of 16, and the prompts on the left to a multiple of 16 columns (masked), so a
+  run's batches, of other sizes and prompt lengths, reuse a few compiled graphs;
 - the uniforms are drawn as the plain sampler draws them, a (B, 1) tensor a step from the same generator, up front,
   and the generator is rewound to the state the plain sampler leaves (as many draws as steps it took);
 - whether every row has finished is asked every `check_every` steps (a host synchronisation), not every token.
@@ -86,6 +87,11 @@ class CompiledDecoder:
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.model
+        # the prompts left-padded to a multiple of BUCKET columns (masked: the same positions, the same numbers), so
+        # that batches of other prompt lengths reuse the compiled step
+        width = -(-prompt_ids.shape[1] // BUCKET) * BUCKET
+        prompt_ids = torch.nn.functional.pad(prompt_ids, (width - prompt_ids.shape[1], 0), value=pad_token_id)
+        prompt_mask = torch.nn.functional.pad(prompt_mask, (width - prompt_mask.shape[1], 0), value=0)
         P, S = prompt_ids.shape
         B = P * num_samples
         R = -(-B // BUCKET) * BUCKET  # the rows, padded to the bucket

@@ -17,6 +17,7 @@ STEPS = [
     "ppo-precision",
     "decode",
     "grpo",
+    "grpo-compiled",
     "ppo-verifier",
     "dpo",
     "sft",
@@ -39,7 +40,7 @@ def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
     assert list(steps) == STEPS and all(step["ok"] for step in steps.values())
     assert steps["tier"]["tests"] >= 7 and steps["tier"]["failures"] == 0
     assert steps["grpo"]["accuracy"] == "0.000 -> 0.000" and steps["grpo"]["median time/generate"] > 0
-    assert all(isinstance(steps[name]["memory_plan_gib"], float) for name in STEPS[6:10])
+    assert all(isinstance(steps[name]["memory_plan_gib"], float) for name in STEPS[6:11])
     # one tiny seed a precision: three evaluations (steps 0, 1, 2) and a KL for each third of 2 steps
     assert list(steps["ppo-precision"]["runs"]) == ["ppo-bf16-mixed-0", "ppo-fp32-0"]
     assert all(
@@ -53,7 +54,10 @@ def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
         nucleus["mean_log_ratio"] == pytest.approx(nucleus["predicted"], abs=1e-4)
         and nucleus["predicted"] > 0.01
     )
-    assert 0 < steps["decode"]["fraction_of_bound"] < 1 and steps["decode"]["token_steps"] == [32, 32, 32]
+    for path in ("plain", "compiled"):
+        row = steps["decode"][f"{path} 16 rows"]
+        assert 0 < row["fraction_of_bound"] < 1 and row["token_steps"] == [32, 32, 32]
+    assert steps["grpo-compiled"]["accuracy"] == "0.000 -> 0.000"
 
 
 def test_without_cuda_the_real_check_is_one_line(tmp_path):
