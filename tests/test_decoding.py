@@ -27,6 +27,9 @@ def both(
 ):
     """The plain sampler's (ids, log-probs, generator state) and the compiled path's, from the same seed."""
     ids, mask = prompts(tokenizer)
+    # a fresh compilation for this model: dynamo does not guard on a module's hooks (favour's, below), so a step
+    # compiled for another test's model would be reused without them
+    torch._dynamo.reset()
     results = []
     for sample in (common.sample_with_logprobs, decoding.CompiledDecoder(model, backend).sample):
         generator = torch.Generator().manual_seed(1)
