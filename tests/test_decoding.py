@@ -10,6 +10,7 @@ from infra import decoding
 from infra import models
 from infra import runs
 from task import tasks
+from test_grpo import tiny_args
 
 
 def prompts(tokenizer):
@@ -125,19 +126,7 @@ def test_grpo_with_the_compiled_decoder_is_grpo(tmp_path, monkeypatch):
     monkeypatch.setattr(decoding.CompiledDecoder, "sample", counted)
     runs_of = {}
     for decode in ("plain", "compiled"):
-        args = args_of(
-            grpo.Args,
-            model="tiny",
-            steps=2,
-            prompts_per_step=2,
-            group_size=4,
-            max_new_tokens=8,
-            eval_size=8,
-            output_dir=str(tmp_path / decode),
-            decode=decode,
-            save_model=False,
-        )
-        runs_of[decode] = grpo.main(args)
+        runs_of[decode] = grpo.main(tiny_args(tmp_path / decode, decode=decode, save_model=False))
         # the compiled run: its 2 training batches and every held-out sampling call; the plain run: none
         assert (len(calls) > 2) == (decode == "compiled")
     rows = {decode: [steady(row) for row in metrics_of(result)] for decode, result in runs_of.items()}
