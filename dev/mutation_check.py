@@ -1175,6 +1175,13 @@ MUTATIONS = [
     ),
     Mutation(
         "infra/models.py",
+        "config.vocab_size >= vocab_size,",
+        "True,",
+        "a config file whose vocabulary is smaller than the tokenizer's builds a model that indexes past it",
+        f"{GRPO} -k config_file_that",
+    ),
+    Mutation(
+        "infra/models.py",
         'model.bf16_mixed = precision == "bf16-mixed"',
         "model.bf16_mixed = False",
         "bf16-mixed without autocast (float32 compute under the bf16 name)",

@@ -266,7 +266,7 @@ def make_run_dir(
             shutil.rmtree(stale, ignore_errors=True)
         return _RUN_DIR
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = Path(model).name
+    name = Path(model).name.removesuffix(".json")  # configs/qwen2.5-0.5b.json -> qwen2.5-0.5b
     if name == "model":  # a checkpoint of this project: runs/sft-smollm2-0-<time>/model -> sft-smollm2
         name = re.sub(r"-\d+-\d{8}-\d{6}(-\d+)?$", "", Path(model).resolve().parent.name)
     base = Path(output_dir) / f"{algo}-{name}-{seed}-{stamp}"

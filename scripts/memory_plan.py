@@ -34,9 +34,12 @@ from task import tasks  # noqa: E402
 
 
 def model_config(name: str, vocab_size: int) -> transformers.PretrainedConfig:
-    """The architecture of `name` without its weights: tiny, smollm2, a LoRA run's base, a local folder or a hub id."""
+    """The architecture of `name` without its weights: tiny, smollm2, a config file, a LoRA run's base, a local folder
+    or a hub id."""
     if name in common.TINY_MODELS:
         return models.make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama").config
+    if models.is_config_only(name):
+        return models.config_of(name)
     if os.path.isfile(os.path.join(name, "adapter_config.json")):
         name = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
     path = models.model_path(name)

