@@ -1174,7 +1174,7 @@ MUTATIONS = [
         f"{COMMON} -k auto_precision",
     ),
     Mutation(
-        "infra/models.py",
+        "infra/shapes.py",
         "config.vocab_size >= vocab_size,",
         "True,",
         "a config file whose vocabulary is smaller than the tokenizer's builds a model that indexes past it",

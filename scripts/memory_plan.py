@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import common  # noqa: E402
 from infra import models  # noqa: E402
 from infra import runs  # noqa: E402
+from infra import shapes  # noqa: E402
 from task import tasks  # noqa: E402
 
 
@@ -38,8 +39,8 @@ def model_config(name: str, vocab_size: int) -> transformers.PretrainedConfig:
     or a hub id."""
     if name in common.TINY_MODELS:
         return models.make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama").config
-    if models.is_config_only(name):
-        return models.config_of(name)
+    if shapes.is_config_only(name):
+        return shapes.config_of(name)
     if os.path.isfile(os.path.join(name, "adapter_config.json")):
         name = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]
     path = models.model_path(name)
