@@ -32,6 +32,7 @@ from infra import decoding
 from infra import distributed
 from infra import hub
 from infra import kernels
+from infra import launches
 from infra import runs
 from infra import shapes
 from infra.tiny import make_tiny_model, make_tiny_tokenizer
@@ -349,6 +350,8 @@ def load_policy(args, tokenizer, device, precision: str, kernels_on: bool, resum
     with a fresh LoRA adapter on the starting model, with --gradient-checkpointing. Returns (policy, reference)."""
     policy = load_model(args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on)
     reference = common.frozen_copy(policy) if with_reference and not args.lora.lora_r else None
+    if reference is not None and policy.bf16_mixed and not args.run.fsdp:  # FSDP shards one dtype a layer
+        launches.matmul_weights_in_bf16(reference)
     if resumed:
         policy = load_model(
             f"{args.run.resume}/model",

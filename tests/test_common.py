@@ -3,6 +3,7 @@
 import json
 import math
 import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -480,6 +481,39 @@ def test_bf16_mixed_computes_in_bf16_and_returns_float32_log_probs(tokenizer, pr
     # bf16 keeps 8 significant bits, a rounding of up to 2^-9 ≈ 2e-3 of each matmul input: on log-probs of magnitude
     # ~4.6 that is ~1e-3 (measured 1.2e-3 to 1.5e-3), far above float32 noise (~1e-6) and below 0.02
     assert 1e-4 < difference < 0.02
+
+
+def policy_args(name: str, fsdp: bool) -> types.SimpleNamespace:
+    """What models.load_policy reads of a script's Args."""
+    run = types.SimpleNamespace(resume=None, decode="plain", fsdp=fsdp)
+    return types.SimpleNamespace(
+        model=name, seed=0, lora=common.LoraOptions(), gradient_checkpointing=False, run=run
+    )
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-gpt2"])
+def test_a_bf16_mixed_reference_stores_its_linear_weights_in_bf16_and_scores_bit_for_bit_the_same(
+    tokenizer, prompts, name
+):
+    completions = torch.randint(5, 90, (4, 6), generator=torch.Generator().manual_seed(1))
+    args = policy_args(name, fsdp=False)
+    policy, reference = models.load_policy(
+        args, tokenizer, torch.device("cpu"), "bf16-mixed", False, None, True
+    )
+    plain = common.frozen_copy(
+        policy
+    )  # what the reference was: float32 weights, cast by autocast at each forward
+    dtypes = {n.split(".")[-2]: p.dtype for n, p in reference.named_parameters()}
+    assert torch.bfloat16 in dtypes.values() and torch.float32 in dtypes.values()
+    # the embeddings, norms and (tied) output layer compute in float32 under autocast: kept
+    assert reference.get_input_embeddings().weight.dtype == torch.float32
+    stored, _ = common.completion_logprobs(reference, *prompts, completions, torch.tensor([2, 2]))
+    cast, _ = common.completion_logprobs(plain, *prompts, completions, torch.tensor([2, 2]))
+    assert torch.equal(stored, cast)
+    _, sharded = models.load_policy(
+        policy_args(name, fsdp=True), tokenizer, torch.device("cpu"), "bf16-mixed", False, None, True
+    )
+    assert all(p.dtype == torch.float32 for p in sharded.parameters())  # FSDP shards one dtype a layer
 
 
 def test_distinct_fraction_per_group_ignores_what_follows_eos():

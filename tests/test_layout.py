@@ -51,6 +51,7 @@ BUDGETS = {
     "infra/metrics": 1135,
     "infra/tiny": 293,
     "infra/shapes": 213,  # at its size when it was made
+    "infra/launches": 77,  # at its size when it was made
     "infra/decoding": 1136,
     "infra/kernels": 1157,
     "infra/distributed": 946,
@@ -73,6 +74,7 @@ LAYERS = [
         "infra/metrics",
         "infra/tiny",
         "infra/shapes",
+        "infra/launches",
         "infra/decoding",
     ],
     ["infra/runs"],
