@@ -6,32 +6,39 @@
 Steps, each timed and recorded in DIR/summary.json (ok, seconds, and what it measured):
   machine   the GPU, its driver, and the versions of Python, torch and transformers
   copy      the device-to-device copy bandwidth (bytes read and written per second)
-  tier      `pytest -m cuda`: the cuda tier, every script's smoke run among it
   convert   the embedded model from its GGUF file to safetensors (once)
-  grpo, dpo, ppo-verifier, sft
-            the scripts on the embedded model, GRPO at its defaults: held-out accuracy before -> after, wall time,
-            seconds per step (generation and training apart where the script logs them), generated tokens per
-            second, peak memory (torch.cuda.max_memory_allocated) beside what scripts/memory_plan.py predicts
   decode    one sampling call at GRPO's default batch (128 rows) and at half of it (64): milliseconds per token step
             of the plain sampler and of the compiled decode step (--decode compiled, infra/decoding.py; its first
             call, which compiles, left out), against the floor of reading every weight once per step at the copy
             bandwidth measured above
-  grpo-compiled
-            `python grpo.py --decode compiled`, as the grpo run below
+  update    one GRPO update at the default batch, by phase: the reference's log-probs with float32 weights and with
+            its linear weights in bf16 (infra/launches.py), the policy's forward and backward, AdamW; in micro-batches
+            of 32 rows and in one of 128; milliseconds and the allocated memory at each phase's start and peak
+  grpo, grpo-compiled, dpo, ppo-verifier, sft
+            the scripts on the embedded model, GRPO at its defaults (and with --decode compiled): held-out accuracy
+            before -> after, wall time, seconds per step (generation and training apart where the script logs
+            them), generated tokens per second, peak memory (torch.cuda.max_memory_allocated) beside what
+            scripts/memory_plan.py predicts for the same command
+  decode-0.5b, decode-1.5b, grpo-0.5b, grpo-1.5b
+            the same for a 0.5B and a 1.5B shape with random weights (configs/qwen2.5-*.json): GRPO 4 steps
   mismatch  scripts/mismatch.py: the sampler's log-probs (the cached decode) against the trainer's (the full
             forward) at GRPO's default batch, bf16-mixed and float32, and under a nucleus (top-p 0.9)
   ppo-precision
             `ppo.py --reward verifier` for 30 steps, seeds 0, 1, 2, in bf16-mixed (the GPU's default) and then in
             float32: held-out accuracy at steps 0, 10, 20, 30 and the KL per completion over each ten steps of
             each run, to tell whether PPO learns on the GPU (docs/ppo.md, "PPO on the GPU")
+  tier      `pytest -m cuda`: the cuda tier, every script's smoke run among it
 DIR also gets check.log (this whole console), tier.log and runs.tar.gz (each run's logs, metrics and eval.json):
 4 files, whatever a machine lets come back. The runs themselves go to a temporary folder.
---part tests runs machine, copy and tier; --part ppo convert and ppo-precision; --part model convert and the rest.
+--part runs one part (PARTS below: machine, speed, sizes, ppo, tests, model), each one command of at most 8 minutes with
+machine and copy first; --budget-s stops starting runs when it is spent.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import importlib.util
 import json
 import math
@@ -49,9 +56,20 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 # The runs on the embedded model (GPU) and their tiny stand-ins (--dry-run): script and options.
+SIZE = [
+    "--steps",
+    "4",
+    "--eval-size",
+    "16",
+    "--pass-k",
+    "0",
+    "--no-save-model",
+]  # random weights: time, memory
 GPU_RUNS = {
     "grpo": ["grpo.py"],
     "grpo-compiled": ["grpo.py", "--decode", "compiled"],
+    "grpo-0.5b": ["grpo.py", "--model", "configs/qwen2.5-0.5b.json", *SIZE],
+    "grpo-1.5b": ["grpo.py", "--model", "configs/qwen2.5-1.5b.json", *SIZE],
     "ppo-verifier": ["ppo.py", "--reward", "verifier", "--steps", "20"],
     "dpo": ["dpo.py"],
     "sft": ["sft.py"],
@@ -69,12 +87,32 @@ DRY_RUNS = {
         "--decode",
         "compiled",
     ],
+    "grpo-0.5b": ["grpo.py", *TINY, "--prompts-per-step", "2", "--group-size", "4", "--no-save-model"],
+    "grpo-1.5b": ["grpo.py", *TINY, "--prompts-per-step", "2", "--group-size", "4", "--no-save-model"],
     "ppo-verifier": ["ppo.py", "--reward", "verifier", *TINY],
     "dpo": ["dpo.py", *TINY, "--dataset", "tests/data/pairs.jsonl"],
     "sft": ["sft.py", *TINY, "--num-demonstrations", "20"],
 }
 # a stuck run costs the rest of the check
-RUN_LIMIT_S = {"grpo": 300, "grpo-compiled": 300, "ppo-verifier": 200, "dpo": 150, "sft": 120}
+RUN_LIMIT_S = {
+    "grpo": 300,
+    "grpo-compiled": 300,
+    "grpo-0.5b": 150,
+    "grpo-1.5b": 200,
+    "ppo-verifier": 200,
+    "dpo": 150,
+    "sft": 120,
+}
+# The check in parts, each one command of at most 8 minutes on an H100, what matters most first in each; every part
+# starts with `machine` and `copy`. all: every part, in this order.
+PARTS = {
+    "machine": [],  # machine and copy alone: a first call that carries the first half of the model (gpu_check.sh)
+    "speed": ["convert", "decode", "update", "grpo", "grpo-compiled"],
+    "sizes": ["decode-0.5b", "decode-1.5b", "grpo-0.5b", "grpo-1.5b"],
+    "ppo": ["convert", "ppo-precision"],
+    "tests": ["tier"],
+    "model": ["convert", "ppo-verifier", "dpo", "sft", "mismatch"],
+}
 # PPO on the verifier as the CPU runs of docs/ppo.md ran it: bf16-mixed first, the GPU's default and the question
 PPO_PRECISION = ["ppo.py", "--reward", "verifier", "--steps", "30", "--eval-every", "10", "--pass-k", "0"]
 DRY_PPO_PRECISION = ["ppo.py", "--reward", "verifier", *TINY, "--eval-every", "1", "--pass-k", "0"]
@@ -315,10 +353,11 @@ def training_run(check: Check, name: str) -> dict:
     return record
 
 
-def decode(check: Check) -> dict:
+def decode(check: Check, model_name: str = "smollm2") -> dict:
     """Milliseconds per token step of one sampling call, 8 samples a prompt and 32 new tokens, bf16-mixed on CUDA:
     the plain sampler and the compiled step, at 128 rows (GRPO's default batch) and 64, against the floor of every
-    weight read once per step, in bf16, at the measured bandwidth."""
+    weight read once per step, in bf16, at the measured bandwidth. `model_name`: the embedded model, or a config
+    file's random weights (configs/)."""
     import torch
 
     from infra import decoding
@@ -326,7 +365,7 @@ def decode(check: Check) -> dict:
     from infra import runs
     from task import tasks
 
-    name = "tiny" if check.dry_run else "smollm2"
+    name = "tiny" if check.dry_run else model_name
     runs.CACHE_DIR = Path(check.env["RLHF_CACHE"])
     tokenizer = models.load_tokenizer(name)
     device = torch.device(check.device)
@@ -382,6 +421,85 @@ def time_sampling(check: Check, model, tokenizer, ids, mask) -> dict:
         "ms_per_token_step": round(1e3 * seconds_per_step, 3),
         "tokens_per_second": round(ids.shape[0] * 8 / seconds_per_step),
     }
+
+
+def update(check: Check) -> dict:
+    """One GRPO update at the default batch on the embedded model, bf16-mixed: 16 prompts of 40 tokens and 8
+    completions of 32 each (random ids: the work, not the numbers). Milliseconds, the median of 3 after a warm-up,
+    of the reference's log-probs (its weights float32, cast by autocast at every forward, or stored in bf16 as
+    infra/launches.py stores them) and of the policy's forward and backward over the micro-batches and its AdamW
+    step, in micro-batches of 32 rows (--batch-size 32, the default) and in one of 128 (--batch-size None); and the
+    peak memory of each, above what was allocated when it started, to place the memory plan's gap."""
+    import torch
+
+    import common
+    import grpo
+    from infra import launches
+    from infra import models
+    from infra import runs
+
+    name = "tiny" if check.dry_run else "smollm2"
+    runs.CACHE_DIR = Path(check.env["RLHF_CACHE"])
+    tokenizer = models.load_tokenizer(name)
+    device = torch.device(check.device)
+    policy = models.load_model(name, len(tokenizer), device, "bf16-mixed", seed=0)
+    cast = common.frozen_copy(policy)
+    stored = common.frozen_copy(policy)
+    launches.matmul_weights_in_bf16(stored)
+    optimizer, _ = common.make_optimizer(policy, 1e-6)
+    prompts, prompt_tokens, group, completion_tokens = (2, 8, 4, 8) if check.dry_run else (16, 40, 8, 32)
+    generator = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(0, len(tokenizer), (prompts, prompt_tokens), generator=generator)
+    completion_ids = torch.randint(
+        0, len(tokenizer), (prompts * group, completion_tokens), generator=generator
+    )
+    sequences = (prompt_ids.to(device), torch.ones_like(prompt_ids).to(device), completion_ids.to(device))
+    rows = prompts * group
+    # the policy, its AdamW state and both references stay allocated throughout: 0.50 + 1.00 + 0.50 + 0.30 GiB
+    record = {"rows": rows, "memory_gib_at_start_and_peak": {}}
+
+    def reference_pass(reference, slices):
+        with torch.no_grad():
+            for s in slices:
+                grpo.group_logprobs(reference, sequences, s, group, 1.0)
+
+    def forward_backward(slices):
+        for s in slices:
+            logprobs, entropy = grpo.group_logprobs(policy, sequences, s, group, 1.0, True)
+            (logprobs.mean() * (s.stop - s.start) / rows).backward()
+
+    def optimizer_step():
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def timed(key: str, work) -> float:
+        """Seconds of work(); on CUDA the GiB allocated when it starts and at its peak, recorded under `key`."""
+        if check.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            at_start = torch.cuda.memory_allocated()
+        synchronize(check.device)
+        start = time.perf_counter()
+        work()
+        synchronize(check.device)
+        if check.device == "cuda":
+            pair = [round(at_start / 2**30, 3), round(torch.cuda.max_memory_allocated() / 2**30, 3)]
+            record["memory_gib_at_start_and_peak"][key] = pair
+        return time.perf_counter() - start
+
+    for micro in (rows // 4, rows):
+        slices = [slice(i, i + micro) for i in range(0, rows, micro)]
+        times = collections.defaultdict(list)
+        for _ in range(4):  # the first a warm-up
+            for label, reference in (("float32 weights", cast), ("bf16 linear weights", stored)):
+                key = f"reference, {label}, micro-batch {micro}"
+                times[key].append(timed(key, lambda: reference_pass(reference, slices)))
+            key = f"policy forward and backward, micro-batch {micro}"
+            times[key].append(timed(key, lambda: forward_backward(slices)))
+            times["AdamW step"].append(timed("AdamW step", optimizer_step))
+        for key, seconds in times.items():
+            record[f"{key} ms"] = round(1e3 * sorted(seconds[1:])[1], 2)
+    return record
 
 
 def ppo_precision(check: Check) -> dict:
@@ -442,7 +560,7 @@ def main() -> int:
         "--out", default=os.environ.get("OUT") or f"runs/gpu-check-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     parser.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny sizes")
-    parser.add_argument("--part", choices=("all", "tests", "ppo", "model"), default="all")
+    parser.add_argument("--part", choices=("all", *PARTS), default="all")
     parser.add_argument("--budget-s", type=float, default=900, help="stop starting runs when this is spent")
     options = parser.parse_args()
     out = Path(options.out)
@@ -456,19 +574,30 @@ def main() -> int:
         print("error: no CUDA device here; --dry-run runs the steps on the CPU", file=sys.stderr)
         return 2
     check.bandwidth = math.nan
-    check.step("machine", lambda: machine(check))
-    check.step("copy", lambda: copy_bandwidth(check))
-    if options.part in ("all", "tests"):
-        check.step("tier", lambda: tier(check))
-    if options.part in ("all", "ppo", "model"):
-        converted = check.step("convert", lambda: convert(check))["ok"]
-    if options.part in ("all", "ppo") and converted:
-        check.step("ppo-precision", lambda: ppo_precision(check))
-    if options.part in ("all", "model") and converted:
-        check.step("decode", lambda: decode(check))
-        for name in GPU_RUNS:
-            check.step(name, lambda: training_run(check, name))
-        check.step("mismatch", lambda: mismatch(check))
+    steps = {
+        "machine": lambda: machine(check),
+        "copy": lambda: copy_bandwidth(check),
+        "tier": lambda: tier(check),
+        "convert": lambda: convert(check),
+        "ppo-precision": lambda: ppo_precision(check),
+        "decode": lambda: decode(check),
+        "decode-0.5b": lambda: decode(check, "configs/qwen2.5-0.5b.json"),
+        "decode-1.5b": lambda: decode(check, "configs/qwen2.5-1.5b.json"),
+        "update": lambda: update(check),
+        "mismatch": lambda: mismatch(check),
+        **{name: functools.partial(training_run, check, name) for name in GPU_RUNS},
+    }
+    parts = list(PARTS) if options.part == "all" else [options.part]
+    for name in ["machine", "copy", *(name for part in parts for name in PARTS[part])]:
+        if name in check.summary["steps"]:  # convert, once
+            continue
+        if (
+            name != "convert"
+            and "convert" in check.summary["steps"]
+            and not check.summary["steps"]["convert"]["ok"]
+        ):
+            continue  # no embedded model: the steps on it cannot run
+        check.step(name, steps[name])
     failed = [name for name, record in check.summary["steps"].items() if not record["ok"]]
     print(
         f"gpu check: {len(check.summary['steps']) - len(failed)} steps ok, failed: {failed or 'none'}; {out}"

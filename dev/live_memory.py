@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import common  # noqa: E402
 import memory_plan  # noqa: E402
+from infra import launches  # noqa: E402
 from infra import models  # noqa: E402
 
 
@@ -89,6 +90,13 @@ def main(argv=None) -> dict:
     )
     parser.add_argument("--completion-tokens", type=int, default=32, help="T (--max-new-tokens)")
     parser.add_argument("--logprobs", action="store_true", help="measure common.token_logprobs alone instead")
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16-mixed"],
+        default="fp32",
+        help="bf16-mixed with --kernels off is what runs on CUDA",
+    )
+    parser.add_argument("--kernels", choices=["auto", "on", "off"], default="auto")
     args = parser.parse_args(argv)
     if args.logprobs:
         logprob_path(4, 1024, 16384)
@@ -96,9 +104,13 @@ def main(argv=None) -> dict:
     P, G, S, T = args.prompts, args.group_size, args.prompt_tokens, args.completion_tokens
     tokenizer = models.load_tokenizer(args.model)
     lora = common.LoraOptions(lora_r=args.lora_r)
-    kernels = models.resolve_kernels("auto", torch.device("cpu"))
-    policy = models.load_model(args.model, len(tokenizer), torch.device("cpu"), kernels_on=kernels)
+    kernels = models.resolve_kernels(args.kernels, torch.device("cpu"))
+    policy = models.load_model(
+        args.model, len(tokenizer), torch.device("cpu"), args.precision, kernels_on=kernels
+    )
     reference = None if args.lora_r else common.frozen_copy(policy)
+    if reference is not None and args.precision == "bf16-mixed":  # as models.load_policy stores it
+        launches.matmul_weights_in_bf16(reference)
     if args.lora_r:
         policy = common.add_lora(policy, args.model, lora)
     policy.train()
@@ -130,7 +142,9 @@ def main(argv=None) -> dict:
     config = memory_plan.model_config(args.model, len(tokenizer))
     held = [("policy", config, "lm", True)] + [("reference", config, "lm", False)] * (not args.lora_r)
     tokens = P * S + P * G * T
-    plan = memory_plan.memory_plan(held, "fp32", lora, False, P * G, tokens, P * G * T, kernels)["total_gb"]
+    plan = memory_plan.memory_plan(held, args.precision, lora, False, P * G, tokens, P * G * T, kernels)[
+        "total_gb"
+    ]
     print(
         f"live tensors at the peak: {live / 2**30:.2f} GiB; "
         f"the plan: {plan:.2f} GiB ({(plan - live / 2**30) / (live / 2**30):+.0%})"

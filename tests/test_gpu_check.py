@@ -12,17 +12,23 @@ from conftest import REPO
 STEPS = [
     "machine",
     "copy",
-    "tier",
     "convert",
-    "ppo-precision",
     "decode",
+    "update",
     "grpo",
     "grpo-compiled",
+    "decode-0.5b",
+    "decode-1.5b",
+    "grpo-0.5b",
+    "grpo-1.5b",
+    "ppo-precision",
+    "tier",
     "ppo-verifier",
     "dpo",
     "sft",
     "mismatch",
 ]
+RUNS = ["grpo", "grpo-compiled", "grpo-0.5b", "grpo-1.5b", "ppo-verifier", "dpo", "sft"]
 
 
 def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
@@ -40,7 +46,15 @@ def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
     assert list(steps) == STEPS and all(step["ok"] for step in steps.values())
     assert steps["tier"]["tests"] >= 7 and steps["tier"]["failures"] == 0
     assert steps["grpo"]["accuracy"] == "0.000 -> 0.000" and steps["grpo"]["median time/generate"] > 0
-    assert all(isinstance(steps[name]["memory_plan_gib"], float) for name in STEPS[6:11])
+    assert all(isinstance(steps[name]["memory_plan_gib"], float) for name in RUNS)
+    update = steps["update"]
+    for micro in (2, 8):  # the dry run's 8 rows: micro-batches of 2 and one of 8
+        for phase in (
+            "reference, float32 weights",
+            "reference, bf16 linear weights",
+            "policy forward and backward",
+        ):
+            assert update[f"{phase}, micro-batch {micro} ms"] > 0
     # one tiny seed a precision: three evaluations (steps 0, 1, 2) and a KL for each third of 2 steps
     assert list(steps["ppo-precision"]["runs"]) == ["ppo-bf16-mixed-0", "ppo-fp32-0"]
     assert all(
@@ -58,6 +72,11 @@ def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
         row = steps["decode"][f"{path} 16 rows"]
         assert 0 < row["fraction_of_bound"] < 1 and row["token_steps"] == [32, 32, 32]
     assert steps["grpo-compiled"]["accuracy"] == "0.000 -> 0.000"
+    assert steps["grpo-1.5b"]["steps"] == 2 and steps["decode-1.5b"]["plain 16 rows"]["token_steps"] == [
+        32,
+        32,
+        32,
+    ]
 
 
 def test_without_cuda_the_real_check_is_one_line(tmp_path):
