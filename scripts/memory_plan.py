@@ -78,6 +78,35 @@ def parameter_counts(
     return total + adapters, adapters + score
 
 
+def matmul_parameters(config: transformers.PretrainedConfig) -> tuple[int, int, bool]:
+    """(parameters of the layers' linear maps, GPT-2's Conv1D among them; of the output layer; whether the output
+    layer is tied to the embeddings), counted on the meta device."""
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    output = model.get_output_embeddings()
+    tied = output.weight is model.get_input_embeddings().weight
+    layers = sum(
+        p.numel()
+        for m in model.modules()
+        if isinstance(m, (torch.nn.Linear, transformers.pytorch_utils.Conv1D)) and m is not output
+        for p in m.parameters()
+    )
+    return layers, sum(p.numel() for p in output.parameters()), tied
+
+
+def autocast_copies_bytes(config, head: str, precision: str, checkpointing: bool) -> int:
+    """bf16-mixed: the bfloat16 copy autocast makes of each linear map's float32 weight, which the matmul saves for
+    the backward (the gradient of its input needs it): 2 bytes a parameter of the layers' linear maps and of the
+    output layer (a score head's is a few numbers), alive together at the end of the forward; with checkpointing,
+    one layer's. None in fp32 or bf16-true, where the matmul saves the weight itself."""
+    if precision != "bf16-mixed":
+        return 0
+    layers, output, _ = matmul_parameters(config)
+    if checkpointing:
+        layers = layers // config.num_hidden_layers
+    return 2 * (layers + (output if head == "lm" else 0))
+
+
 def activation_bytes(
     config,
     sequences: int,
@@ -128,8 +157,10 @@ def memory_plan(
     """Print and return the plan: one row per model (name, config, head "lm" or "score", trained?) with its
     parameters and GiB of weights, and for a trained model its gradients, AdamW state (two moments in the
     weights' dtype) and one micro-batch's activations (`activation_bytes`; a score head has no vocabulary
-    logits). Weights are float32 (the master copy under bf16-mixed) unless bf16-true. With `ranks` > 1 (--fsdp),
-    one rank's: weights, gradients and AdamW state divided by the ranks, the activations whole.
+    logits; under bf16-mixed, autocast's bf16 copies of the weights too: `autocast_copies_bytes`). Weights are
+    float32 (the master copy under bf16-mixed) unless bf16-true; a bf16-mixed reference's linear maps are bf16.
+    With `ranks` > 1 (--fsdp), one rank's: weights, gradients and AdamW state divided by the ranks, the
+    activations whole.
     Returns {"memory_plan": rows, "total_gb": total}."""
     width = 2 if precision == "bf16-true" else 4
     rows = []
@@ -147,14 +178,20 @@ def memory_plan(
                 checkpointing,
                 kernels_on,
             )
+            + autocast_copies_bytes(config, head, precision, checkpointing)
             if trained
             else 0
         )
+        weight_bytes = params * width
+        # a bf16-mixed reference stores its linear layers in bf16 (infra/launches.py); not under --fsdp
+        if name == "reference" and precision == "bf16-mixed" and ranks == 1:
+            layers, output, tied = matmul_parameters(config)
+            weight_bytes = weight_bytes - 2 * (layers + (0 if tied else output))
         rows.append(
             {
                 "model": name,
                 "parameters": params,
-                "weights_gb": params * width / ranks / 2**30,
+                "weights_gb": weight_bytes / ranks / 2**30,
                 "gradients_gb": trainable * width / ranks / 2**30,
                 "optimizer_gb": 2 * trainable * width / ranks / 2**30,
                 "activations_gb": activations / 2**30,

@@ -6,6 +6,7 @@ import json
 import os
 import runpy
 import subprocess
+import types
 import sys
 import warnings
 from pathlib import Path
@@ -113,6 +114,14 @@ def metrics_of(result: dict) -> list[dict]:
     """The rows of a run's metrics.jsonl."""
     with open(os.path.join(result["run_dir"], "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+def policy_args(name: str, fsdp: bool) -> types.SimpleNamespace:
+    """What models.load_policy reads of a script's Args."""
+    run = types.SimpleNamespace(resume=None, decode="plain", fsdp=fsdp)
+    return types.SimpleNamespace(
+        model=name, seed=0, lora=common.LoraOptions(), gradient_checkpointing=False, run=run
+    )
 
 
 def write(tmp_path, name: str, text: str) -> str:

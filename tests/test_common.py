@@ -3,7 +3,6 @@
 import json
 import math
 import sys
-import types
 import warnings
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import common
 from infra import metrics
 from infra import models
 from infra import runs
+from conftest import policy_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 from live_memory import peak_live_bytes  # noqa: E402
@@ -481,14 +481,6 @@ def test_bf16_mixed_computes_in_bf16_and_returns_float32_log_probs(tokenizer, pr
     # bf16 keeps 8 significant bits, a rounding of up to 2^-9 ≈ 2e-3 of each matmul input: on log-probs of magnitude
     # ~4.6 that is ~1e-3 (measured 1.2e-3 to 1.5e-3), far above float32 noise (~1e-6) and below 0.02
     assert 1e-4 < difference < 0.02
-
-
-def policy_args(name: str, fsdp: bool) -> types.SimpleNamespace:
-    """What models.load_policy reads of a script's Args."""
-    run = types.SimpleNamespace(resume=None, decode="plain", fsdp=fsdp)
-    return types.SimpleNamespace(
-        model=name, seed=0, lora=common.LoraOptions(), gradient_checkpointing=False, run=run
-    )
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-gpt2"])

@@ -16,7 +16,7 @@ import prm
 from infra import runs
 from task import stepwise
 import variants
-from conftest import args_of, run_script
+from conftest import args_of, policy_args, run_script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
@@ -126,6 +126,39 @@ def test_activation_bytes_by_hand():
     assert memory_plan.activation_bytes(config, 2, 8, 6, "fp32", checkpointing=True) == 2 * 256 + 4992 + 1200
 
 
+def test_autocast_copies_and_a_bf16_reference_by_hand():
+    config = transformers.LlamaConfig(
+        hidden_size=8, num_hidden_layers=2, num_attention_heads=2, intermediate_size=16, vocab_size=10
+    )
+    # a layer's linear maps: q, k, v, o 8×8 each and gate, up, down 8×16 each, 4·64 + 3·128 = 640; the untied
+    # output layer 10×8 = 80
+    assert memory_plan.matmul_parameters(config) == (2 * 640, 80, False)
+    # bf16-mixed: 2 bytes for each of them, (1280 + 80)·2; a score head has no vocabulary layer; checkpointing
+    # keeps one layer's
+    assert memory_plan.autocast_copies_bytes(config, "lm", "bf16-mixed", False) == 2720
+    assert memory_plan.autocast_copies_bytes(config, "score", "bf16-mixed", False) == 2560
+    assert memory_plan.autocast_copies_bytes(config, "lm", "bf16-mixed", True) == (640 + 80) * 2
+    assert memory_plan.autocast_copies_bytes(config, "lm", "fp32", False) == 0
+    assert memory_plan.autocast_copies_bytes(config, "lm", "bf16-true", False) == 0
+    # a trained model's row: its activations and the copies
+    policy = [("policy", config, "lm", True)]
+    (row,) = memory_plan.memory_plan(policy, "bf16-mixed", common.LoraOptions(), False, 2, 8, 6)[
+        "memory_plan"
+    ]
+    assert (
+        row["activations_gb"] * 2**30 == 4992 + 240 + 720 + 2720
+    )  # test_activation_bytes_by_hand's, + copies
+    # the reference under bf16-mixed: float32 embeddings, norms; bf16 linear maps and output layer
+    params, _ = memory_plan.parameter_counts(config, "lm", common.LoraOptions())
+    held = [("reference", config, "lm", False)]
+    (row,) = memory_plan.memory_plan(held, "bf16-mixed", common.LoraOptions(), False, 1, 1, 1)["memory_plan"]
+    assert row["weights_gb"] * 2**30 == 4 * params - 2 * (1280 + 80)
+    (row,) = memory_plan.memory_plan(held, "bf16-mixed", common.LoraOptions(), False, 1, 1, 1, ranks=2)[
+        "memory_plan"
+    ]
+    assert row["weights_gb"] * 2**30 == 4 * params / 2  # --fsdp: float32, as models.load_policy leaves it
+
+
 @pytest.mark.parametrize("share_prompt", [True, False])
 def test_activation_plan_matches_the_allocators_live_bytes(tokenizer, share_prompt):
     """The plan's activations + gradients against the peak of live bytes the CPU allocator reports (torch's
@@ -158,14 +191,17 @@ def test_activation_plan_matches_the_allocators_live_bytes(tokenizer, share_prom
     assert 0.75 < peak / planned < 1.25, peak / planned
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16-true"])
-def test_memory_plan_matches_the_loaded_models(tokenizer, precision):
-    policy = models.load_model("tiny", len(tokenizer), torch.device("cpu"), precision)
-    critic = models.load_model("tiny", len(tokenizer), torch.device("cpu"), precision, head="score")
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "bf16-true"])
+@pytest.mark.parametrize("name", ["tiny", "tiny-gpt2"])
+def test_memory_plan_matches_the_loaded_models(tokenizer, precision, name):
+    device = torch.device("cpu")
+    args = policy_args(name, fsdp=False)
+    policy, reference = models.load_policy(args, tokenizer, device, precision, False, None, True)
+    critic = models.load_model(name, len(tokenizer), device, precision, head="score")
     measured = memory_plan.loaded_table(
-        {"policy": policy, "reference": common.frozen_copy(policy), "critic": critic}, {"policy", "critic"}
+        {"policy": policy, "reference": reference, "critic": critic}, {"policy", "critic"}
     )
-    config = memory_plan.model_config("tiny", len(tokenizer))
+    config = memory_plan.model_config(name, len(tokenizer))
     plan = memory_plan.memory_plan(
         [
             ("policy", config, "lm", True),
