@@ -14,6 +14,8 @@ Per token t of a completion of length T (Ziegler et al. 2019, arXiv:1909.08593; 
     δ_t = r_t + γ V(s_t+1) - V(s_t),  Â_t = Σ_l (γλ)^l δ_t+l,  R_t = Â_t + V(s_t)     (GAE, Schulman 2016, eq. 16)
     L^CLIP = -E_t[ min(ρ_t Â_t, clip(ρ_t, 1-ε, 1+ε) Â_t) ],  ρ_t = π_φ(y_t|·) / π_old(y_t|·)   (PPO 2017, eq. 7)
     L^V = ½ E_t[ max( (V - R_t)², (V_old + clip(V - V_old, -ε_v, ε_v) - R_t)² ) ]    (clipped value loss)
+    L^KLPEN = -E_t[ ρ_t Â_t - β_old KL(π_old ‖ π_φ) ], β_old halved below d_targ/1.5, doubled above 1.5 d_targ
+                                                      (--policy-loss penalty: PPO 2017, eq. 8, §4)
 
 Conventions a reader could get wrong (each pinned by a test):
 - s_t is the prompt plus the completion before token t, so V(s_t) is read from the hidden state
@@ -121,6 +123,11 @@ class Args:
     """passes over each batch"""
     clip_eps: float = 0.2
     """ε of the policy's clipped surrogate"""
+    policy_loss: Literal["clip", "penalty"] = "clip"
+    """clip: L^CLIP (PPO eq. 7); penalty: L^KLPEN (eq. 8), no clipping, a KL(π_old ‖ π) penalty whose β_old
+    starts at 1 and adapts to --kl-old-target after each update"""
+    kl_old_target: float = 0.01
+    """d_targ of --policy-loss penalty: the KL(π_old ‖ π) per token β_old steers to"""
     value_clip: float = 0.2
     """ε_v of the clipped value loss"""
     vf_coef: float = 0.1
@@ -246,22 +253,31 @@ def compute_gae(
 
 
 def ppo_policy_loss(
-    logprobs, old_logprobs, advantages, mask, clip_eps: float = 0.2
+    logprobs, old_logprobs, advantages, mask, clip_eps: float = 0.2, penalty: Optional[float] = None
 ) -> tuple[torch.Tensor, dict]:
-    """L^CLIP (PPO eq. 7), negated for minimising, token mean over the mask. All (B, T); advantages
-    per token. -> (loss, {approx_kl: mean ½(log ρ)² as TRL, clip_ratio: the share of tokens where
-    the clipped term is used})"""
+    """L^CLIP (PPO eq. 7), or with `penalty` = β L^KLPEN (eq. 8): -(ρ Â - β KL(π_old ‖ π_θ)), unclipped; negated
+    for minimising, token mean over the mask. All (B, T); advantages per token. The KL per token is k3 of the
+    sampled token, drawn from π_old: ρ - 1 - log ρ, unbiased (E_old[ρ] = 1) and ≥ 0.
+    -> (loss, {approx_kl: mean ½(log ρ)² as TRL, clip_ratio: the share of tokens where the clipped term is used,
+    kl_old: the k3 KL's mean})"""
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)  # (B, T)
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
-    loss = masked_mean(torch.max(pg_loss1, pg_loss2), mask)
+    kl = ratio - 1.0 - log_ratio  # (B, T)
+    loss = masked_mean(torch.max(pg_loss1, pg_loss2) if penalty is None else pg_loss1 + penalty * kl, mask)
     with torch.no_grad():
         metrics = {
             "approx_kl": masked_mean(0.5 * log_ratio**2, mask).item(),
-            "clip_ratio": masked_mean((pg_loss2 > pg_loss1).float(), mask).item(),
+            "clip_ratio": masked_mean((pg_loss2 > pg_loss1) & (penalty is None), mask).item(),
+            "kl_old": masked_mean(kl, mask).item(),
         }
     return loss, metrics
+
+
+def adapted_penalty(beta: float, kl: float, target: float) -> float:
+    """PPO §4, after each update: β/2 if d < d_targ/1.5, 2β if d > 1.5 d_targ, else β (d the update's KL)."""
+    return beta / 2 if kl < target / 1.5 else beta * 2 if kl > target * 1.5 else beta
 
 
 def ppo_value_loss(values, old_values, returns, mask, clip_range: float = 0.2) -> tuple[torch.Tensor, float]:
@@ -421,6 +437,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     minibatch_order = torch.Generator().manual_seed(args.seed)  # the same on every rank, over its own rows
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     kl_coef = resumed["kl_coef"] if resumed else args.kl_coef
+    penalty = resumed["penalty"] if resumed else 1.0  # --policy-loss penalty: β_old
     run = runs.Run(
         args,
         "ppo",
@@ -433,7 +450,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         policy,
         generator,
         others={"critic": critic},
-        extra=lambda: {"kl_coef": kl_coef},
+        extra=lambda: {"kl_coef": kl_coef, "penalty": penalty},
         policy_optimizer=policy_optimizer,
         critic_optimizer=critic_optimizer,
         minibatch_order=minibatch_order,
@@ -534,7 +551,12 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                     entropy_grad=args.entropy_coef > 0,
                 )
                 pg_loss, m = ppo_policy_loss(
-                    logprobs, old_logprobs[rows], advantages[rows], mask[rows], args.clip_eps
+                    logprobs,
+                    old_logprobs[rows],
+                    advantages[rows],
+                    mask[rows],
+                    args.clip_eps,
+                    penalty if args.policy_loss == "penalty" else None,
                 )
                 entropy_mean = masked_mean(entropy, mask[rows])
                 policy_loss = pg_loss - args.entropy_coef * entropy_mean
@@ -586,6 +608,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             )
         non_score = (-kl_used * kl).sum(1)  # (B,)
         averaged = {k: sum(m[k] for m in step_metrics) / len(step_metrics) for k in step_metrics[0]}
+        if args.policy_loss == "penalty":
+            averaged["penalty"] = penalty
+            penalty = adapted_penalty(penalty, averaged["kl_old"], args.kl_old_target)
         step_time = time.time() - t0
         stats = {
             "score": scores.mean().item(),

@@ -490,6 +490,48 @@ MUTATIONS = [
     # ---- ppo.py: per-token rewards, GAE, both losses, the KL controller, the loop -------------------------
     Mutation(
         "ppo.py",
+        "if penalty is None else pg_loss1 + penalty * kl, mask)",
+        "if penalty is None else torch.max(pg_loss1, pg_loss2) + penalty * kl, mask)",
+        "PPO-Penalty still clips the surrogate",
+        f"{PPO} -k penalty_loss_by_hand",
+    ),
+    Mutation(
+        "ppo.py",
+        "kl = ratio - 1.0 - log_ratio  # (B, T)",
+        "kl = 1.0 / ratio - 1.0 + log_ratio  # (B, T)",
+        "PPO-Penalty's KL in the other direction, KL(π_θ ‖ π_old)",
+        f"{PPO} -k penalty_loss_by_hand",
+    ),
+    Mutation(
+        "ppo.py",
+        "return beta / 2 if kl < target / 1.5 else beta * 2 if kl > target * 1.5 else beta",
+        "return beta * 2 if kl < target / 1.5 else beta / 2 if kl > target * 1.5 else beta",
+        "PPO-Penalty's β adapts the wrong way: raised when the KL is small",
+        f"{PPO} -k penalty_coefficient",
+    ),
+    Mutation(
+        "ppo.py",
+        'penalty = resumed["penalty"] if resumed else 1.0',
+        "penalty = 1.0",
+        "PPO-Penalty's β restarts at 1 on --resume",
+        f"{PPO} -k penalty_run_adapts",
+    ),
+    Mutation(
+        "ppo.py",
+        "(pg_loss2 > pg_loss1) & (penalty is None)",
+        "(pg_loss2 > pg_loss1)",
+        "PPO-Penalty reports a clip ratio for a surrogate it does not clip",
+        f"{PPO} -k penalty_loss_by_hand",
+    ),
+    Mutation(
+        "scripts/pass_at_k_curve.py",
+        "sum(tasks.pass_at_k(n, c, k) for c in correct)",
+        "sum(float(c > 0) for c in correct)",
+        "pass@k as the share of problems with any right sample among n, whatever k",
+        "tests/test_pass_at_k_curve.py -k by_hand",
+    ),
+    Mutation(
+        "ppo.py",
         "rewards = -kl_coef * kl * mask",
         "rewards = kl_coef * kl * mask",
         "KL enters the reward as a bonus, not a penalty",

@@ -28,6 +28,7 @@ from conftest import (
 )
 from ppo import (
     Args,
+    adapted_penalty,
     adaptive_kl_coef,
     compute_gae,
     explained_variance,
@@ -135,6 +136,31 @@ def test_policy_loss_both_clip_branches():
     assert m["clip_ratio"] == pytest.approx(2 / 3)
     # approx_kl = mean ½(log ρ)² = ½ (log²1.5 + 2 log²0.5) / 3
     assert m["approx_kl"] == pytest.approx(0.5 * (math.log(1.5) ** 2 + 2 * math.log(0.5) ** 2) / 3, abs=1e-6)
+
+
+def test_penalty_loss_by_hand_and_unclipped():
+    # β = 0.5, the tokens of test_policy_loss_both_clip_branches. k3 of KL(π_old ‖ π) per token: ρ - 1 - log ρ,
+    # 0.5 - log 1.5 = 0.094535 and 2 × (-0.5 - log 0.5) = 0.193147 (twice); no clipping: -ρ Â + β k3 is
+    # -1.5 + 0.047267, 0.5 + 0.096574, -0.5 + 0.096574
+    old = torch.zeros(1, 3)
+    logprobs = torch.log(torch.tensor([[1.5, 0.5, 0.5]]))
+    advantages = torch.tensor([[1.0, -1.0, 1.0]])
+    loss, m = ppo_policy_loss(logprobs, old, advantages, torch.ones(1, 3), clip_eps=0.2, penalty=0.5)
+    k3 = [0.5 - math.log(1.5), -0.5 - math.log(0.5), -0.5 - math.log(0.5)]
+    assert loss.item() == pytest.approx((-1.5 + 0.5 - 0.5 + 0.5 * sum(k3)) / 3)
+    assert m["kl_old"] == pytest.approx(sum(k3) / 3) and m["clip_ratio"] == 0.0
+    # the KL term's gradient: ∂/∂logπ of β(ρ - 1 - log ρ) = β(ρ - 1); with Â = 0 only it remains
+    leaf = logprobs.clone().requires_grad_()
+    ppo_policy_loss(leaf, old, torch.zeros(1, 3), torch.ones(1, 3), penalty=0.5)[0].backward()
+    assert leaf.grad.tolist()[0] == pytest.approx([0.5 * 0.5 / 3, 0.5 * -0.5 / 3, 0.5 * -0.5 / 3])
+
+
+def test_penalty_coefficient_halves_below_and_doubles_above_the_target_band():
+    # PPO §4: d < d_targ / 1.5 → β / 2; d > 1.5 d_targ → 2β; within the band β stays
+    assert adapted_penalty(1.0, 0.006, 0.01) == 0.5
+    assert adapted_penalty(1.0, 0.0067, 0.01) == 1.0
+    assert adapted_penalty(1.0, 0.0149, 0.01) == 1.0
+    assert adapted_penalty(1.0, 0.016, 0.01) == 2.0
 
 
 def test_value_loss_clip_branch():
@@ -262,6 +288,19 @@ def test_resume_continues_exactly(tmp_path, tiny_reward_model_path):
             out, tiny_reward_model_path, eval_every=2, target_kl=0.01, kl_horizon=10, **kw
         ),
     )
+
+
+def test_penalty_run_adapts_its_coefficient_and_resumes_exactly(tmp_path, tiny_reward_model_path):
+    # β_old starts at 1 and moves by a factor of 2 after each update whose KL(π_old ‖ π) leaves the band; a resume
+    # that restarted it at 1 would differ from step 3 on
+    def args_of_run(out, **kw):
+        return tiny_args(
+            out, tiny_reward_model_path, eval_every=2, policy_loss="penalty", kl_old_target=1e-6, **kw
+        )
+
+    rows = metrics_of(main(args_of_run(tmp_path / "straight", steps=3)))
+    assert [row["penalty"] for row in rows] == [1.0, 2.0, 4.0] and all(row["clip_ratio"] == 0 for row in rows)
+    assert_resume_is_exact(tmp_path / "resumed", main, args_of_run)
 
 
 def test_reward_model_without_a_trained_head_or_with_another_tokenizer_is_refused(
