@@ -109,9 +109,9 @@ class Args:
     reward_model: Annotated[Optional[str], runs.none_means("the verifier", "DIR")] = None
     """a reward_model.py checkpoint to score completions with (as ppo.py does); the verifier is
     logged beside it"""
-    rewards: tuple[Literal["correct", "format"], ...] = ("correct",)
+    rewards: tuple[Literal["correct", "format", "repetition"], ...] = ("correct",)
     """rewards summed into one: correct (--verifier's, or --reward-model's score), format
-    (<think>…</think><answer>)"""
+    (<think>…</think><answer>), repetition (minus the share of repeated word 3-grams; task/rewards.py)"""
     reward_weights: Annotated[
         Optional[tuple[float, ...]], runs.none_means("1 for each reward", "FLOAT ...")
     ] = None

@@ -178,8 +178,8 @@ def table(rows: dict[str, dict]) -> str:
     for name, x in rows.items():
         relative = x["trace_cov"] / x["scale"] ** 2
         lines.append(
-            f"| {name} | {x['scale']:.4f} | {x['cos']:.4f} | {x['bias']:.4f} | {x['trace_cov']:.4f} "
-            f"| {relative:.4f} |"
+            f"| {name} | {x['scale']:.4f} | {x['cos']:.4f} | {x['bias']:.4f} | {x['trace_cov']:.5f} "
+            f"| {relative:.5f} |"
         )
     return "\n".join(lines)
 

@@ -17,8 +17,9 @@ online scripts' stream (load_problems) excludes; SFT's demonstrations and the pr
 training_exclusion(n) = heldout_problems(max(n, 200)), so their data (and its cache) is the same at every n <= 200.
 
 `verify_strict` (grpo.py --verifier strict; `unearned` in evaluate_accuracy) pays only a result stated as one:
-a restated question ("0 + 24", "the sum of 0 and 24") earns 0.0 there. `format_reward` (grpo.py --rewards format)
-pays DeepSeek-R1's form, `<think> reasoning </think><answer> answer </answer>`, which R1_INSTRUCTION asks for.
+a restated question ("0 + 24", "the sum of 0 and 24") earns 0.0 there. The rewards grpo.py --rewards adds beside
+the verifier's (DeepSeek-R1's format, a repetition penalty) are in task/rewards.py; R1_INSTRUCTION, here, asks for
+R1's form.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from infra import distributed
 from infra import hub
 from infra import runs
 from infra.runs import InputError
+from task import rewards
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,24 +215,6 @@ R1_INSTRUCTION = (
     " The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags,"
     " respectively, i.e., <think> reasoning process here </think><answer> answer here </answer>."
 )
-_NO_TAG = r"(?:(?!</?(?:think|answer)>).)+"  # one or more characters, none of them starting a tag
-_R1_FORM = re.compile(rf"<think>({_NO_TAG})</think>\s*<answer>({_NO_TAG})</answer>", re.DOTALL)
-
-
-def format_reward(completion: str, answer: str = "") -> float:
-    """1.0 if the completion is exactly `<think>…</think>` then `<answer>…</answer>`, each holding a non-space
-    character, with only whitespace around and between them and no tag inside, else 0.0: DeepSeek-R1's format
-    reward. It pays the form only (`answer` is unused; whether the answer is right is the verifier's job), so text
-    after </answer> earns 0."""
-    form = _R1_FORM.fullmatch(completion.strip())
-    if form is None:
-        return 0.0
-    reasoning, stated = form.groups()
-    return float(bool(reasoning.strip()) and bool(stated.strip()))  # "<think> </think>" is empty too
-
-
-# the rewards grpo.py --rewards names beside `correct`, (completion, answer)
-REWARDS = {"format": format_reward}
 
 
 @dataclass
@@ -251,7 +235,7 @@ def score_completions(
     learned: Optional[torch.Tensor] = None,
 ) -> Scored:
     """Every reward of `names` for each completion: "correct" is `verifier`'s 0/1, or the learned
-    reward model's scores when `learned` (B,) is given; "format" is R1's (REWARDS)."""
+    reward model's scores when `learned` (B,) is given; the others task/rewards.py's."""
     verified = torch.tensor([verifier(t, a) for t, a in zip(texts, answers)], device=device)
     unearned = [verify(t, a) * (1.0 - verify_strict(t, a)) for t, a in zip(texts, answers)]
     columns = []
@@ -259,7 +243,9 @@ def score_completions(
         if name == "correct":
             columns.append(verified if learned is None else learned)
         else:
-            columns.append(torch.tensor([REWARDS[name](t, a) for t, a in zip(texts, answers)], device=device))
+            columns.append(
+                torch.tensor([rewards.REWARDS[name](t, a) for t, a in zip(texts, answers)], device=device)
+            )
     return Scored(torch.stack(columns, 1), verified, unearned)
 
 

@@ -10,6 +10,7 @@ import torch
 import common
 from infra import models
 from infra import runs
+from task import rewards
 from task import tasks
 from fixed_completions import sampler_from
 from conftest import (
@@ -397,7 +398,7 @@ def test_weighted_rewards_sum_each_reward_times_its_weight():
 
 def test_weighted_rewards_in_the_loop_are_summed_then_normalised_and_each_logged(tmp_path, monkeypatch):
     correct, form = iter([1.0, 0.0, 0.0, 0.0]), iter([1.0, 1.0, 0.0, 0.0])  # the four completions' rewards
-    monkeypatch.setitem(tasks.REWARDS, "format", lambda completion, answer: next(form))
+    monkeypatch.setitem(rewards.REWARDS, "format", lambda completion, answer: next(form))
     calls = spy_on_grpo_loss(monkeypatch)
     args = tiny_args(
         tmp_path,

@@ -42,7 +42,8 @@ BUDGETS = {
     "dpo_online": 1408,
     # what is learned
     "task/preferences": 1345 + 2,
-    "task/tasks": 3867 + 3,
+    "task/tasks": 3789,  # 3870 before the format reward moved out to task/rewards
+    "task/rewards": 196,
     "task/stepwise": 1241 + 2,
     # the mechanics and the plumbing
     "common": 3049,
@@ -79,6 +80,7 @@ LAYERS = [
     ],
     ["infra/runs"],
     ["infra/models"],
+    ["task/rewards"],
     ["task/tasks"],
     ["task/preferences", "task/stepwise"],
     list(ALGORITHMS),

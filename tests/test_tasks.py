@@ -9,7 +9,7 @@ import torch
 import common
 from infra import models
 from infra import runs
-from task import preferences, tasks
+from task import preferences, rewards, tasks
 
 
 # ---- the task -------------------------------------------------------------------------------------------------
@@ -105,6 +105,25 @@ def test_verifiers_read_the_answer_tag_when_there_is_one(completion, last_number
 
 
 @pytest.mark.parametrize(
+    "completion, penalty",
+    [
+        # words 14 + 95 = 14 + 95 = 14 + 96: 3-grams (14 + 95) (+ 95 =) (95 = 14) (= 14 +), the same four again,
+        # (14 + 96): 4 of 9 repeat an earlier one
+        ("14 + 95 = 14 + 95 = 14 + 96", -4 / 9),
+        ("47 + 38 = 85", 0.0),  # 3 distinct 3-grams
+        ("85", 0.0),  # fewer than 3 words: no 3-gram
+        ("a b c a b c a b c", -4 / 7),  # 7 3-grams, the 3 distinct ones first: the other 4 repeat
+        ("a b c d a b", 0.0),  # (a b) returns, but no 3 words in a row
+    ],
+)
+def test_repetition_penalty_by_hand(completion, penalty):
+    assert rewards.repetition_penalty(completion, "85") == pytest.approx(penalty)
+    # as grpo.py --rewards correct repetition scores it: one column each
+    scored = tasks.score_completions([completion], ["85"], ("correct", "repetition"), tasks.verify, "cpu")
+    assert scored.rewards[0, 1].item() == pytest.approx(penalty)
+
+
+@pytest.mark.parametrize(
     "completion, reward",
     [
         ("<think>3 + 5 = 8</think><answer>8</answer>", 1.0),
@@ -125,7 +144,7 @@ def test_verifiers_read_the_answer_tag_when_there_is_one(completion, last_number
     ],
 )
 def test_format_reward_table(completion, reward):
-    assert tasks.format_reward(completion, "8") == reward
+    assert rewards.format_reward(completion, "8") == reward
 
 
 def test_r1_prompt_style_asks_every_question_for_the_format_held_out_too():
@@ -140,7 +159,7 @@ def test_r1_prompt_style_asks_every_question_for_the_format_held_out_too():
     )
     # a completion in the asked-for form earns the format reward, and the verifier reads the number in <answer>
     done = "<think>1 + 2 = 3</think><answer>3</answer>"
-    assert tasks.format_reward(done) == 1.0 and tasks.verify(done, "3") == 1.0
+    assert rewards.format_reward(done) == 1.0 and tasks.verify(done, "3") == 1.0
 
 
 @pytest.mark.parametrize(
