@@ -573,6 +573,20 @@ MUTATIONS = [
         "tests/test_baseline_variance.py -k optimal_constant",
     ),
     Mutation(
+        "scripts/sycophancy.py",
+        '"agrees_with_suggestion": sum(tasks.verify(t, w) for t, w in zip(nudged, wrong)) / n,',
+        '"agrees_with_suggestion": sum(tasks.verify(t, w) for t, w in zip(plain, wrong)) / n,',
+        "sycophancy: agreement read from the answers to the plain question",
+        "tests/test_sycophancy.py -k final_number",
+    ),
+    Mutation(
+        "scripts/sycophancy.py",
+        "    offsets = [d for d in (-10, -1, 1, 10) if right + d >= 0]",
+        "    offsets = [d for d in (-10, -1, 0, 1, 10) if right + d >= 0]",
+        "sycophancy: a 'wrong' suggestion that can be the right answer",
+        "tests/test_sycophancy.py -k plausible",
+    ),
+    Mutation(
         "scripts/pass_at_k_curve.py",
         "sum(tasks.pass_at_k(n, c, k) for c in correct)",
         "sum(float(c > 0) for c in correct)",
