@@ -510,6 +510,27 @@ MUTATIONS = [
     ),
     # ---- ppo.py: per-token rewards, GAE, both losses, the KL controller, the loop -------------------------
     Mutation(
+        "ppo_prm.py",
+        "            rewards = rewards + dense * mask\n",
+        "",
+        "PPO with a PRM: the step rewards never reach GAE",
+        "tests/test_ppo_prm.py -k tokens_that_end",
+    ),
+    Mutation(
+        "ppo_prm.py",
+        "            penalised = -args.missing_eos_penalty * (~finished).float()",
+        "            penalised = scores - args.missing_eos_penalty * (~finished).float()",
+        "PPO with a PRM: the outcome it only logs is trained on too",
+        "tests/test_ppo_prm.py -k tokens_that_end",
+    ),
+    Mutation(
+        "ppo_prm.py",
+        "step_scores = torch.sigmoid(stepwise.score_steps(prm, tokenizer, prompts, texts)[0])",
+        "step_scores = stepwise.score_steps(prm, tokenizer, prompts, texts)[0]",
+        "PPO with a PRM: the step reward is the raw logit, not σ(z)",
+        "tests/test_ppo_prm.py -k tokens_that_end",
+    ),
+    Mutation(
         "ppo.py",
         "if penalty is None else pg_loss1 + penalty * kl, mask)",
         "if penalty is None else torch.max(pg_loss1, pg_loss2) + penalty * kl, mask)",

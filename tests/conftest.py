@@ -124,6 +124,15 @@ def policy_args(name: str, fsdp: bool) -> types.SimpleNamespace:
     )
 
 
+@pytest.fixture(scope="module")
+def tiny_prm(tmp_path_factory) -> str:
+    """A prm.py checkpoint of the tiny model, one step trained: step scores that differ, for --prm."""
+    import prm
+
+    out = tmp_path_factory.mktemp("prm")
+    return prm.main(args_of(prm.Args, model="tiny", steps=1, output_dir=str(out)))["run_dir"] + "/model"
+
+
 def write(tmp_path, name: str, text: str) -> str:
     path = tmp_path / name
     path.write_text(text)

@@ -8,11 +8,9 @@ import pytest
 import torch
 
 import grpo
-import prm
 from infra import runs
 from task import stepwise
 from conftest import (
-    args_of,
     assert_one_line_error,
     assert_resume_is_exact,
     digit_fraction,
@@ -72,13 +70,6 @@ def test_completion_steps_end_on_the_sampled_tokens(tokenizer):
 
 
 # ---- the loop ------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_prm(tmp_path_factory) -> str:
-    """A prm.py checkpoint of the tiny model, one step trained: step scores that differ, for grpo_prm.py --prm."""
-    out = tmp_path_factory.mktemp("prm")
-    return prm.main(args_of(prm.Args, model="tiny", steps=1, output_dir=str(out)))["run_dir"] + "/model"
-
-
 def test_a_prm_gives_advantages_where_every_outcome_is_equal(tmp_path, tiny_prm):
     # every completion scores 0, so the outcome advantages are 0 and the loss of the first step (β = 0: no KL) is 0;
     # a PRM's step scores still differ, and so do the advantages

@@ -17,7 +17,13 @@ REPO = Path(__file__).resolve().parents[1]
 ALGORITHMS = ("grpo", "dpo", "ppo", "reward_model", "sft", "variants", "prm", "rft")
 # A variant is a study beside its reference (as CleanRL keeps ppo_atari.py beside ppo.py): it imports the
 # reference's pure functions and copies the loop it changes. It imports no algorithm file but its reference.
-VARIANTS = {"grpo_async": "grpo", "grpo_prm": "grpo", "ppo_overoptimisation": "ppo", "dpo_online": "dpo"}
+VARIANTS = {
+    "grpo_async": "grpo",
+    "grpo_prm": "grpo",
+    "ppo_overoptimisation": "ppo",
+    "ppo_prm": "ppo",
+    "dpo_online": "dpo",
+}
 # Caps, not ratchets. A budget is a reader's time: a file a newcomer reads top to bottom in one go. It counts code
 # tokens (names, operators, numbers and strings outside docstrings and comments), so joining or widening lines
 # gains nothing: let the code breathe. New code that would break one goes to the room it belongs in (another
@@ -39,6 +45,7 @@ BUDGETS = {
     "grpo_async": 2338,
     "grpo_prm": 1739,
     "ppo_overoptimisation": 2724,
+    "ppo_prm": 2105,
     "dpo_online": 1408,
     # what is learned
     "task/preferences": 1345 + 2,
