@@ -594,11 +594,25 @@ MUTATIONS = [
         "tests/test_baseline_variance.py -k optimal_constant",
     ),
     Mutation(
+        "scripts/iterative_dpo.sh",
+        '    POLICY=$(last "$OUT/round-$round")model\n',
+        "",
+        "iterative DPO: every round trains the starting model again (one round, repeated)",
+        "tests/test_dpo.py -k iterative",
+    ),
+    Mutation(
         "scripts/sycophancy.py",
         '"agrees_with_suggestion": sum(tasks.verify(t, w) for t, w in zip(nudged, wrong)) / n,',
         '"agrees_with_suggestion": sum(tasks.verify(t, w) for t, w in zip(plain, wrong)) / n,',
         "sycophancy: agreement read from the answers to the plain question",
         "tests/test_sycophancy.py -k final_number",
+    ),
+    Mutation(
+        "scripts/iterative_dpo.sh",
+        '    POLICY=$(last "$OUT/round-$round")model\n',
+        "",
+        "iterative DPO: every round trains the starting model again (one round, repeated)",
+        "tests/test_dpo.py -k iterative",
     ),
     Mutation(
         "scripts/sycophancy.py",

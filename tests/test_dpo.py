@@ -11,6 +11,7 @@ import transformers
 from infra import models
 from infra import runs
 from task import preferences, tasks
+from test_rft import recorded_stages
 from conftest import (
     HAS_EMBEDDED_MODEL,
     PAIRS,
@@ -374,3 +375,28 @@ def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch):
     assert_checkpointing_changes_nothing(
         tmp_path, monkeypatch, main, lambda out, **kw: tiny_args(out, save_model=False, **kw)
     )
+
+
+def test_iterative_dpo_trains_each_round_from_the_last_on_its_own_pairs(tmp_path):
+    """scripts/iterative_dpo.sh with each stage recorded instead of run: round r samples its pairs from the policy
+    round r - 1 left, with its own seed, and DPO starts from that same policy (its reference) on those pairs."""
+    import tyro
+
+    import dpo
+
+    out = tmp_path / "it"
+    commands = recorded_stages(
+        tmp_path, "scripts/iterative_dpo.sh", str(out), "--seed", "2", MODEL="tiny", ROUNDS="3", PROMPTS="16"
+    )
+    assert [c[0] for c in commands] == ["scripts/policy_pairs.py", "dpo.py"] * 3
+    policy = "tiny"
+    for r in range(3):
+        sampler, trainer = commands[2 * r], commands[2 * r + 1]
+        assert sampler[sampler.index("--policy") + 1] == policy
+        assert sampler[sampler.index("--seed") + 1] == str(r + 1 + 2000)  # round r + 1 of seed 2
+        assert sampler[sampler.index("--num-prompts") + 1] == "16"
+        args = tyro.cli(dpo.Args, args=trainer[1:])
+        assert args.model == policy and args.dataset == sampler[sampler.index("--out") + 1] and args.seed == 2
+        policy = f"{args.run.output_dir}/run/model"
+    rounds = (out / "rounds.md").read_text()
+    assert "| 1 | 2 (2) | 0.250 -> 0.500 |" in rounds and "| 3 | 2 (6) | 0.250 -> 0.500 |" in rounds

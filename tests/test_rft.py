@@ -159,15 +159,45 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
 
 FAKE_PYTHON = """#!/usr/bin/env bash
 # Records each stage's command and leaves what a finished run leaves; the table's own python runs for real.
+# A script that writes --out (scripts/policy_pairs.py) gets two lines there.
+value() {  # the word after the flag $1 in the rest, or nothing
+  python3 -c 'import sys; f, a = sys.argv[1], sys.argv[2:]; print(a[a.index(f) + 1] if f in a else "")' "$@"
+}
 case "$1" in
   *.py)
     echo "$@" >> "$STAGES_LOG"
-    out=$(python3 -c 'import sys; a = sys.argv[1:]; print(a[a.index("--output-dir") + 1])' "$@")
-    mkdir -p "$out/run/model"
-    echo '{"accuracy_before": 0.25, "accuracy_after": 0.5, "wall_time_s": 60}' > "$out/run/eval.json" ;;
+    out=$(value --output-dir "$@")
+    file=$(value --out "$@")
+    if [ -n "$out" ]; then
+      mkdir -p "$out/run/model"
+      echo '{"accuracy_before": 0.25, "accuracy_after": 0.5, "wall_time_s": 60}' > "$out/run/eval.json"
+    fi
+    if [ -n "$file" ]; then printf '{}\n{}\n' > "$file"; fi ;;
   *) exec "$REAL_PYTHON" "$@" ;;
 esac
 """
+
+
+def recorded_stages(tmp_path, script: str, *argv: str, **env: str) -> list[list[str]]:
+    """Run a shell pipeline of the project's scripts with each stage recorded instead of run (FAKE_PYTHON); the
+    stages' commands, in order."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(FAKE_PYTHON)
+    (bin_dir / "python").chmod(0o755)
+    log = tmp_path / "stages.log"
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "STAGES_LOG": str(log),
+        "REAL_PYTHON": sys.executable,
+        **env,
+    }
+    proc = subprocess.run(
+        ["bash", script, *argv], cwd=REPO, capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [line.split() for line in log.read_text().splitlines()]
 
 
 def test_the_r1_recipe_chains_its_four_stages_each_command_valid(tmp_path):
@@ -179,29 +209,8 @@ def test_the_r1_recipe_chains_its_four_stages_each_command_valid(tmp_path):
     import rft
     import sft
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(FAKE_PYTHON)
-    (bin_dir / "python").chmod(0o755)
     out = tmp_path / "r1"
-    log = tmp_path / "stages.log"
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "STAGES_LOG": str(log),
-        "REAL_PYTHON": sys.executable,
-        "MODEL": "tiny",
-    }
-    proc = subprocess.run(
-        ["bash", "scripts/r1_recipe.sh", str(out), "--seed", "3"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    commands = [line.split() for line in log.read_text().splitlines()]
+    commands = recorded_stages(tmp_path, "scripts/r1_recipe.sh", str(out), "--seed", "3", MODEL="tiny")
     assert [c[0] for c in commands] == ["sft.py", "grpo.py", "rft.py", "grpo.py"]
     modules = {"sft.py": sft, "grpo.py": grpo, "rft.py": rft}
     parsed = [tyro.cli(modules[c[0]].Args, args=c[1:]) for c in commands]

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Iterative DPO: rounds of sample -> label -> DPO, each round from the policy the round before left, which is also
+# that round's reference (the online, iterative form: Xiong et al. 2024, arXiv:2312.11456; Meta's Llama 3 post-training
+# ran six such rounds). A round: the policy samples PROMPTS training problems x 8 (scripts/policy_pairs.py, the
+# verifier's labels, each right answer paired with a wrong one of the same prompt), then dpo.py trains on those
+# pairs alone. Prints one markdown table (a row per round, its pairs and held-out accuracy), also in OUT/rounds.md.
+#   bash scripts/iterative_dpo.sh [OUT_DIR] [options for every dpo.py round]
+#   ROUNDS=3 PROMPTS=256 bash scripts/iterative_dpo.sh runs/iterative-dpo --seed 1
+# MODEL is the starting model (default smollm2), ROUNDS the rounds (default 3), PROMPTS the problems a round
+# (default 256); round r samples with seed r + 1000 x the run's --seed, so rounds and seeds draw different problems.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-runs/iterative-dpo}
+shift || true
+mkdir -p "$OUT"
+last() { ls -d "$1"/*/ | tail -1; }
+SEED=$(python3 -c 'import sys; a = sys.argv[1:]; print(a[a.index("--seed") + 1] if "--seed" in a else 0)' "$@")
+POLICY=${MODEL:-smollm2}
+for round in $(seq 1 "${ROUNDS:-3}"); do
+    python scripts/policy_pairs.py --policy "$POLICY" --num-prompts "${PROMPTS:-256}" \
+        --seed $((round + 1000 * SEED)) --out "$OUT/pairs-$round.jsonl"
+    python dpo.py --model "$POLICY" --dataset "$OUT/pairs-$round.jsonl" --output-dir "$OUT/round-$round" "$@"
+    POLICY=$(last "$OUT/round-$round")model
+done
+
+python - "$OUT" <<'PY' | tee "$OUT/rounds.md"
+import glob, json, sys
+
+out = sys.argv[1]
+print("| round | labelled pairs (in all) | held-out accuracy before -> after | wall time |")
+print("| --- | --- | --- | --- |")
+total = 0
+for pairs in sorted(glob.glob(f"{out}/pairs-*.jsonl"), key=lambda p: int(p.rsplit("-", 1)[1].split(".")[0])):
+    round_ = pairs.rsplit("-", 1)[1].split(".")[0]
+    count = sum(1 for line in open(pairs) if line.strip())
+    total += count
+    found = sorted(glob.glob(f"{out}/round-{round_}/*/eval.json"))
+    if not found:
+        continue
+    r = json.load(open(found[-1]))
+    print(f"| {round_} | {count} ({total}) | {r['accuracy_before']:.3f} -> {r['accuracy_after']:.3f} | {r['wall_time_s'] / 60:.1f} min |")
+PY
