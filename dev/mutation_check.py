@@ -594,6 +594,13 @@ MUTATIONS = [
         "tests/test_baseline_variance.py -k optimal_constant",
     ),
     Mutation(
+        "scripts/dpo_then_ppo.sh",
+        'python ppo.py --model "$DPO" --reward-model "$RM"',
+        'python ppo.py --model "$START" --reward-model "$RM"',
+        "DPO then PPO: the last mile starts from the starting model, not the DPO policy",
+        f"{PPO} -k dpo_then_ppo",
+    ),
+    Mutation(
         "scripts/iterative_dpo.sh",
         '    POLICY=$(last "$OUT/round-$round")model\n',
         "",
@@ -606,6 +613,13 @@ MUTATIONS = [
         '"agrees_with_suggestion": sum(tasks.verify(t, w) for t, w in zip(plain, wrong)) / n,',
         "sycophancy: agreement read from the answers to the plain question",
         "tests/test_sycophancy.py -k final_number",
+    ),
+    Mutation(
+        "scripts/dpo_then_ppo.sh",
+        'python ppo.py --model "$DPO" --reward-model "$RM"',
+        'python ppo.py --model "$START" --reward-model "$RM"',
+        "DPO then PPO: the last mile starts from the starting model, not the DPO policy",
+        f"{PPO} -k dpo_then_ppo",
     ),
     Mutation(
         "scripts/iterative_dpo.sh",

@@ -13,6 +13,7 @@ import ppo
 from infra import runs
 from task import tasks
 from fixed_completions import sampler_from
+from test_rft import recorded_stages
 from conftest import (
     HAS_EMBEDDED_MODEL,
     RUN_FILES,
@@ -603,3 +604,26 @@ def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch, tiny_rewa
         lambda out, **kw: tiny_args(out, tiny_reward_model_path, save_model=False, **kw),
         trained_models=2,
     )
+
+
+def test_dpo_then_ppo_starts_ppo_from_the_dpo_policy_on_the_reward_model(tmp_path):
+    """scripts/dpo_then_ppo.sh with each stage recorded instead of run: PPO's last mile starts from the policy DPO
+    left, PPO alone from the starting model, both on the one reward model; PPO_OPTIONS reach the PPO stages only."""
+    import tyro
+
+    import dpo
+    import reward_model
+
+    out = tmp_path / "dp"
+    commands = recorded_stages(
+        tmp_path, "scripts/dpo_then_ppo.sh", str(out), "--seed", "1", MODEL="tiny", PPO_OPTIONS="--lr 2e-6"
+    )
+    assert [c[0] for c in commands] == ["dpo.py", "reward_model.py", "ppo.py", "ppo.py"]
+    first = tyro.cli(dpo.Args, args=commands[0][1:])
+    rm = tyro.cli(reward_model.Args, args=commands[1][1:])
+    last_mile, alone = (tyro.cli(Args, args=c[1:]) for c in commands[2:])
+    assert first.model == rm.model == alone.model == "tiny" and first.lr != 2e-6
+    assert last_mile.model == f"{first.run.output_dir}/run/model"
+    assert last_mile.reward_model == alone.reward_model == f"{rm.run.output_dir}/run/model"
+    assert last_mile.lr == alone.lr == 2e-6 and all(args.seed == 1 for args in (first, rm, last_mile, alone))
+    assert (out / "stages.md").read_text().count("| 0.250 -> 0.500 |") == 3
