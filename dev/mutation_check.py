@@ -510,6 +510,48 @@ MUTATIONS = [
     ),
     # ---- ppo.py: per-token rewards, GAE, both losses, the KL controller, the loop -------------------------
     Mutation(
+        "grpo_adaptive.py",
+        "group_index = torch.cat([group_index, uniform.nonzero()[:, 0].repeat_interleave(more)])",
+        "group_index = torch.cat([group_index, torch.arange(len(extra), device=device).repeat_interleave(more)])",
+        "adaptive group size: the extra completions counted to the first prompts, not the ones sampled again",
+        "tests/test_grpo_adaptive.py -k own_prompt",
+    ),
+    Mutation(
+        "grpo_adaptive.py",
+        "completion_ids = torch.cat([padded_to(part.completion_ids, width, pad) for part in parts])[order]",
+        "completion_ids = torch.cat([padded_to(part.completion_ids, width, pad) for part in parts])",
+        "adaptive group size: the completions left in sampling order while their groups are sorted",
+        "tests/test_grpo_adaptive.py -k own_prompt",
+    ),
+    Mutation(
+        "grpo_adaptive.py",
+        "group_index = renumber[group_index[keep]]",
+        "group_index = group_index[keep]",
+        "adaptive group size: the kept groups' rows still point at the dropped prompts' numbers",
+        "tests/test_grpo_adaptive.py -k own_prompt",
+    ),
+    Mutation(
+        "grpo_adaptive.py",
+        "centered = centered / (variance.sqrt()[group_index] + eps)",
+        "centered = centered / (variance.sqrt().mean() + eps)",
+        "adaptive group size: one std for every group, not each group's own",
+        "tests/test_grpo_adaptive.py -k by_hand",
+    ),
+    Mutation(
+        "grpo_adaptive.py",
+        "return torch.where((highest == lowest)[group_index], 0.0, centered)",
+        "return centered",
+        "adaptive group size: an all-equal group's rounding left as an advantage",
+        "tests/test_grpo_adaptive.py -k by_hand",
+    ),
+    Mutation(
+        "grpo_adaptive.py",
+        "uniform = first_rewards.amax(1) == first_rewards.amin(1)",
+        "uniform = first_rewards.amax(1) != first_rewards.amin(1)",
+        "adaptive group size: the extra samples go to the groups that already have a signal",
+        "tests/test_grpo_adaptive.py -k sampled_again",
+    ),
+    Mutation(
         "ppo_prm.py",
         "            rewards = rewards + dense * mask\n",
         "",

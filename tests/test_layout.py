@@ -20,6 +20,7 @@ ALGORITHMS = ("grpo", "dpo", "ppo", "reward_model", "sft", "variants", "prm", "r
 VARIANTS = {
     "grpo_async": "grpo",
     "grpo_prm": "grpo",
+    "grpo_adaptive": "grpo",
     "ppo_overoptimisation": "ppo",
     "ppo_prm": "ppo",
     "dpo_online": "dpo",
@@ -44,6 +45,7 @@ BUDGETS = {
     # the variants, each at its size when it was made
     "grpo_async": 2338,
     "grpo_prm": 1739,
+    "grpo_adaptive": 2545,
     "ppo_overoptimisation": 2724,
     "ppo_prm": 2105,
     "dpo_online": 1408,
