@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-ALGORITHMS = ("grpo", "dpo", "ppo", "reward_model", "sft", "variants", "prm", "rft")
+ALGORITHMS = ("grpo", "dpo", "ppo", "reward_model", "sft", "variants", "prm", "rft", "distill")
 # A variant is a study beside its reference (as CleanRL keeps ppo_atari.py beside ppo.py): it imports the
 # reference's pure functions and copies the loop it changes. It imports no algorithm file but its reference.
 VARIANTS = {
@@ -42,6 +42,7 @@ BUDGETS = {
     "variants": 3544 + 6,
     "prm": 2484 + 2,
     "rft": 1970 + 2,
+    "distill": 2200,  # set by its issue
     # the variants, each at its size when it was made
     "grpo_async": 2338,
     "grpo_prm": 1739,
