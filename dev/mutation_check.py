@@ -510,6 +510,48 @@ MUTATIONS = [
     ),
     # ---- ppo.py: per-token rewards, GAE, both losses, the KL controller, the loop -------------------------
     Mutation(
+        "grpo_tools.py",
+        "            transcript.policy += [0] * len(environment)",
+        "            transcript.policy += [1] * len(environment)",
+        "tool use: the environment's result tokens trained on as if the model wrote them, and counted",
+        "tests/test_grpo_tools.py -k context_not_policy",
+    ),
+    Mutation(
+        "grpo_tools.py",
+        "[reward_fn(t.last_turn, a) for t, a in zip(transcripts, answers)]",
+        "[reward_fn(tokenizer.decode(t.tokens), a) for t, a in zip(transcripts, answers)]",
+        "tool use: the reward reads the whole transcript, the environment's number included",
+        "tests/test_grpo_tools.py -k context_not_policy",
+    ),
+    Mutation(
+        "grpo_tools.py",
+        "        contexts = [prompts[i] + transcripts[i].tokens for i in active]",
+        "        contexts = [prompts[i] for i in active]",
+        "tool use: each turn sampled from the prompt alone, not the transcript so far",
+        "tests/test_grpo_tools.py -k agree",
+    ),
+    Mutation(
+        "grpo_tools.py",
+        "            transcript.logprobs += [0.0] * len(environment)",
+        "            transcript.logprobs += [-1.0] * len(environment)",
+        "tool use: the environment's tokens given sampler log-probs",
+        "tests/test_grpo_tools.py -k agree",
+    ),
+    Mutation(
+        "task/tools.py",
+        "            term = term * int(number)",
+        "            total = total + sign * term\n            term = int(number)",
+        "calculator: × read as +",
+        "tests/test_grpo_tools.py -k calculator",
+    ),
+    Mutation(
+        "task/tools.py",
+        '        if match is None:\n            return "error"',
+        "        if match is None:\n            break",
+        "calculator: text it cannot read is skipped, not an error",
+        "tests/test_grpo_tools.py -k calculator",
+    ),
+    Mutation(
         "distill.py",
         "        completion_ids = common.sample_completions(\n            student,",
         "        completion_ids = common.sample_completions(\n            teacher,",
