@@ -1,7 +1,8 @@
 """Where a GRPO step's CPU time goes, by operator: `grpo.py` under torch's profiler, its operators grouped.
 
-    python dev/profile_grpo.py --prompts-per-step 4 --beta 0 --steps 3 --eval-size 2 --eval-every 0 \\
-        --no-save-model --precision bf16-mixed        # docs/performance.md's GRPO command against TRL, 3 steps
+    python dev/profile_grpo.py --prompts-per-step 4 --beta 0 --steps 3 --eval-size 2 --eval-every 0 --no-save-model
+
+(docs/performance.md's GRPO command against TRL, 3 steps; add --precision bf16-mixed where auto picks fp32.)
 
 Every argument is grpo.py's own. The profiler records the whole run: keep the evaluations small (--eval-size 2),
 and read the first step as a warm-up inside the sums. Printed: the operators with the most self time, and their
