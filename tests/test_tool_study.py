@@ -1,0 +1,62 @@
+"""scripts/tool_study.py: the table by hand, and the study end to end on the tiny model."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import tool_study  # noqa: E402
+
+
+def test_the_table_by_hand():
+    rows = [
+        {
+            "stage": "starting model, the question alone",
+            "accuracy": 0.1,
+            "tool/use": 0.0,
+            "tool/well_formed": math.nan,
+        },
+        {"stage": "after GRPO, with the tool", "accuracy": 0.5, "tool/use": 1.0, "tool/well_formed": 0.9},
+        {
+            "stage": "after GRPO, with the tool",
+            "accuracy": 0.7,
+            "tool/use": 0.8,
+            "tool/well_formed": math.nan,
+        },
+    ]
+    text = tool_study.table(rows)
+    # a model that never calls has no share of well-formed calls: "—"
+    assert "| starting model, the question alone | 0.100 ± 0.000 | 0.000 ± 0.000 | — | 1 |" in text
+    # 0.6 ± stdev(0.5, 0.7) = 0.141; 0.9 ± stdev(0.8, 1.0) = 0.141; the NaN seed left out of the last column
+    assert "| after GRPO, with the tool | 0.600 ± 0.141 | 0.900 ± 0.141 | 0.900 ± 0.000 | 2 |" in text
+
+
+def test_the_study_runs_on_the_tiny_model_and_reads_its_runs_back(tmp_path, capsys):
+    argv = [
+        "--model",
+        "tiny",
+        "--seeds",
+        "0",
+        "--demonstrations",
+        "40",
+        "--sft-steps",
+        "2",
+        "--grpo-steps",
+        "2",
+    ]
+    rows = tool_study.main([*argv, "--eval-size", "4", "--out", str(tmp_path)])
+    assert [r["stage"] for r in rows] == [
+        "starting model, the question alone",
+        "starting model, with the tool",
+        "after SFT, with the tool",
+        "after GRPO, with the tool",
+    ]
+    # the question alone has no calculator: no answer counts as a call
+    assert rows[0]["tool/use"] == 0.0
+    # the GRPO run started from the SFT run's model
+    grpo_args = json.loads(next((tmp_path / "seed-0" / "grpo").glob("*/args.json")).read_text())
+    assert grpo_args["model"].startswith(str(tmp_path / "seed-0" / "sft"))
+    assert "| after GRPO, with the tool |" in capsys.readouterr().out
+    again = tool_study.main([*argv, "--eval-size", "4", "--out", str(tmp_path)])
+    assert json.dumps(again) == json.dumps(rows)
