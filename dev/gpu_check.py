@@ -27,11 +27,15 @@ Steps, each timed and recorded in DIR/summary.json (ok, seconds, and what it mea
             `ppo.py --reward verifier` for 30 steps, seeds 0, 1, 2, in bf16-mixed (the GPU's default) and then in
             float32: held-out accuracy at steps 0, 10, 20, 30 and the KL per completion over each ten steps of
             each run, to tell whether PPO learns on the GPU (docs/ppo.md, "PPO on the GPU")
+  ppo-budget
+            scripts/ppo_budget.py at 480 completions (60 steps), seeds 0, 1, 2: whether PPO's critic explains the
+            returns (explained variance > 0 over the last quarter) and its accuracy rises on every seed there, the
+            first step of the clip, KL and GAE studies at a budget where PPO learns (docs/ppo.md)
   tier      `pytest -m cuda`: the cuda tier, every script's smoke run among it
 DIR also gets check.log (this whole console), tier.log and runs.tar.gz (each run's logs, metrics and eval.json):
 4 files, whatever a machine lets come back. The runs themselves go to a temporary folder.
---part runs one part (PARTS below: machine, speed, sizes, ppo, tests, model), each one command of at most 8 minutes with
-machine and copy first; --budget-s stops starting runs when it is spent.
+--part runs one part (PARTS below: machine, speed, sizes, ppo, ppo-knobs, tests, model), each one command of at most
+8 minutes with machine and copy first; --budget-s stops starting runs when it is spent.
 """
 
 from __future__ import annotations
@@ -110,12 +114,25 @@ PARTS = {
     "speed": ["convert", "decode", "update", "grpo", "grpo-compiled"],
     "sizes": ["decode-0.5b", "decode-1.5b", "grpo-0.5b", "grpo-1.5b"],
     "ppo": ["convert", "ppo-precision"],
+    "ppo-knobs": ["convert", "ppo-budget"],
     "tests": ["tier"],
     "model": ["convert", "ppo-verifier", "dpo", "sft", "mismatch"],
 }
 # PPO on the verifier as the CPU runs of docs/ppo.md ran it: bf16-mixed first, the GPU's default and the question
 PPO_PRECISION = ["ppo.py", "--reward", "verifier", "--steps", "30", "--eval-every", "10", "--pass-k", "0"]
 DRY_PPO_PRECISION = ["ppo.py", "--reward", "verifier", *TINY, "--eval-every", "1", "--pass-k", "0"]
+PPO_BUDGET = ["scripts/ppo_budget.py", "--budgets", "480", "--seeds", "0", "1", "2"]
+DRY_PPO_BUDGET = [
+    "scripts/ppo_budget.py",
+    "--budgets",
+    "16",
+    "--seeds",
+    "0",
+    "--model",
+    "tiny",
+    "--eval-size",
+    "8",
+]
 
 
 class Check:
@@ -541,6 +558,28 @@ def ppo_precision(check: Check) -> dict:
     return {"command": "python " + " ".join(argv) + " --precision P --seed S", "runs": runs}
 
 
+def ppo_budget(check: Check) -> dict:
+    """scripts/ppo_budget.py's search at one budget: each seed's accuracy, start and end, and its critic's explained
+    variance over the last quarter of its steps."""
+    argv = DRY_PPO_BUDGET + ["--pass-k", "1"] if check.dry_run else PPO_BUDGET
+    out = check.work / "ppo-budget"
+    check.run("ppo-budget", [sys.executable, *argv, "--device", check.device, "--out", str(out)], 470)
+    rows = [json.loads(line) for line in open(out / "search.jsonl")]
+    return {
+        "command": "python " + " ".join(argv),
+        "runs": [
+            {
+                "completions": row["completions"],
+                "seed": row["seed"],
+                "accuracy": f"{row['accuracy_before']:.3f} -> {row['accuracy']:.3f}",
+                "explained_variance_last_quarter": row["explained_variance (last quarter)"],
+                "wall_time_s": row["wall_time_s"],
+            }
+            for row in rows
+        ],
+    }
+
+
 def mismatch(check: Check) -> dict:
     """scripts/mismatch.py on this device: the gap between the sampler's log-probs and the trainer's."""
     settings = ["fp32:off:1.0", "bf16-mixed:off:1.0", "bf16-mixed:off:0.9"]
@@ -580,6 +619,7 @@ def main() -> int:
         "tier": lambda: tier(check),
         "convert": lambda: convert(check),
         "ppo-precision": lambda: ppo_precision(check),
+        "ppo-budget": lambda: ppo_budget(check),
         "decode": lambda: decode(check),
         "decode-0.5b": lambda: decode(check, "configs/qwen2.5-0.5b.json"),
         "decode-1.5b": lambda: decode(check, "configs/qwen2.5-1.5b.json"),

@@ -6,7 +6,7 @@
 #   bash dev/gpu_check.sh --out DIR               # on a CUDA machine: the whole check (docs/gpu.md)
 #   bash dev/gpu_check.sh --dry-run --out DIR     # the same steps on the CPU at tiny sizes (the test suite runs it)
 #   bash dev/gpu_check.sh --prepare               # here, with a package index: fill .gpu/ for a machine without one
-#   bash dev/gpu_check.sh --part speed|sizes|ppo|tests|model ...  # one part of at most 8 minutes (gpu_check.py)
+#   bash dev/gpu_check.sh --part speed|sizes|ppo|ppo-knobs|tests|model  # one part of at most 8 minutes (gpu_check.py)
 #
 # A machine without network gets what it lacks from .gpu/ (ignored by git), which --prepare fills: the wheels of
 # the requirements a CUDA image usually lacks (tyro, gguf and theirs, and the transformers release installed here,

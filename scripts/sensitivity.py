@@ -52,10 +52,17 @@ PPO_COLUMNS = (("kl", "mean"), ("entropy", "mean"), ("explained_variance", "mean
 PAIR_COLUMNS = (("lengths/chosen", "mean"), ("lengths/rejected", "mean"), ("rewards/margins", "last"))
 STUDIES = {
     "ppo-clip": Study(
-        "ε = 0.1–0.2; too large blows up the KL",
+        "ε = 0.1–0.2; too large blows up the KL; the clip or an adaptive KL penalty (PPO, eq. 7 and 8)",
         "ppo-verifier",
         80,
-        (("ε = 0.1", ("--clip-eps", "0.1")), ("ε = 0.2 (ppo.py's)", ()), ("ε = 0.3", ("--clip-eps", "0.3"))),
+        (
+            ("ε = 0.1", ("--clip-eps", "0.1")),
+            ("ε = 0.2 (ppo.py's)", ()),
+            ("ε = 0.3", ("--clip-eps", "0.3")),
+            # appended: PPO's other surrogate, a KL(π_old ‖ π) penalty with an adaptive β instead of the clip
+            ("KL penalty, d_targ = 0.01 (PPO paper)", ("--policy-loss", "penalty")),
+            ("KL penalty, d_targ = 0.001", ("--policy-loss", "penalty", "--kl-old-target", "0.001")),
+        ),
         PPO_COLUMNS,
     ),
     "ppo-gae": Study(
