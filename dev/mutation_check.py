@@ -2928,6 +2928,34 @@ MUTATIONS = [
         "sensitivity: a claim column averaged over the seeds where it is defined, printed as if over all seeds",
         "tests/test_compare.py -k claim_column",
     ),
+    Mutation(
+        "scripts/distill_compare.py",
+        '            str(run_dir / "model"),\n            args.teacher,',
+        '            args.teacher,\n            str(run_dir / "model"),',
+        "the student's KL to the teacher measured the wrong way round, on the teacher's samples",
+        "tests/test_distill_compare.py -k tiny_model",
+    ),
+    Mutation(
+        "scripts/distill_compare.py",
+        "    while rows - max(1, min(64, rows // 10)) < samples:",
+        "    while rows - max(1, min(64, rows // 9)) < samples:",
+        "the teacher's samples off by sft.py's held-out tenth: the off-policy student trains on another count",
+        "tests/test_distill_compare.py -k rows_to_draw",
+    ),
+    Mutation(
+        "scripts/ppo_budget.py",
+        "explained is not None and explained > 0 and",
+        "explained is not None and",
+        "PPO counted as learning while its critic explains nothing",
+        "tests/test_ppo_budget.py -k critic_explains",
+    ),
+    Mutation(
+        "scripts/ppo_budget.py",
+        "            found = budget\n            break",
+        "            found = found or budget",
+        "the budget search runs past the first budget where PPO learns",
+        "tests/test_ppo_budget.py -k stops",
+    ),
 ]
 
 

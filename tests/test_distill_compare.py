@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import compare  # noqa: E402
 import distill_compare  # noqa: E402
 import sft  # noqa: E402
 from conftest import args_of  # noqa: E402
@@ -50,7 +51,17 @@ def tiny_teacher(tmp_path_factory) -> str:
     return sft.main(args)["run_dir"] + "/model"
 
 
-def test_the_comparison_runs_on_the_tiny_model_and_reads_its_runs_back(tmp_path, tiny_teacher, capsys):
+def test_the_comparison_runs_on_the_tiny_model_and_reads_its_runs_back(
+    tmp_path, tiny_teacher, capsys, monkeypatch
+):
+    measured = []
+    sampled_measures = compare.sampled_measures
+
+    def spy(model, base, *rest):
+        measured.append((model, base))
+        return sampled_measures(model, base, *rest)
+
+    monkeypatch.setattr(compare, "sampled_measures", spy)
     argv = [
         "--teacher",
         tiny_teacher,
@@ -76,5 +87,7 @@ def test_the_comparison_runs_on_the_tiny_model_and_reads_its_runs_back(tmp_path,
     assert json.loads((Path(rows[1]["run_dir"]) / "args.json").read_text())["dataset"].endswith(
         "seed-0.jsonl"
     )
+    # KL(π_S ‖ π_T): each student (and the starting model) samples, the teacher is the reference
+    assert measured == [(r["run_dir"] + "/model", tiny_teacher) for r in rows] + [("tiny", tiny_teacher)]
     assert "| grpo |" in capsys.readouterr().out
     assert distill_compare.main(argv) == rows
