@@ -101,10 +101,7 @@ def one_beta(args, beta: float) -> dict:
         *(["--reward-model", args.reward_model] if args.algo == "ppo" else []),
         *args.extra.split(),
     ]
-    run_dir = compare.finished_run(folder, command)
-    if run_dir is None:
-        compare.run(command, folder / "log.txt")
-        run_dir = compare.finished_run(folder, command)
+    run_dir = compare.run_once(command, folder, folder / "log.txt")
     evaluation = json.loads((run_dir / "eval.json").read_text())
     max_new_tokens = json.loads((run_dir / "args.json").read_text())["max_new_tokens"]
     kl = compare.measured(

@@ -245,6 +245,13 @@ def run(command: list[str], log_path: Path) -> None:
         raise SystemExit(f"`python {' '.join(command)}` failed (exit {code}); the end of {log_path}:\n{tail}")
 
 
+def run_once(command: list[str], folder: Path, log_path: Path) -> Path:
+    """The run folder under `folder` that `command` made: read back if finished (finished_run), else run first."""
+    if finished_run(folder, command) is None:
+        run(command, log_path)
+    return finished_run(folder, command)
+
+
 def command_settings(command: list[str]) -> dict:
     """The settings a script's command line sets, under the names its args.json gives them:
     `--eps-high 0.28` -> {"eps_high": "0.28"}, `--rewards correct format` -> {"rewards": ["correct", "format"]},
@@ -432,9 +439,7 @@ def reward_model_run(args, seed: int, out: Path, pairs_of: int | None = None) ->
     ]
     if pairs_of is not None:
         command = [*command, "--dataset", str(sampled_pairs(out / "reward-model" / f"seed-{pairs_of}"))]
-    if finished_run(folder, command) is None:
-        run(command, folder / "log.txt")
-    return finished_run(folder, command)
+    return run_once(command, folder, folder / "log.txt")
 
 
 def one_run(args, slug: str, seed: int, out: Path) -> dict:
@@ -473,10 +478,7 @@ def one_run(args, slug: str, seed: int, out: Path) -> dict:
         str(folder),
         *args.extra.split(),
     ]
-    run_dir = finished_run(folder, command)
-    if run_dir is None:
-        run(command, folder / "log.txt")
-        run_dir = finished_run(folder, command)
+    run_dir = run_once(command, folder, folder / "log.txt")
     evaluation = json.loads((run_dir / "eval.json").read_text())
     run_args = json.loads((run_dir / "args.json").read_text())
     max_new_tokens = run_args["max_new_tokens"]

@@ -123,10 +123,7 @@ def one_run(args, method: str, seed: int) -> dict:
         "--output-dir",
         str(folder),
     ]
-    run_dir = compare.finished_run(folder, command)
-    if run_dir is None:
-        compare.run(command, folder / "log.txt")
-        run_dir = compare.finished_run(folder, command)
+    run_dir = compare.run_once(command, folder, folder / "log.txt")
     evaluation = json.loads((run_dir / "eval.json").read_text())
     sampled = compare.measured(
         run_dir / f"kl-to-teacher-k{args.k}.json",

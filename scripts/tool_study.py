@@ -62,18 +62,12 @@ def pipeline(args, seed: int) -> list[dict]:
     sft = ["sft.py", "--model", args.model, "--dataset", str(demonstrations), "--seed", str(seed)]
     sft += ["--steps", str(args.sft_steps), "--eval-every", "0", "--eval-size", str(args.eval_size)]
     sft += ["--pass-k", "0", "--device", args.device, "--output-dir", str(folder / "sft")]
-    sft_dir = compare.finished_run(folder / "sft", sft)
-    if sft_dir is None:
-        compare.run(sft, folder / "sft.log")
-        sft_dir = compare.finished_run(folder / "sft", sft)
+    sft_dir = compare.run_once(sft, folder / "sft", folder / "sft.log")
     grpo = ["grpo_tools.py", "--model", str(sft_dir / "model"), "--seed", str(seed)]
     grpo += ["--steps", str(args.grpo_steps), "--eval-every", str(max(1, args.grpo_steps // 4))]
     grpo += ["--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device]
     grpo += ["--output-dir", str(folder / "grpo")]
-    grpo_dir = compare.finished_run(folder / "grpo", grpo)
-    if grpo_dir is None:
-        compare.run(grpo, folder / "grpo.log")
-        grpo_dir = compare.finished_run(folder / "grpo", grpo)
+    grpo_dir = compare.run_once(grpo, folder / "grpo", folder / "grpo.log")
     evaluation = json.loads((grpo_dir / "eval.json").read_text())
     first = evaluation["evals"][0]
     last = evaluation["evals"][-1]
