@@ -7,6 +7,7 @@
 # Prints one markdown table (held-out accuracy before -> after each run), also in OUT/stages.md.
 #   bash scripts/dpo_then_ppo.sh [OUT_DIR] [options for every stage]      # e.g. --seed 1
 #   PPO_OPTIONS="--lr 2e-6" bash scripts/dpo_then_ppo.sh runs/dpo-ppo    # options for the PPO stages alone
+#   DPO_OPTIONS="--pass-k 0" bash scripts/dpo_then_ppo.sh runs/dpo-ppo    # options for the DPO stage alone
 # MODEL is the starting model (default smollm2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +17,9 @@ mkdir -p "$OUT"
 last() { ls -d "$1"/*/ | tail -1; }
 START=${MODEL:-smollm2}
 read -r -a PPO_EXTRA <<< "${PPO_OPTIONS:-}"
+read -r -a DPO_EXTRA <<< "${DPO_OPTIONS:-}"
 
-python dpo.py --model "$START" --output-dir "$OUT/dpo" "$@"
+python dpo.py --model "$START" --output-dir "$OUT/dpo" "${DPO_EXTRA[@]}" "$@"
 DPO=$(last "$OUT/dpo")model
 python reward_model.py --model "$START" --output-dir "$OUT/rm" "$@"
 RM=$(last "$OUT/rm")model

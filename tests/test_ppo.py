@@ -608,7 +608,8 @@ def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch, tiny_rewa
 
 def test_dpo_then_ppo_starts_ppo_from_the_dpo_policy_on_the_reward_model(tmp_path):
     """scripts/dpo_then_ppo.sh with each stage recorded instead of run: PPO's last mile starts from the policy DPO
-    left, PPO alone from the starting model, both on the one reward model; PPO_OPTIONS reach the PPO stages only."""
+    left, PPO alone from the starting model, both on the one reward model; PPO_OPTIONS reach the PPO stages only,
+    DPO_OPTIONS the DPO stage only."""
     import tyro
 
     import dpo
@@ -616,7 +617,14 @@ def test_dpo_then_ppo_starts_ppo_from_the_dpo_policy_on_the_reward_model(tmp_pat
 
     out = tmp_path / "dp"
     commands = recorded_stages(
-        tmp_path, "scripts/dpo_then_ppo.sh", str(out), "--seed", "1", MODEL="tiny", PPO_OPTIONS="--lr 2e-6"
+        tmp_path,
+        "scripts/dpo_then_ppo.sh",
+        str(out),
+        "--seed",
+        "1",
+        MODEL="tiny",
+        PPO_OPTIONS="--lr 2e-6",
+        DPO_OPTIONS="--beta 0.3",
     )
     assert [c[0] for c in commands] == ["dpo.py", "reward_model.py", "ppo.py", "ppo.py"]
     first = tyro.cli(dpo.Args, args=commands[0][1:])
@@ -626,4 +634,5 @@ def test_dpo_then_ppo_starts_ppo_from_the_dpo_policy_on_the_reward_model(tmp_pat
     assert last_mile.model == f"{first.run.output_dir}/run/model"
     assert last_mile.reward_model == alone.reward_model == f"{rm.run.output_dir}/run/model"
     assert last_mile.lr == alone.lr == 2e-6 and all(args.seed == 1 for args in (first, rm, last_mile, alone))
+    assert first.beta == 0.3  # ppo.py and reward_model.py have no --beta: their parsing above refuses it
     assert (out / "stages.md").read_text().count("| 0.250 -> 0.500 |") == 3
