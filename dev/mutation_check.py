@@ -749,17 +749,10 @@ MUTATIONS = [
     ),
     Mutation(
         "scripts/dpo_then_ppo.sh",
-        'python ppo.py --model "$DPO" --reward-model "$RM"',
-        'python ppo.py --model "$START" --reward-model "$RM"',
-        "DPO then PPO: the last mile starts from the starting model, not the DPO policy",
+        'python dpo.py --model "$START" --output-dir "$OUT/dpo" "${DPO_EXTRA[@]}" "$@"',
+        'python dpo.py --model "$START" --output-dir "$OUT/dpo" "$@"',
+        "DPO then PPO: DPO_OPTIONS never reach the DPO stage",
         f"{PPO} -k dpo_then_ppo",
-    ),
-    Mutation(
-        "scripts/iterative_dpo.sh",
-        '    POLICY=$(last "$OUT/round-$round")model\n',
-        "",
-        "iterative DPO: every round trains the starting model again (one round, repeated)",
-        "tests/test_dpo.py -k iterative",
     ),
     Mutation(
         "scripts/sycophancy.py",
@@ -3159,6 +3152,10 @@ def main() -> int:
 
     for m in MUTATIONS:
         split_target(m.target)  # a malformed target fails here, before any work
+    repeated = [m for i, m in enumerate(MUTATIONS) if m in MUTATIONS[:i]]
+    if repeated:
+        print(f"listed twice: {repeated[0].file}: {repeated[0].description}")
+        return 1
 
     if args.list:
         for i, m in numbered:
