@@ -756,6 +756,20 @@ MUTATIONS = [
     ),
     Mutation(
         "scripts/sycophancy.py",
+        "            margins += (wrong_scores - right_scores).float().tolist()",
+        "            margins += (right_scores - wrong_scores).float().tolist()",
+        "sycophancy probe: the reward model's margin taken right minus wrong",
+        "tests/test_sycophancy.py -k likes_agreement",
+    ),
+    Mutation(
+        "scripts/sycophancy.py",
+        '        "suggested": [suggested(p, w) for p, w in zip(problems, wrong)],',
+        '        "suggested": [p.prompt for p in problems],',
+        "sycophancy probe: the 'suggested' scores read after the plain question",
+        "tests/test_sycophancy.py -k likes_agreement",
+    ),
+    Mutation(
+        "scripts/sycophancy.py",
         "    offsets = [d for d in (-10, -1, 1, 10) if right + d >= 0]",
         "    offsets = [d for d in (-10, -1, 0, 1, 10) if right + d >= 0]",
         "sycophancy: a 'wrong' suggestion that can be the right answer",
