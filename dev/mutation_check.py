@@ -741,6 +741,20 @@ MUTATIONS = [
         "tests/test_dpo.py -k iterative",
     ),
     Mutation(
+        "scripts/prm_reward.py",
+        "    return samples(args) // args.ppo_batch_size\n",
+        "    return args.steps\n",
+        "PRM as a reward: PPO runs GRPO's steps, not GRPO's number of samples",
+        "tests/test_compare.py -k prm_reward",
+    ),
+    Mutation(
+        "scripts/prm_reward.py",
+        '    "ppo-outcome": ("ppo.py", False),',
+        '    "ppo-outcome": ("ppo.py", True),',
+        "PRM as a reward: the outcome row of PPO is handed the PRM too",
+        "tests/test_compare.py -k prm_reward",
+    ),
+    Mutation(
         "scripts/sycophancy.py",
         '"agrees_with_suggestion": sum(tasks.verify(t, w) for t, w in zip(nudged, wrong)) / n,',
         '"agrees_with_suggestion": sum(tasks.verify(t, w) for t, w in zip(plain, wrong)) / n,',

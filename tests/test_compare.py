@@ -19,6 +19,7 @@ import accuracy_vs_time  # noqa: E402
 import beta_sweep  # noqa: E402
 import compare  # noqa: E402
 import policy_pairs  # noqa: E402
+import prm_reward  # noqa: E402
 import prm_vs_orm  # noqa: E402
 import rm_agreement  # noqa: E402
 import sensitivity  # noqa: E402
@@ -374,6 +375,37 @@ def test_majority_vote_picks_the_first_solution_of_the_most_frequent_final_numbe
     assert prm_vs_orm.majority_pick(texts) == 1
     assert prm_vs_orm.majority_pick(["= 9", "= 4", "= 4", "= 9"]) == 0  # a tie: the number seen first
     assert prm_vs_orm.majority_pick(["none", "", "nothing"]) == 0  # no number at all
+
+
+def test_prm_reward_runs_grpo_and_ppo_on_the_same_number_of_samples():
+    args = prm_reward.parse_args(["--steps", "10", "--prompts-per-step", "16", "--ppo-batch-size", "32"])
+    commands = {
+        row: prm_reward.rl_command(row, "SFT", "PRM", REPO / "chains.jsonl", 60, 1, args)
+        for row in prm_reward.ROWS
+    }
+
+    def option(command, name):
+        return command[command.index(name) + 1]
+
+    # GRPO: 10 steps × 16 chains × 8 samples = 1,280; PPO: 1,280 / 32 = 40 steps of 32 completions
+    for row in ("grpo-outcome", "grpo-process"):
+        assert option(commands[row], "--steps") == "10"
+        assert option(commands[row], "--prompts-per-step") == "16"
+        assert option(commands[row], "--lr") == "2e-06"
+    for row in ("ppo-outcome", "ppo-dense"):
+        assert option(commands[row], "--steps") == "40"
+        assert option(commands[row], "--batch-size") == "32"
+        assert option(commands[row], "--reward") == "verifier"
+        assert "--lr" not in commands[row]  # PPO's own learning rate
+    # the PRM reaches exactly the two rows that train on it; everything else is shared
+    assert [row for row, command in commands.items() if "--prm" in command] == ["grpo-process", "ppo-dense"]
+    assert {command[0] for command in commands.values()} == {"grpo.py", "grpo_prm.py", "ppo.py", "ppo_prm.py"}
+    for command in commands.values():
+        assert option(command, "--model") == "SFT"
+        assert option(command, "--seed") == "1"
+        assert option(command, "--eval-size") == "60"
+    with pytest.raises(SystemExit, match="must divide GRPO's 1280 samples"):
+        prm_reward.ppo_steps(prm_reward.parse_args(["--ppo-batch-size", "48"]))
 
 
 def test_orm_pairs_put_a_right_solution_over_a_wrong_one_of_the_same_prompt():
