@@ -59,7 +59,6 @@ Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
 from typing import Annotated, Callable, Literal, Optional
 
@@ -73,8 +72,7 @@ from infra import metrics
 from infra import models
 from infra import runs
 from task import tasks
-from common import masked_mean, masked_whiten
-from infra.runs import InputError, require
+from common import masked_mean, masked_whiten, require
 
 
 @dataclass
@@ -128,6 +126,9 @@ class Args:
     starts at 1 and adapts to --kl-old-target after each update"""
     kl_old_target: float = 0.01
     """d_targ of --policy-loss penalty: the KL(π_old ‖ π) per token β_old steers to"""
+    critic_warmup_steps: int = 0
+    """the first this many steps train the critic alone, the policy fixed (verl's critic_warmup, OpenRLHF's
+    freezing_actor_steps)"""
     value_clip: float = 0.2
     """ε_v of the clipped value loss"""
     vf_coef: float = 0.1
@@ -203,6 +204,7 @@ def check_args(args: Args) -> None:
     require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
     require(0 < args.top_p <= 1, "--top-p must be in (0, 1]")
     require(args.target_kl is None or args.target_kl > 0, "--target-kl must be > 0")
+    require(args.critic_warmup_steps >= 0, "--critic-warmup-steps must be >= 0")
     require(0 <= args.lam <= 1 and 0 <= args.gamma <= 1, "--gamma and --lam must be in [0, 1]")
 
 
@@ -278,6 +280,21 @@ def ppo_policy_loss(
 def adapted_penalty(beta: float, kl: float, target: float) -> float:
     """PPO §4, after each update: β/2 if d < d_targ/1.5, 2β if d > 1.5 d_targ, else β (d the update's KL)."""
     return beta / 2 if kl < target / 1.5 else beta * 2 if kl > target * 1.5 else beta
+
+
+@torch.no_grad()
+def updated_kl(
+    policy, prompt_ids, prompt_mask, completion_ids, old_logprobs, mask, temperature: float
+) -> float:
+    """d of PPO §4, read once the update's epochs are done: Ê_t[KL(π_old ‖ π_θ)] of the updated policy on the batch's
+    completion tokens, k3 of the sampled token (ρ - 1 - log ρ, as ppo_policy_loss's), over every rank's tokens."""
+    ones = torch.ones(len(completion_ids), dtype=torch.long, device=completion_ids.device)
+    logprobs, _ = common.completion_logprobs(
+        policy, prompt_ids, prompt_mask, completion_ids, ones, temperature
+    )
+    log_ratio = logprobs - old_logprobs  # (B, T)
+    kl = torch.exp(log_ratio) - 1.0 - log_ratio
+    return masked_mean(kl, mask, all_sum=distributed.all_sum).item()
 
 
 def ppo_value_loss(values, old_values, returns, mask, clip_range: float = 0.2) -> tuple[torch.Tensor, float]:
@@ -462,10 +479,11 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     score = functools.partial(score_completions, reward_model, reward_fn, tokenizer)
     evaluate = functools.partial(evaluate_with_reward, policy, tokenizer, heldout, args, score)
 
+    clock = runs.PhaseClock(device)  # each phase's time and peak memory, logged
     run.begin(evaluate)
     for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample one completion per prompt from the policy --------------------------------
-        t0 = time.time()
+        clock.start()
         problems = distributed.share([next(train_stream) for _ in range(args.batch_size)])  # B/N on a rank
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
@@ -490,20 +508,14 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         B = len(problems)
         M = args.minibatch_size // distributed.world_size()
         ones = torch.ones(B, dtype=torch.long, device=device)
-        memory_generate = runs.peak_memory_gb(device)
-        time_generate = time.time() - t0
+        clock.lap("generate")
 
         # ---- 2. score, and the frozen quantities of this batch -------------------------------------
-        t1 = time.time()
         with torch.no_grad():
             # (B,) each
             scores, verified = score(prompt_ids, prompt_mask, completion_ids, mask, problems)
-            if not torch.isfinite(scores).all():  # caught here, it is not blamed on the loss and --lr
-                source = "reward model" if args.reward == "model" else "reward function"
-                raise InputError(
-                    f"reward became {scores[~torch.isfinite(scores)][0].item()} at step {step}: "
-                    f"the {source} returned a non-finite score"
-                )
+            # caught here, it is not blamed on the loss and --lr
+            runs.check_rewards(scores, step, "reward model" if args.reward == "model" else "reward function")
             finished = (completion_ids == eos).any(1)  # (B,)
             penalised = scores - args.missing_eos_penalty * (~finished).float()
             # (B, T)
@@ -527,14 +539,12 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             advantages = masked_whiten(advantages, mask, all_sum=distributed.all_sum) * mask
         # the whole batch's
         kl_per_completion = distributed.mean_over_ranks({"kl": kl.sum(1).mean().item()})["kl"]
-        memory_score = runs.peak_memory_gb(device)
-        time_score = time.time() - t1
+        clock.lap("score")
 
         # ---- 4. PPO epochs over minibatches: policy and critic, each with its optimizer ------------
-        t2 = time.time()
         policy.train()
         critic.train()
-        step_metrics = []
+        step_metrics = runs.MinibatchMeans()
         for epoch in range(args.ppo_epochs):
             # under torchrun: M/N of each rank's B/N rows
             order = torch.randperm(B, generator=minibatch_order)
@@ -576,29 +586,25 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 run.check_finite(policy_grad_norm, step, "policy gradient norm")
                 critic_grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm)
                 run.check_finite(critic_grad_norm, step, "critic gradient norm")
-                policy_optimizer.step()
+                # --critic-warmup-steps: the policy waits while the critic learns (verl's critic_warmup)
+                if step > args.critic_warmup_steps:
+                    policy_optimizer.step()
                 critic_optimizer.step()
                 # now, not at the next backward: idle through sampling
                 policy_optimizer.zero_grad(set_to_none=True)
                 critic_optimizer.zero_grad(set_to_none=True)
                 token_means = {
                     **m,
-                    "pg_loss": pg_loss.item(),
-                    "policy_loss": policy_loss.item(),
-                    "vf_loss": vf_loss.item(),
+                    "pg_loss": pg_loss,
+                    "policy_loss": policy_loss,
+                    "vf_loss": vf_loss,
                     "value_clip_ratio": vf_clip,
-                    "entropy": entropy_mean.item(),
+                    "entropy": entropy_mean,
                 }
-                # × share × N: the mean over the ranks (mean_over_ranks, below) is then the minibatch's token mean
-                step_metrics.append(
-                    {
-                        **{k: v * share * distributed.world_size() for k, v in token_means.items()},
-                        "grad_norm": policy_grad_norm.item(),
-                        "critic/grad_norm": critic_grad_norm.item(),
-                    }
+                step_metrics.add(
+                    share, token_means, {"grad_norm": policy_grad_norm, "critic/grad_norm": critic_grad_norm}
                 )
-        memory_update = runs.peak_memory_gb(device)
-        time_update = time.time() - t2
+        clock.lap("update")
 
         # ---- 5. adaptive KL, log -------------------------------------------------------------------
         kl_used = kl_coef
@@ -607,11 +613,14 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 kl_coef, kl_per_completion, args.target_kl, args.kl_horizon, args.batch_size
             )
         non_score = (-kl_used * kl).sum(1)  # (B,)
-        averaged = {k: sum(m[k] for m in step_metrics) / len(step_metrics) for k in step_metrics[0]}
+        averaged = step_metrics.mean()
         if args.policy_loss == "penalty":
             averaged["penalty"] = penalty
-            penalty = adapted_penalty(penalty, averaged["kl_old"], args.kl_old_target)
-        step_time = time.time() - t0
+            # PPO §4's d, after the epochs: the updated policy's KL on the batch, every rank's (one β on every rank)
+            averaged["kl_old_after"] = updated_kl(
+                policy, prompt_ids, prompt_mask, completion_ids, old_logprobs, mask, args.temperature
+            )
+            penalty = adapted_penalty(penalty, averaged["kl_old_after"], args.kl_old_target)
         stats = {
             "score": scores.mean().item(),
             "score_penalised": penalised.mean().item(),
@@ -628,14 +637,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             "completions/distinct": metrics.distinct_fraction(completion_ids, mask, B),
             # the sampler against the trainer (π_old), at the sampled tokens
             **common.mismatch_metrics(old_logprobs, sampler_logprobs, mask),
-            "time/generate": time_generate,
-            "time/score": time_score,
-            "time/update": time_update,
-            "time/step": step_time,
-            "tokens_per_second": mask.sum().item() / step_time,
-            "memory/generate_gb": memory_generate,
-            "memory/score_gb": memory_score,
-            "memory/update_gb": memory_update,
+            **clock.stats(tokens=mask.sum().item()),
         }
         # the batch's (but distinct: within a rank's share; timings)
         stats = distributed.mean_over_ranks(stats)

@@ -108,6 +108,7 @@ def check_args(args: Args) -> None:
         )
     require(args.reward_clip is None or args.reward_clip > 0, "--reward-clip must be > 0")
     require(args.kl_budget is None or args.kl_budget > 0, "--kl-budget must be > 0")
+    require(args.policy_loss == "clip", "--policy-loss penalty is ppo.py's: this variant's loop clips")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,7 +397,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 run.check_finite(policy_grad_norm, step, "policy gradient norm")
                 critic_grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm)
                 run.check_finite(critic_grad_norm, step, "critic gradient norm")
-                policy_optimizer.step()
+                # --critic-warmup-steps: the policy waits while the critic learns (verl's critic_warmup)
+                if step > args.critic_warmup_steps:
+                    policy_optimizer.step()
                 critic_optimizer.step()
                 # now, not at the next backward: idle through sampling
                 policy_optimizer.zero_grad(set_to_none=True)

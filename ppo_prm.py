@@ -227,7 +227,9 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 run.check_finite(policy_grad_norm, step, "policy gradient norm")
                 critic_grad_norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm)
                 run.check_finite(critic_grad_norm, step, "critic gradient norm")
-                policy_optimizer.step()
+                # --critic-warmup-steps: the policy waits while the critic learns (verl's critic_warmup)
+                if step > args.critic_warmup_steps:
+                    policy_optimizer.step()
                 critic_optimizer.step()
                 # now, not at the next backward: idle through sampling
                 policy_optimizer.zero_grad(set_to_none=True)
@@ -261,7 +263,11 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         averaged = {k: sum(m[k] for m in step_metrics) / len(step_metrics) for k in step_metrics[0]}
         if args.policy_loss == "penalty":
             averaged["penalty"] = penalty
-            penalty = ppo.adapted_penalty(penalty, averaged["kl_old"], args.kl_old_target)
+            # PPO §4's d, after the epochs: the updated policy's KL on the batch, every rank's (one β on every rank)
+            averaged["kl_old_after"] = ppo.updated_kl(
+                policy, prompt_ids, prompt_mask, completion_ids, old_logprobs, mask, args.temperature
+            )
+            penalty = ppo.adapted_penalty(penalty, averaged["kl_old_after"], args.kl_old_target)
         step_time = time.time() - t0
         stats = {
             "score": scores.mean().item(),

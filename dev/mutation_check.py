@@ -693,6 +693,27 @@ MUTATIONS = [
     ),
     Mutation(
         "ppo.py",
+        'penalty = adapted_penalty(penalty, averaged["kl_old_after"], args.kl_old_target)',
+        'penalty = adapted_penalty(penalty, averaged["kl_old"], args.kl_old_target)',
+        "PPO-Penalty adapts β on the minibatches' KL before each step, not the updated policy's (PPO §4's d)",
+        f"{PPO} -k updated_policy",
+    ),
+    Mutation(
+        "ppo_prm.py",
+        'penalty = ppo.adapted_penalty(penalty, averaged["kl_old_after"], args.kl_old_target)',
+        'penalty = ppo.adapted_penalty(penalty, averaged["kl_old"], args.kl_old_target)',
+        "PPO with a PRM: PPO-Penalty adapts β on the minibatches' KL before each step",
+        "tests/test_ppo_prm.py -k penalty",
+    ),
+    Mutation(
+        "ppo.py",
+        "                if step > args.critic_warmup_steps:\n",
+        "                if step >= args.critic_warmup_steps:\n",
+        "PPO's critic warm-up ends a step early: the policy trains in its last step",
+        f"{PPO} -k critic_warmup",
+    ),
+    Mutation(
+        "ppo.py",
         "(pg_loss2 > pg_loss1) & (penalty is None)",
         "(pg_loss2 > pg_loss1)",
         "PPO-Penalty reports a clip ratio for a surrogate it does not clip",

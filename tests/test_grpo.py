@@ -36,6 +36,7 @@ from grpo import (
     main,
     micro_batch_weight,
     overlong_penalty,
+    reward_stats,
     weighted_rewards,
 )
 
@@ -1140,3 +1141,19 @@ def test_a_config_file_that_cannot_build_the_model_is_one_line(tmp_path, config,
     proc = run_script("grpo.py", "--model", str(path), "--steps", "1", "--output-dir", str(tmp_path / "runs"))
     assert_one_line_error(proc, message)
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_reward_stats_by_hand():
+    # two groups of two: rewards (1, 0) and (0.5, 0.5); one reward named, and a learned one beside the verifier
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
+    scored = tasks.Scored(
+        rewards=torch.tensor([[1.0], [0.0], [0.5], [0.5]]),
+        verified=torch.tensor([1.0, 0.0, 0.0, 1.0]),
+        unearned=[0.0, 1.0, 0.0, 0.0],
+    )
+    stats = reward_stats(rewards, rewards + 1, scored, ("correct",), 2, learned=True)
+    # population std within each group: 0.5 and 0, mean 0.25; one group of two has all rewards equal
+    assert stats["reward"] == 0.5 and stats["reward_std"] == 0.25 and stats["frac_reward_zero_std"] == 0.5
+    assert stats["score"] == 1.5 and stats["rewards/correct/mean"] == 0.5 and stats["reward/unearned"] == 0.25
+    assert stats["verifier"] == 0.5
+    assert "verifier" not in reward_stats(rewards, rewards, scored, ("correct",), 2, learned=False)

@@ -17,7 +17,7 @@ from conftest import (
     run_script,
     run_script_here,
 )
-from grpo_adaptive import Args, main, ragged_group_advantages
+from grpo_adaptive import Args, main, padded_to, ragged_group_advantages
 from test_grpo import tiny_args as grpo_tiny_args
 
 
@@ -117,3 +117,8 @@ def test_cli_tiny_run_and_help(tmp_path):
     assert_one_line_error(
         run_script_here("grpo_adaptive.py", "--model", "tiny", "--first-samples", "9"), "--first-samples"
     )
+
+
+def test_padded_to_pads_on_the_right_with_the_value():
+    padded = padded_to(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), 4, value=-1.0)
+    assert padded.tolist() == [[1.0, 2.0, -1.0, -1.0], [3.0, 4.0, -1.0, -1.0]]

@@ -2,6 +2,7 @@
 out of the loss and its normaliser, the sampler's multi-turn log-probs against one forward over the transcript, the
 reward on the model's own words, bad input and the command line."""
 
+import math
 import os
 import random
 
@@ -16,7 +17,7 @@ from infra import runs
 from task import tasks, tools
 from conftest import assert_one_line_error, metrics_of, run_script, run_script_here
 from fixed_completions import sampler_from
-from grpo_tools import Args, cut_at_call, main, sample_with_tool, transcript_tensors
+from grpo_tools import Args, Transcript, cut_at_call, main, sample_with_tool, tool_stats, transcript_tensors
 from test_grpo import tiny_args as grpo_tiny_args
 
 
@@ -175,3 +176,22 @@ def test_cli_tiny_run_and_help(tmp_path):
     assert_one_line_error(
         run_script_here("grpo_tools.py", "--model", "tiny", "--max-calls", "0"), "--max-calls"
     )
+
+
+def test_transcript_tensors_and_tool_stats_by_hand():
+    # two transcripts: the first called the tool twice (one call unreadable), its result tokens 8, 9 are the
+    # environment's; the second wrote one token and no call
+    first = Transcript(
+        tokens=[5, 6, 8, 9, 7],
+        policy=[1, 1, 0, 0, 1],
+        logprobs=[-1.0, -2.0, 0.0, 0.0, -3.0],
+        calls=2,
+        errors=1,
+    )
+    second = Transcript(tokens=[4], policy=[1], logprobs=[-0.5])
+    ids, policy_mask, logprobs = transcript_tensors([first, second], 0, "cpu")
+    assert ids.tolist() == [[5, 6, 8, 9, 7], [4, 0, 0, 0, 0]]
+    assert policy_mask.tolist() == [[1, 1, 0, 0, 1], [1, 0, 0, 0, 0]]  # padding is nobody's
+    assert logprobs.tolist() == [[-1.0, -2.0, 0.0, 0.0, -3.0], [-0.5, 0.0, 0.0, 0.0, 0.0]]
+    assert tool_stats([first, second]) == {"tool/use": 0.5, "tool/calls": 1.0, "tool/well_formed": 0.5}
+    assert math.isnan(tool_stats([second])["tool/well_formed"])  # no call: no share to report

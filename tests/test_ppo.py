@@ -304,6 +304,62 @@ def test_penalty_run_adapts_its_coefficient_and_resumes_exactly(tmp_path, tiny_r
     assert_resume_is_exact(tmp_path / "resumed", main, args_of_run)
 
 
+def assert_penalty_reads_the_updated_kl(main, args, monkeypatch) -> None:
+    """PPO §4 reads d = KL(π_old ‖ π_θ) after the epochs: the d the rule gets is the updated policy's k3 KL on the
+    batch's tokens, worked out here from the tokens and the trained policy (ppo.py, and its variants' copies)."""
+    seen = {}
+
+    def spy(name, function):
+        def record(*args):
+            seen.setdefault(name, args)
+            return function(*args)
+
+        monkeypatch.setattr(ppo, name, record)
+
+    for name in ("token_values", "kl_penalized_rewards", "updated_kl", "adapted_penalty"):
+        spy(name, getattr(ppo, name))
+    row = metrics_of(main(args))[0]
+    _, prompt_ids, prompt_mask, completion_ids = seen["token_values"]
+    _, old_logprobs, _, mask, *_ = seen["kl_penalized_rewards"]
+    policy = seen["updated_kl"][0]  # trained by now: the run's one update is done
+    ones = torch.ones(len(completion_ids), dtype=torch.long)
+    with torch.no_grad():
+        logprobs, _ = common.completion_logprobs(
+            policy, prompt_ids, prompt_mask, completion_ids, ones, args.temperature
+        )
+    ratio = torch.exp(logprobs - old_logprobs)
+    by_hand = ((ratio - 1 - torch.log(ratio)) * mask).sum() / mask.sum()
+    d = seen["adapted_penalty"][1]
+    assert by_hand > 1e-4 and d == pytest.approx(by_hand.item(), rel=1e-4) == row["kl_old_after"]
+
+
+def test_penalty_adapts_on_the_kl_of_the_updated_policy_on_the_batch(
+    tmp_path, tiny_reward_model_path, monkeypatch
+):
+    # one optimizer step a batch: the KL of the minibatch before its step is 0 (θ = θ_old), so a d read there
+    # halves β whatever the update did
+    args = tiny_args(
+        tmp_path,
+        tiny_reward_model_path,
+        steps=1,
+        ppo_epochs=1,
+        minibatch_size=4,
+        policy_loss="penalty",
+        kl_old_target=1e-6,
+        temperature=0.7,
+    )
+    assert_penalty_reads_the_updated_kl(main, args, monkeypatch)
+
+
+def test_critic_warmup_trains_the_critic_alone_for_its_steps(tmp_path, tiny_reward_model_path):
+    # step 1 is the critic's alone: every minibatch sees π_θ = π_old, and step 2 samples from the reference itself
+    args = tiny_args(tmp_path, tiny_reward_model_path, steps=3, ppo_epochs=2, critic_warmup_steps=1)
+    rows = metrics_of(main(args))
+    assert rows[0]["approx_kl"] == 0.0 and rows[1]["kl"] == 0.0
+    assert rows[1]["approx_kl"] > 0 and rows[2]["kl"] > 0  # then the policy trains
+    assert rows[0]["vf_loss"] != rows[1]["vf_loss"]
+
+
 def test_reward_model_without_a_trained_head_or_with_another_tokenizer_is_refused(
     tmp_path, tiny_reward_model_path
 ):
@@ -502,6 +558,7 @@ def test_a_non_finite_reward_stops_the_run_naming_the_reward(tmp_path):
         ),
         (dict(minibatch_size=3), "--minibatch-size 3 must divide --batch-size 4"),
         (dict(target_kl=0.0), "--target-kl must be > 0"),
+        (dict(critic_warmup_steps=-1), "--critic-warmup-steps must be >= 0"),
         (dict(top_p=0.0), "--top-p must be in (0, 1]"),
         (dict(top_p=1.5), "--top-p must be in (0, 1]"),
     ],

@@ -182,6 +182,13 @@ def test_resume_continues_exactly_with_the_starting_policys_standardisation(
     )
 
 
+def test_critic_warmup_trains_the_critic_alone_for_its_steps(tmp_path, tiny_reward_model_path):
+    rows = metrics_of(
+        main(study_args(tmp_path, tiny_reward_model_path, steps=2, ppo_epochs=2, critic_warmup_steps=1))
+    )
+    assert rows[0]["approx_kl"] == 0.0 and rows[1]["kl"] == 0.0 and rows[1]["approx_kl"] > 0
+
+
 # ---- bad input and the command line ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "overrides, message",
@@ -196,6 +203,7 @@ def test_resume_continues_exactly_with_the_starting_policys_standardisation(
         ),
         (dict(reward_clip=0.0), "--reward-clip must be > 0"),
         (dict(kl_budget=-1.0), "--kl-budget must be > 0"),
+        (dict(policy_loss="penalty"), "--policy-loss penalty is ppo.py's: this variant's loop clips"),
         (dict(minibatch_size=3), "--minibatch-size 3 must divide --batch-size 4"),  # ppo.py's checks too
     ],
 )

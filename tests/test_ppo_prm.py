@@ -12,7 +12,7 @@ from infra import runs
 from task import stepwise
 from conftest import assert_one_line_error, assert_resume_is_exact, metrics_of, run_script, run_script_here
 from ppo_prm import Args, main
-from test_ppo import fixed_completions
+from test_ppo import assert_penalty_reads_the_updated_kl, fixed_completions
 from test_ppo import tiny_args as ppo_tiny_args
 
 
@@ -51,6 +51,24 @@ def test_step_scores_are_rewarded_on_the_tokens_that_end_the_steps(
     torch.testing.assert_close(seen[0], expected.repeat(seen[0].shape[0], 1))
     assert row["score"] == 1.0 and row["prm/step_score"] == pytest.approx(0.625) and row["prm/steps"] == 2.0
     assert row["prm/reward"] == pytest.approx(1.25)
+
+
+def test_penalty_adapts_on_the_kl_of_the_updated_policy_on_the_batch(tmp_path, tiny_prm, monkeypatch):
+    args = tiny_args(
+        tmp_path,
+        prm=tiny_prm,
+        steps=1,
+        ppo_epochs=1,
+        minibatch_size=4,
+        policy_loss="penalty",
+        kl_old_target=1e-6,
+    )
+    assert_penalty_reads_the_updated_kl(main, args, monkeypatch)
+
+
+def test_critic_warmup_trains_the_critic_alone_for_its_steps(tmp_path, tiny_prm):
+    rows = metrics_of(main(tiny_args(tmp_path, prm=tiny_prm, steps=2, ppo_epochs=2, critic_warmup_steps=1)))
+    assert rows[0]["approx_kl"] == 0.0 and rows[1]["kl"] == 0.0 and rows[1]["approx_kl"] > 0
 
 
 def test_resume_continues_exactly(tmp_path, tiny_prm):

@@ -13,7 +13,7 @@ from infra import models
 from task import tasks
 import prm
 from conftest import RUN_FILES, args_of, assert_resume_is_exact, metrics_of, run_script
-from prm import Args, aggregate_steps, best_of_n_accuracy, main, prm_loss, step_labels
+from prm import Args, aggregate_steps, batch_labels, best_of_n_accuracy, main, prm_loss, step_labels
 from task.stepwise import (
     dense_step_rewards,
     read_at_step_ends,
@@ -243,3 +243,13 @@ def test_cli_smoke_run(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "held-out step accuracy" in proc.stdout and "best-of-N accuracy" in proc.stdout
     assert len(os.listdir(tmp_path / "runs")) == 1
+
+
+def test_step_labels_hard_and_soft_and_their_padded_batch_by_hand():
+    # 4 rollouts a step: 0, 1 and 4 of them reach the answer. hard: any did; soft: the share that did
+    correct = torch.tensor([0, 1, 4])
+    assert step_labels(correct, 4, "hard").tolist() == [0.0, 1.0, 1.0]
+    assert step_labels(correct, 4, "soft").tolist() == [0.0, 0.25, 1.0]
+    rows = [{"rollouts_correct": [2, 0], "rollouts": 4}, {"rollouts_correct": [1, 1, 2], "rollouts": 2}]
+    # zero-padded to K = 4, whatever the longest row: the padding is never a label of 1
+    assert batch_labels(rows, "soft", 4, "cpu").tolist() == [[0.5, 0.0, 0.0, 0.0], [0.5, 0.5, 1.0, 0.0]]
