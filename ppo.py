@@ -372,7 +372,7 @@ def load_models(
         device,
         precision,
         args.seed,
-        head="score",
+        head="value",
         keep_adapter=bool(resumed),
         kernels_on=kernels_on,
     )

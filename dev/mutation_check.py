@@ -706,6 +706,13 @@ MUTATIONS = [
         "tests/test_ppo_prm.py -k penalty",
     ),
     Mutation(
+        "infra/models.py",
+        "                torch.nn.init.zeros_(model.score.weight)\n",
+        "                pass\n",
+        "PPO's new critic head left random: V is noise at the start, not 0",
+        f"{PPO} -k critic_head",
+    ),
+    Mutation(
         "ppo.py",
         "                if step > args.critic_warmup_steps:\n",
         "                if step >= args.critic_warmup_steps:\n",
@@ -2731,8 +2738,15 @@ MUTATIONS = [
     ),
     Mutation(
         "ppo.py",
-        "{k: v * share * distributed.world_size() for k, v in token_means.items()}",
-        "token_means",
+        "    return masked_mean(kl, mask, all_sum=distributed.all_sum).item()",
+        "    return masked_mean(kl, mask).item()",
+        "PPO-Penalty: each rank adapts β on its own tokens' KL, and the ranks train on different β",
+        f"{DIST} -k penalty_two_ranks",
+    ),
+    Mutation(
+        "infra/runs.py",
+        "        scale = share * distributed.world_size()\n",
+        "        scale = 1.0\n",
         "PPO logs the mean of each rank's token means, not the minibatch's",
         f"{DIST} -k ppo_two_ranks",
     ),

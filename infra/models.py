@@ -270,7 +270,7 @@ def load_model(
 ):
     """Load a causal LM (head="lm"), or a reward model (head="score": the same backbone with a scalar
     head, new if the checkpoint has none; head="trained-score" refuses a checkpoint without a trained
-    one, since a random head would score noise), with dropout off (`switch_off_dropout`: dropout makes old
+    one, since a random head would score noise; head="value", a critic: a new head is zeros), with dropout off (`switch_off_dropout`: dropout makes old
     and new log-probs disagree at ratio 1, and a reward model score the same text differently). Weights are float32
     unless precision is bf16-true; a bf16-mixed model is marked so that `autocast(model)` applies.
     A LoRA checkpoint (an adapter folder) is loaded onto its base and merged, or kept as a trainable
@@ -314,7 +314,10 @@ def load_model(
                 num_labels=1,
                 output_loading_info=True,
             )
-            if head == "trained-score" and any(key.startswith("score.") for key in info["missing_keys"]):
+            new_head = any(key.startswith("score.") for key in info["missing_keys"])
+            if head == "value" and new_head:  # a new critic: V = 0 at every token at first, not noise
+                torch.nn.init.zeros_(model.score.weight)
+            if head == "trained-score" and new_head:
                 raise InputError(
                     f"{name} has no trained score head (is it a language model, not a reward_model.py "
                     "checkpoint?); "

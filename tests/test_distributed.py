@@ -199,6 +199,27 @@ def test_ppo_two_ranks_train_the_weights_one_process_trains(tmp_path):
     assert_same_training_sharded_or_not(tmp_path, "ppo.py", argv)
 
 
+def test_ppo_penalty_two_ranks_adapt_one_beta_on_every_ranks_kl(tmp_path):
+    """PPO-Penalty's β_old moves on d, the updated policy's KL over every rank's tokens: both ranks keep the one
+    process's β (logged as their mean, `penalty`), and so train its weights. Each rank's own d would part them."""
+    argv = (
+        *TINY,
+        "--reward",
+        "verifier",
+        "--batch-size",
+        "4",
+        "--minibatch-size",
+        "4",
+        "--policy-loss",
+        "penalty",
+        "--kl-old-target",
+        "7e-6",
+    )
+    one = start(1, tmp_path / "one", "ppo.py", *argv)
+    two = launch(2, tmp_path / "two", "ppo.py", *argv)
+    assert_same_training(finish(one), two)
+
+
 @pytest.mark.parametrize(
     "algo, options",
     [
@@ -303,6 +324,7 @@ def test_a_run_of_two_ranks_resumes_exactly_with_two(tmp_path, script, argv):
             "--minibatch-size 3 does not divide over 2 torchrun ranks",
         ),
         ("variants", {"algo": "kto"}, "--algo kto does not run under torchrun yet"),
+        ("ppo_prm", {"prm": "runs/p"}, "ppo_prm.py does not run under torchrun yet: run it alone"),
         (
             "variants",
             {"algo": "rloo", "batch_size": 3},

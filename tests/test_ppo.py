@@ -578,14 +578,28 @@ def test_critic_starts_from_the_reward_model_when_given_else_from_the_policy(
         models,
         "load_model",
         lambda name, *a, **k: (
-            (score_heads.append(name) if k.get("head") == "score" else None) or real(name, *a, **k)
+            (score_heads.append(name) if k.get("head") == "value" else None) or real(name, *a, **k)
         ),
     )
     # no --critic-init either way
     overrides = {} if with_reward_model else dict(reward="verifier", reward_model=None)
     main(tiny_args(tmp_path, tiny_reward_model_path, steps=1, **overrides))
-    # the critic is the last model loaded with a score head (the reward model's is loaded as "trained-score")
+    # the critic is the model loaded with a value head (the reward model's is loaded as "trained-score")
     assert score_heads[-1] == (tiny_reward_model_path if with_reward_model else "tiny")
+
+
+def test_a_new_critic_head_is_zeros_and_a_reward_models_head_is_kept(
+    tmp_path, tokenizer, tiny_reward_model_path
+):
+    # V = 0 at every token at first: the first advantages are the returns, not the returns less a random head's noise
+    models.make_tiny_model(len(tokenizer), "llama").save_pretrained(tmp_path / "policy")
+    cpu = torch.device("cpu")
+    critic = models.load_model(str(tmp_path / "policy"), len(tokenizer), cpu, head="value")
+    assert critic.score.weight.abs().sum() == 0
+    reward_model = models.load_model(str(tmp_path / "policy"), len(tokenizer), cpu, head="score")
+    assert reward_model.score.weight.abs().sum() > 0  # a reward model's new head stays random, as it was
+    from_reward_model = models.load_model(tiny_reward_model_path, len(tokenizer), cpu, head="value")
+    assert from_reward_model.score.weight.abs().sum() > 0
 
 
 def test_cli_tiny_run_and_bad_input(tmp_path, tiny_reward_model_path):
