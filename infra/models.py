@@ -268,11 +268,11 @@ def load_model(
     keep_adapter: bool = False,
     kernels_on: bool = False,
 ):
-    """Load a causal LM (head="lm"), or a reward model (head="score": the same backbone with a scalar
-    head, new if the checkpoint has none; head="trained-score" refuses a checkpoint without a trained
-    one, since a random head would score noise; head="value", a critic: a new head is zeros), with dropout off (`switch_off_dropout`: dropout makes old
-    and new log-probs disagree at ratio 1, and a reward model score the same text differently). Weights are float32
-    unless precision is bf16-true; a bf16-mixed model is marked so that `autocast(model)` applies.
+    """Load a causal LM (head="lm"), or a reward model (head="score": the same backbone with a scalar head, new if
+    the checkpoint has none; head="trained-score" refuses a checkpoint without a trained one, since a random head
+    would score noise; head="value", a critic: a new head is zeros), with dropout off (`switch_off_dropout`: dropout
+    makes old and new log-probs disagree at ratio 1, and a reward model score the same text differently). Weights
+    are float32 unless precision is bf16-true; a bf16-mixed model is marked so that `autocast(model)` applies.
     A LoRA checkpoint (an adapter folder) is loaded onto its base and merged, or kept as a trainable
     adapter with keep_adapter (--resume)."""
     dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
