@@ -20,8 +20,8 @@ Per token t of a completion of length T (Ziegler et al. 2019, arXiv:1909.08593; 
 Conventions a reader could get wrong (each pinned by a test):
 - s_t is the prompt plus the completion before token t, so V(s_t) is read from the hidden state
   *before* y_t (the last prompt token for t = 1); the value after the last token is 0.
-- γ = 1, λ = 0.95; padding after EOS gets no reward, no value and no advantage. Log-probs are
-  recomputed with the logits divided by the sampling temperature.
+- γ = 1, λ = 1 by default (0.95 in TRL); padding after EOS gets no reward, no value and no advantage.
+  Log-probs are recomputed with the logits divided by the sampling temperature.
 - The KL penalty is k1 (log π - log π_ref) per sampled token by default, as in InstructGPT (k3 an
   option). It goes into the reward, not into the loss (GRPO does the opposite).
 - Advantages are whitened over the batch's completion tokens (population variance); rewards only
@@ -30,9 +30,12 @@ Conventions a reader could get wrong (each pinned by a test):
 Where this file departs from InstructGPT, and why:
 - No pretraining-mix term (PPO-ptx): there is no pretraining corpus offline.
 - The critic starts from the reward model (InstructGPT §3.5; Huang et al. 2024, "N implementation
-  details of RLHF with PPO") when there is one, else from the policy with a fresh head (--critic-init).
-- A completion that hits --max-new-tokens without EOS has --missing-eos-penalty subtracted from its
-  score (TRL's missing_eos_penalty): this model is verbose, and a truncated answer has no final number.
+  details of RLHF with PPO") when there is one, else from the policy with a new head of zeros
+  (--critic-init): V = 0 at first, where a random head's values were noise (explained variance -1 to -11).
+  `--critic-warmup-steps N` trains the critic alone for N steps (verl's critic_warmup).
+- The batch is GRPO's (128 completions a step) in 4 minibatches, one epoch: verl's shape (256 in 4 × 64).
+- `--missing-eos-penalty` (off by default, as in TRL and verl) subtracts from the score of a completion
+  that hits --max-new-tokens without EOS.
 - The KL controller is fixed by default; `--target-kl` turns on Ziegler et al.'s adaptive one.
 - With --top-p < 1 the tokens come from the nucleus, but the ratio and the KL use the full softmax
   (as TRL does): the update is off-policy by -log(mass kept) per token.
@@ -112,13 +115,13 @@ class Args:
     """pass@k at the first and last evaluation: k samples a held-out problem at temperature 1 (0 = off)"""
     # ---- algorithm: PPO, GAE and the KL penalty in the reward ------------------------------------
     steps: int = 40
-    """PPO iterations, each on a fresh batch of completions"""
-    batch_size: int = 8
-    """prompts per iteration, one completion each"""
-    minibatch_size: int = 8
-    """completions per gradient step; must divide --batch-size"""
-    ppo_epochs: int = 2
-    """passes over each batch"""
+    """PPO iterations, each on a fresh batch of completions (40 × 128: GRPO's 5,120 completions)"""
+    batch_size: int = 128
+    """prompts per iteration, one completion each: GRPO's default batch (16 × 8); verl's GSM8K PPO takes 256"""
+    minibatch_size: int = 32
+    """completions per gradient step; must divide --batch-size (4 optimizer steps a batch, as verl's 256 / 64)"""
+    ppo_epochs: int = 1
+    """passes over each batch (verl's ppo_epochs = 1: the policy moves 4 steps a batch, not 8)"""
     clip_eps: float = 0.2
     """ε of the policy's clipped surrogate"""
     policy_loss: Literal["clip", "penalty"] = "clip"
@@ -138,18 +141,20 @@ class Args:
     """weight of the entropy bonus (0 = off)"""
     gamma: float = 1.0
     """discount γ of GAE"""
-    lam: float = 0.95
-    """λ of GAE"""
-    kl_coef: float = 0.05
-    """β of the per-token KL penalty in the reward (the starting value when --target-kl is set)"""
+    lam: float = 1.0
+    """λ of GAE (verl's 1.0: the advantage is the return less V(s_t), not a sum of the critic's own errors)"""
+    kl_coef: float = 0.001
+    """β of the per-token KL penalty in the reward (the starting value when --target-kl is set; verl's GSM8K
+    quickstart: 0.001)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
     """per-token KL penalty: k1 = log π - log π_ref (InstructGPT), k3 = r - 1 - log r with r = π_ref/π"""
     target_kl: Annotated[Optional[float], runs.none_means("a fixed --kl-coef", "FLOAT")] = None
     """adaptive KL controller (Ziegler et al. 2019): the KL per completion to steer towards"""
     kl_horizon: int = 10000
     """horizon of the adaptive KL controller, in completions"""
-    missing_eos_penalty: float = 1.0
-    """subtracted from the score of a completion that hits --max-new-tokens without EOS (0 = off)"""
+    missing_eos_penalty: float = 0.0
+    """subtracted from the score of a completion that hits --max-new-tokens without EOS (0 = off, TRL's and verl's
+    default: at 1 it was most batches' only signal, and the policy learned to stop, not to add)"""
     whiten_rewards: bool = False
     """whiten the per-token rewards over the batch before GAE (population variance, mean kept)"""
     # ---- generation: sampling the completions ----------------------------------------------------
@@ -162,9 +167,9 @@ class Args:
     the full softmax"""
     # ---- optimisation: the two optimizers, memory and saving -------------------------------------
     lr: float = 1e-5
-    """AdamW learning rate of the policy"""
-    critic_lr: float = 1e-5
-    """AdamW learning rate of the critic"""
+    """AdamW learning rate of the policy (GRPO's; docs/ppo.md has the search that chose it)"""
+    critic_lr: float = 3e-5
+    """AdamW learning rate of the critic (3 × the policy's; verl 10 ×, OpenRLHF 18 ×)"""
     max_grad_norm: float = 1.0
     """gradient clipping by global norm, for each of the two models"""
     gradient_checkpointing: bool = False

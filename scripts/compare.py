@@ -1,7 +1,8 @@
 """Every algorithm at one budget on several seeds: docs/results.md's comparison table and its picture.
 
 The budget is a number of *training completions*: the completions a loss is computed on.
-- Online algorithms count their samples. GRPO and RLOO sample 32 per step; PPO and ReMax sample 8.
+- Online algorithms count their samples. GRPO and RLOO sample 32 per step; PPO and ReMax sample 8 (PPO's shape
+  pinned: ppo.py's default batch of 128 is over the CPU budget; its other defaults are ppo.py's).
   ReMax's 8 greedy baselines are not counted, since no loss is computed on them.
 - RFT counts its samples too, kept or not: 4 prompts × 8 a round, one update per round, so it
   samples exactly what GRPO samples and trains once per batch as GRPO does.
@@ -59,6 +60,8 @@ sys.path.insert(0, str(REPO))
 GRPO = ["grpo.py", "--prompts-per-step", "4"]
 # the same shape, as an asynchronous trainer runs it (grpo_async.py: --staleness, --is-correction)
 GRPO_ASYNC = ["grpo_async.py", "--prompts-per-step", "4"]
+# PPO at the budget's scale: 8 completions a step in one minibatch (ppo.py's default batch is 128)
+PPO_SHAPE = ["--batch-size", "8", "--minibatch-size", "8"]
 # slug: (name in the table, command after `python`, training completions per step)
 ALGORITHMS = {
     "sft": ("SFT", ["sft.py"], 16),
@@ -75,12 +78,12 @@ ALGORITHMS = {
     ),
     "rloo": ("RLOO", ["variants.py", "--algo", "rloo"], 32),
     "remax": ("ReMax", ["variants.py", "--algo", "remax"], 8),
-    "ppo-verifier": ("PPO, verifier", ["ppo.py", "--reward", "verifier"], 8),
-    "ppo-rm": ("PPO, reward model", ["ppo.py", "--reward", "model"], 8),
+    "ppo-verifier": ("PPO, verifier", ["ppo.py", "--reward", "verifier", *PPO_SHAPE], 8),
+    "ppo-rm": ("PPO, reward model", ["ppo.py", "--reward", "model", *PPO_SHAPE], 8),
     # its variant with the mitigations of over-optimisation (--ensemble-agg, --reward-clip, ...), all off
     "ppo-rm-overoptimisation": (
         "PPO, reward model, over-optimisation variant",
-        ["ppo_overoptimisation.py", "--reward", "model"],
+        ["ppo_overoptimisation.py", "--reward", "model", *PPO_SHAPE],
         8,
     ),
     "dpo": ("DPO", ["dpo.py"], 16),

@@ -456,7 +456,7 @@ def test_log_probs_are_recomputed_at_the_sampling_temperature(tmp_path, monkeypa
         return real(*a, **k)
 
     monkeypatch.setattr(common, "completion_logprobs", spy)
-    main(tiny_args(tmp_path, None, reward="verifier", steps=1, temperature=0.7))
+    main(tiny_args(tmp_path, None, reward="verifier", steps=1, temperature=0.7, ppo_epochs=2))
     assert temperatures == [0.7] * 6  # old and reference log-probs, then 2 epochs × 2 minibatches
 
 
