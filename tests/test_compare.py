@@ -50,7 +50,11 @@ def test_completions_per_step_are_the_scripts_own_defaults():
         per_step["rft"]
         == rft_args.prompts_per_round * rft_args.samples_per_prompt // rft_args.steps_per_round
     )
-    assert per_step["ppo-verifier"] == per_step["ppo-rm"] == args_of(ppo.Args).batch_size
+    # PPO's rows pin the budget's shape, 8 a step in one minibatch (ppo.py's own default batch is 128)
+    ppo_rows = [command for _, command, _ in compare.ALGORITHMS.values() if command[0].startswith("ppo")]
+    assert all(command[-4:] == compare.PPO_SHAPE for command in ppo_rows) and len(ppo_rows) == 3
+    shaped = args_of(ppo.Args, batch_size=8, minibatch_size=8)
+    assert per_step["ppo-verifier"] == per_step["ppo-rm"] == shaped.batch_size != args_of(ppo.Args).batch_size
     assert (
         per_step["sft"] == args_of(sft.Args).batch_size
         and per_step["dpo"] == 2 * args_of(dpo.Args).batch_size

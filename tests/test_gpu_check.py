@@ -56,8 +56,8 @@ def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
             "policy forward and backward",
         ):
             assert update[f"{phase}, micro-batch {micro} ms"] > 0
-    # one tiny seed a precision: three evaluations (steps 0, 1, 2) and a KL for each third of 2 steps
-    assert list(steps["ppo-precision"]["runs"]) == ["ppo-bf16-mixed-0", "ppo-fp32-0"]
+    # one tiny seed in bf16-mixed: three evaluations (steps 0, 1, 2) and a KL for each third of 2 steps
+    assert list(steps["ppo-precision"]["runs"]) == ["ppo-bf16-mixed-0"]
     assert all(
         len(run["accuracy"]) == 3 and run["kl_per_completion"]
         for run in steps["ppo-precision"]["runs"].values()

@@ -43,9 +43,9 @@ def test_the_search_stops_at_the_first_budget_where_every_seed_learns(tmp_path, 
     assert found == 32
     # smallest first, every seed of a budget, none past the first that passes
     assert [(b, s) for b, s, _ in calls] == [(16, 0), (16, 1), (32, 0), (32, 1)]
-    # each budget's runs in a folder of their own, ppo.py at its defaults
+    # each budget's runs in a folder of their own, ppo.py at its defaults but the comparison's 8 a step
     assert calls[0][2] == "ppo-verifier-16"
-    assert compare.ALGORITHMS["ppo-verifier-16"][1] == ["ppo.py", "--reward", "verifier"]
+    assert compare.ALGORITHMS["ppo-verifier-16"][1] == ["ppo.py", "--reward", "verifier", *compare.PPO_SHAPE]
     table = (tmp_path / "search.md").read_text()
     assert "| 16 | 1 | 0.300 → 0.400 | -0.500 | no |" in table
     assert "| 32 | 1 | 0.300 → 0.400 | 0.300 | yes |" in table
