@@ -359,15 +359,13 @@ class MinibatchMeans:
 
     def add(self, share: float, token_means: dict, plain: dict) -> None:
         scale = share * distributed.world_size()
-        self.rows.append({**{k: number(v) * scale for k, v in token_means.items()}, **plain})
+        # a loss still holding its graph: detached, and as a float
+        self.rows.append(
+            {**{k: float(torch.as_tensor(v).detach()) * scale for k, v in token_means.items()}, **plain}
+        )
 
     def mean(self) -> dict:
-        return {k: sum(number(row[k]) for row in self.rows) / len(self.rows) for k in self.rows[0]}
-
-
-def number(value) -> float:
-    """A logged value as a float: a tensor's (a loss that still has its graph too), or the number itself."""
-    return value.detach().item() if torch.is_tensor(value) else float(value)
+        return {k: sum(float(row[k]) for row in self.rows) / len(self.rows) for k in self.rows[0]}
 
 
 def peak_memory_gb(device: torch.device) -> float:
