@@ -117,7 +117,7 @@ class Args:
     steps: int = 40
     """PPO iterations, each on a fresh batch of completions (40 × 128: GRPO's 5,120 completions)"""
     batch_size: int = 128
-    """prompts per iteration, one completion each: GRPO's default batch (16 × 8); verl's GSM8K PPO takes 256"""
+    """prompts per iteration, one completion each: GRPO's batch (16 × 8); verl's GSM8K PPO takes 256"""
     minibatch_size: int = 32
     """completions per gradient step; must divide --batch-size (4 optimizer steps a batch, as verl's 256 / 64)"""
     ppo_epochs: int = 1
@@ -153,8 +153,8 @@ class Args:
     kl_horizon: int = 10000
     """horizon of the adaptive KL controller, in completions"""
     missing_eos_penalty: float = 0.0
-    """subtracted from the score of a completion that hits --max-new-tokens without EOS (0 = off, TRL's and verl's
-    default: at 1 it was most batches' only signal, and the policy learned to stop, not to add)"""
+    """subtracted from the score of a completion that hits --max-new-tokens without EOS (0 = off, as in TRL and
+    verl: at 1 it was most batches' only signal, and the policy learned to stop, not to add)"""
     whiten_rewards: bool = False
     """whiten the per-token rewards over the batch before GAE (population variance, mean kept)"""
     # ---- generation: sampling the completions ----------------------------------------------------
