@@ -13,6 +13,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 ARGS ?=
+# the environment's python3, python and ruff first on PATH, for the commands below and the processes tests start
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export VIRTUAL_ENV := $(CURDIR)/$(VENV)
 
 .PHONY: run test formulas setup setup-test
 
