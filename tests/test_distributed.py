@@ -30,6 +30,8 @@ TINY = ("--model", "tiny", "--steps", "3", "--eval-size", "4", "--max-new-tokens
 # vary by ~1e-8 against the random head's values, and the explained variance is a ratio of rounding (-6e5); at
 # β = 0.05 and λ = 0.95 (the returns then carry the values too) the ranks' numbers compare to tolerance.
 PPO_KL = ("--kl-coef", "0.05", "--lam", "0.95")
+# PPO on the verifier, 4 completions a step in one minibatch
+PPO_FOUR = (*TINY, "--reward", "verifier", *PPO_KL, "--batch-size", "4", "--minibatch-size", "4")
 # see below
 NEAR_ZERO = ("loss", "pg_loss", "policy_loss", "kl", "kl_coef", "non_score_reward", "rlhf_reward", "margin")
 
@@ -187,40 +189,14 @@ def test_ppo_two_ranks_train_the_weights_one_process_trains(tmp_path):
     """Policy and critic. Advantages whitened over the whole batch, the two token-mean losses over the whole
     minibatch, the KL that steers the adaptive controller and the explained variance over every rank's completions."""
     # KL error unclipped: β moves by it in full
-    argv = (
-        *TINY,
-        "--reward",
-        "verifier",
-        *PPO_KL,
-        "--batch-size",
-        "4",
-        "--minibatch-size",
-        "4",
-        "--target-kl",
-        "0.005",
-        "--kl-horizon",
-        "8",
-    )
+    argv = (*PPO_FOUR, "--target-kl", "0.005", "--kl-horizon", "8")
     assert_same_training_sharded_or_not(tmp_path, "ppo.py", argv)
 
 
 def test_ppo_penalty_two_ranks_adapt_one_beta_on_every_ranks_kl(tmp_path):
     """PPO-Penalty's β_old moves on d, the updated policy's KL over every rank's tokens: both ranks keep the one
     process's β (logged as their mean, `penalty`), and so train its weights. Each rank's own d would part them."""
-    argv = (
-        *TINY,
-        "--reward",
-        "verifier",
-        *PPO_KL,
-        "--batch-size",
-        "4",
-        "--minibatch-size",
-        "4",
-        "--policy-loss",
-        "penalty",
-        "--kl-old-target",
-        "2e-6",
-    )
+    argv = (*PPO_FOUR, "--policy-loss", "penalty", "--kl-old-target", "2e-6")
     one = start(1, tmp_path / "one", "ppo.py", *argv)
     two = launch(2, tmp_path / "two", "ppo.py", *argv)
     assert_same_training(finish(one), two)

@@ -9,8 +9,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import ppo_critic  # noqa: E402
-from conftest import args_of  # noqa: E402
 import ppo  # noqa: E402
+from test_ppo import tiny_args  # noqa: E402
 
 
 def test_by_position_by_hand():
@@ -36,19 +36,7 @@ def test_sign_agreement_by_hand():
 
 
 def test_a_tiny_run_is_read_back(tmp_path, capsys):
-    result = ppo.main(
-        args_of(
-            ppo.Args,
-            model="tiny",
-            reward="verifier",
-            steps=1,
-            batch_size=4,
-            minibatch_size=2,
-            max_new_tokens=8,
-            eval_size=8,
-            output_dir=str(tmp_path),
-        )
-    )
+    result = ppo.main(tiny_args(tmp_path, None, reward="verifier", steps=1))
     read = ppo_critic.main([result["run_dir"], "--batch-size", "4"])
     assert sum(row["tokens"] for row in read["by_position"]) > 0 and 0 <= read["sign_agreement_tokens"] <= 1
     assert "advantage's sign" in capsys.readouterr().out
