@@ -220,6 +220,7 @@ def check_args(args: Args) -> None:
             "max_completion_tokens",
         ),
         divided_over_ranks="batch_size",
+        compiled_decoding=False,
     )
     require(
         args.samples_per_prompt >= 2,

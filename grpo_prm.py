@@ -59,11 +59,17 @@ def check_args(args: Args) -> None:
         "--prm DIR is required: train a process reward model with `python prm.py` (it prints its run folder; the "
         "checkpoint is <run folder>/model)",
     )
-    outcome_default = (args.reward_model, args.rewards, args.reward_weights, args.overlong_buffer)
+    outcome = (
+        args.reward_model,
+        args.rewards,
+        args.reward_weights,
+        args.overlong_buffer,
+        args.overlong_penalty,
+    )
     require(
-        outcome_default == (None, ("correct",), None, 0),
+        outcome == (None, ("correct",), None, 0, Args.overlong_penalty),
         "--prm takes its advantages from the PRM's step scores alone: drop --reward-model, --rewards, "
-        "--reward-weights and --overlong-buffer, which shape the outcome reward it only logs",
+        "--reward-weights, --overlong-buffer and --overlong-penalty, which shape the outcome reward it only logs",
     )
 
 

@@ -50,15 +50,32 @@ class Args(grpo.Args):
     """the model's own tokens in a transcript, every turn together (the environment's are not counted)"""
     max_calls: int = 2
     """calculator calls answered in one transcript; a call past them ends it"""
+    pass_k: int = 0
+    """0 only: pass@k is not measured with the tool"""
+
+
+# grpo.py's options that shape its problems, its reward or its batch, which this loop does not read
+NOT_READ = (
+    "dataset",
+    "prompt_style",
+    "reward_model",
+    "rewards",
+    "reward_weights",
+    "dynamic_sampling",
+    "overlong_buffer",
+    "overlong_penalty",
+    "pass_k",
+)
 
 
 def check_args(args: Args) -> None:
     grpo.check_args(args)
     require(args.max_calls >= 1, f"--max-calls must be at least 1, not {args.max_calls}")
-    require(
-        args.dataset is None and args.reward_model is None and args.rewards == ("correct",),
-        "the tool task has its own problems and the verifier's reward: drop --dataset, --reward-model and --rewards",
-    )
+    require(distributed.world_size() == 1, "grpo_tools.py does not run under torchrun yet: run it alone")
+    changed = [
+        f"--{name.replace('_', '-')}" for name in NOT_READ if getattr(args, name) != getattr(Args(), name)
+    ]
+    require(not changed, f"the tool task has its own problems, reward and batch: drop {' '.join(changed)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,7 +275,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             "reward": rewards.mean().item(),
             "frac_reward_zero_std": (grouped.amax(1) == grouped.amin(1)).float().mean().item(),
             "completion_length": mask.sum(1).float().mean().item(),  # the model's tokens only
-            "transcript_length": torch.tensor([len(t.tokens) for t in transcripts]).float().mean().item(),
+            "transcript_length": sum(len(t.tokens) for t in transcripts) / len(transcripts),
             "time/generate": time_generate,
             **tool_stats(transcripts),
         }

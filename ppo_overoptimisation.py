@@ -108,7 +108,10 @@ def check_args(args: Args) -> None:
         )
     require(args.reward_clip is None or args.reward_clip > 0, "--reward-clip must be > 0")
     require(args.kl_budget is None or args.kl_budget > 0, "--kl-budget must be > 0")
-    require(args.policy_loss == "clip", "--policy-loss penalty is ppo.py's: this variant's loop clips")
+    require(
+        args.policy_loss == "clip" and args.kl_old_target == Args.kl_old_target,
+        "--policy-loss penalty and its --kl-old-target are ppo.py's: this variant's loop clips",
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -285,11 +285,7 @@ def evaluate(
     }
 
 
-# ---------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------
-def main(args: Args) -> dict:
-    """Label solutions by rollouts, train the PRM on the step labels; returns the final metrics (also eval.json)."""
+def check_args(args: Args) -> None:
     runs.check_options(
         args,
         at_least_one=(
@@ -302,14 +298,21 @@ def main(args: Args) -> dict:
             "max_new_tokens",
         ),
         divided_over_ranks="batch_size",
+        compiled_decoding=False,
     )
     runs.require(
         args.temperature > 0, "--temperature must be > 0 (it samples the solutions and the rollouts)"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def main(args: Args) -> dict:
+    """Label solutions by rollouts, train the PRM on the step labels; returns the final metrics (also eval.json)."""
+    check_args(args)
     models.set_seed(args.seed)
-    device = models.resolve_device(args.run.device)
-    precision = models.resolve_precision(args.run.precision, device, args.model)
-    kernels_on = models.resolve_kernels(args.run.kernels, device)
+    device, precision, kernels_on = models.resolve_run(args.run, args.model)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)

@@ -239,6 +239,7 @@ def check_args(args: Args) -> None:
         args,
         at_least_one=("steps", "batch_size", "num_prompts", "max_new_tokens", "max_completion_tokens"),
         divided_over_ranks="batch_size",
+        compiled_decoding=False,
     )
     require(
         args.samples_per_prompt >= 2,

@@ -171,6 +171,7 @@ def check_args(args: Args) -> None:
             "max_new_tokens",
             "eval_size",
         ),
+        compiled_decoding=False,
     )
     require(args.temperature > 0, "--temperature must be > 0 for sampling (evaluation is always greedy)")
 

@@ -179,6 +179,7 @@ def check_args(args: Args) -> None:
             "eval_size",
         ),
         divided_over_ranks="batch_size",
+        compiled_decoding=False,
     )
 
 

@@ -61,7 +61,7 @@ def shard(on: bool, *models) -> None:
 
 
 def check_options(args, ranks: int, under_torchrun: bool, require) -> None:
-    """--fsdp's checks: torchrun, no --merge-lora, a held-out set that divides over the ranks (a collective forward)."""
+    """--fsdp's checks: torchrun, no --merge-lora or --decode compiled, a held-out set that divides over the ranks."""
     if args.run.fsdp:
         require(
             under_torchrun,
@@ -71,6 +71,11 @@ def check_options(args, ranks: int, under_torchrun: bool, require) -> None:
             not args.lora.merge_lora,
             "--merge-lora does not run with --fsdp: merge the saved adapter afterwards "
             "in one process (peft: PeftModel.from_pretrained(base, adapter).merge_and_unload())",
+        )
+        require(
+            args.run.decode == "plain",
+            "--decode compiled does not run with --fsdp (a sharded forward gathers its weights step by step): "
+            "use --decode plain",
         )
         eval_size = getattr(args, "eval_size", None) or 0
         require(

@@ -104,11 +104,12 @@ def check_options(
     at_least_one: tuple[str, ...] = (),
     divided_over_ranks: Optional[str] = None,
     one_process_only: tuple = (),
+    compiled_decoding: bool = True,
 ) -> None:
     """The checks every script shares, made before anything loads: optimisation numbers, the counts that must be at
     least 1, LoRA, the tracker, the output folder. Under torchrun: the option `divided_over_ranks` (the batch the
     ranks share; None: the script runs in one process only) must divide over them, and no option of
-    `one_process_only` may be on."""
+    `one_process_only` may be on. `compiled_decoding`: False where the policy never samples through --decode."""
     check_transformers(transformers.__version__)
     require(args.seed >= 0, f"--seed must be >= 0, not {args.seed}")
     pass_k = getattr(args, "pass_k", None) or 0  # None: chosen for the model (tasks.evaluation_for_model)
@@ -132,9 +133,8 @@ def check_options(
         )
     fsdp.check_options(args, ranks, distributed.under_torchrun(), require)
     require(
-        not (args.run.fsdp and args.run.decode == "compiled"),
-        "--decode compiled does not run with --fsdp (a sharded forward gathers its weights step by step): "
-        "use --decode plain",
+        compiled_decoding or args.run.decode == "plain",
+        f"--decode compiled speeds a trainer that samples its policy; {Path(sys.argv[0]).name} does not: drop it",
     )
     require(args.lr is None or args.lr > 0, f"--lr must be > 0, not {args.lr}")  # `not >` refuses NaN too
     # a script that samples: its temperature and nucleus

@@ -21,12 +21,13 @@ from task import tasks
 CALL = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
 CALL_END = "</calc>"
 TOOL_INSTRUCTION = " You may use a calculator: write <calc>an expression</calc> and its <result> follows."
-_TOKEN = re.compile(r"\s*(\d+|[-+*x×])")
+_TOKEN = re.compile(r"\s*([0-9]+|[-+*x×])")  # [0-9], not \d: int() reads Arabic-Indic and other digits too
 MAX_DIGITS = 12  # a number longer than this is an error: the model's text never makes a huge integer
+MAX_TERM = 10**100  # a product past it is an error: str() refuses integers of 4,300 digits and more
 
 
 def calculate(expression: str) -> str:
-    """The value of `expression`, integers joined by +, -, × (* and x too), × first; else "error"."""
+    """The value of `expression`, integers (ASCII digits) joined by +, -, × (* and x too), × first; else "error"."""
     tokens = []
     position = 0
     while position < len(expression.rstrip()):
@@ -48,6 +49,8 @@ def calculate(expression: str) -> str:
     for operator, number in zip(operators, numbers[1:]):
         if operator in "*x×":
             term = term * int(number)
+            if term > MAX_TERM:
+                return "error"
         else:
             total = total + sign * term
             sign = 1 if operator == "+" else -1

@@ -41,6 +41,10 @@ def tiny_args(tmp_path, **overrides) -> Args:
         ("", "error"),
         ("__import__('os')", "error"),  # never evaluated
         ("1" * 13 + " + 1", "error"),  # a number too long to be the model's arithmetic
+        ("١٢ + ٣", "error"),  # Arabic-Indic digits: int() reads them, the calculator does not
+        (" × ".join(["999999999999"] * 400), "error"),  # a product of 4,800 digits: str() would raise
+        (" × ".join(["10"] * 100), "1" + "0" * 100),  # 10^100: the largest product it computes
+        (" × ".join(["10"] * 101), "error"),
     ],
 )
 def test_the_calculator_by_hand(expression, value):

@@ -203,7 +203,8 @@ def test_critic_warmup_trains_the_critic_alone_for_its_steps(tmp_path, tiny_rewa
         ),
         (dict(reward_clip=0.0), "--reward-clip must be > 0"),
         (dict(kl_budget=-1.0), "--kl-budget must be > 0"),
-        (dict(policy_loss="penalty"), "--policy-loss penalty is ppo.py's: this variant's loop clips"),
+        (dict(policy_loss="penalty"), "--policy-loss penalty and its --kl-old-target are ppo.py's"),
+        (dict(kl_old_target=0.02), "--policy-loss penalty and its --kl-old-target are ppo.py's"),
         (dict(minibatch_size=3), "--minibatch-size 3 must divide --batch-size 4"),  # ppo.py's checks too
     ],
 )
