@@ -14,7 +14,14 @@ OUT=${1:-runs/iterative-dpo}
 shift || true
 mkdir -p "$OUT"
 last() { ls -d "$1"/*/ | tail -1; }
-SEED=$(python3 -c 'import sys; a = sys.argv[1:]; print(a[a.index("--seed") + 1] if "--seed" in a else 0)' "$@")
+# the run's --seed as dpo.py reads it: `--seed 1` or `--seed=1`
+SEED=$(python3 - "$@" <<'PY'
+import argparse, sys
+parser = argparse.ArgumentParser(allow_abbrev=False)
+parser.add_argument("--seed", type=int, default=0)
+print(parser.parse_known_args(sys.argv[1:])[0].seed)
+PY
+)
 POLICY=${MODEL:-smollm2}
 for round in $(seq 1 "${ROUNDS:-3}"); do
     python scripts/policy_pairs.py --policy "$POLICY" --num-prompts "${PROMPTS:-256}" \

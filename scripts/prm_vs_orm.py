@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -35,6 +34,7 @@ import torch  # noqa: E402
 
 from infra import models  # noqa: E402
 from task import stepwise, tasks  # noqa: E402
+import compare  # noqa: E402  run_once: a script's run, read back when finished with the same settings
 import prm  # noqa: E402
 import reward_model  # noqa: E402
 
@@ -69,20 +69,10 @@ def right_wrong_pairs(rows: list[dict], per_problem: int) -> list[dict]:
 
 
 def run_stage(out: Path, name: str, command: list[str]) -> Path:
-    """`python command --output-dir OUT/name` unless a finished run (its eval.json) is there; its run folder."""
-    done = sorted((out / name).glob("*/eval.json"))
-    if not done:
-        with open(out / f"{name}.log", "w") as log:
-            code = subprocess.run(
-                [sys.executable, *command, "--output-dir", str(out / name)],
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            ).returncode
-        done = sorted((out / name).glob("*/eval.json"))
-        if code != 0 or not done:
-            raise SystemExit(f"error: {' '.join(command[:1])} failed; see {out / name}.log")
-    return done[-1].parent
+    """`python command --output-dir OUT/name`, or the finished run there when its args.json agrees with every
+    option `command` gives (compare.run_once; one that differs stops the study); its run folder."""
+    folder = out / name
+    return compare.run_once([*command, "--output-dir", str(folder)], folder, out / f"{name}.log")
 
 
 def main(argv=None) -> dict:

@@ -211,6 +211,23 @@ def test_a_finished_run_is_read_back_only_if_its_command_made_it(tmp_path):
             compare.finished_run(tmp_path, [*command, *other])
 
 
+def test_a_study_stage_is_read_back_only_if_its_command_made_it(tmp_path):
+    """scripts/prm_reward.py's and prm_vs_orm.py's stages: a second call into the same --out with another --lr,
+    --ppo-batch-size or --model once printed the first call's numbers under the new header."""
+    run_dir = tmp_path / "ppo-seed0" / "ppo-smollm2-0-20261205-000000"
+    run_dir.mkdir(parents=True)
+    (run_dir / "args.json").write_text(json.dumps({"model": "smollm2", "lr": 1e-6, "batch_size": 64}))
+    (run_dir / "eval.json").write_text("{}")
+    command = ["ppo.py", "--model", "smollm2", "--lr", "1e-6", "--batch-size", "64"]
+    assert prm_vs_orm.run_stage(tmp_path, "ppo-seed0", command) == run_dir
+    for other, wrong in [
+        (["--lr", "3e-6"], "lr=1e-06 (not 3e-6)"),
+        (["--batch-size", "32"], "batch_size=64"),
+    ]:
+        with pytest.raises(SystemExit, match=re.escape(wrong)):
+            prm_vs_orm.run_stage(tmp_path, "ppo-seed0", [*command, *other])
+
+
 def test_sampled_kl_is_zero_to_itself_and_a_mean_per_completion(tmp_path, tokenizer):
     model = models.load_model("tiny", len(tokenizer), torch.device("cpu"))
     runs.save_checkpoint(model, tokenizer, tmp_path / "same")

@@ -377,7 +377,8 @@ def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch):
     )
 
 
-def test_iterative_dpo_trains_each_round_from_the_last_on_its_own_pairs(tmp_path):
+@pytest.mark.parametrize("seed", [["--seed", "2"], ["--seed=2"]], ids=["--seed 2", "--seed=2"])
+def test_iterative_dpo_trains_each_round_from_the_last_on_its_own_pairs(tmp_path, seed):
     """scripts/iterative_dpo.sh with each stage recorded instead of run: round r samples its pairs from the policy
     round r - 1 left, with its own seed, and DPO starts from that same policy (its reference) on those pairs."""
     import tyro
@@ -386,7 +387,7 @@ def test_iterative_dpo_trains_each_round_from_the_last_on_its_own_pairs(tmp_path
 
     out = tmp_path / "it"
     commands = recorded_stages(
-        tmp_path, "scripts/iterative_dpo.sh", str(out), "--seed", "2", MODEL="tiny", ROUNDS="3", PROMPTS="16"
+        tmp_path, "scripts/iterative_dpo.sh", str(out), *seed, MODEL="tiny", ROUNDS="3", PROMPTS="16"
     )
     assert [c[0] for c in commands] == ["scripts/policy_pairs.py", "dpo.py"] * 3
     policy = "tiny"
