@@ -1,4 +1,5 @@
-"""Online DPO: the DPO loss on pairs the current policy samples at each step, labelled by the verifier.
+"""Online DPO: the DPO loss on pairs the current policy samples at each step, labelled by the verifier. Copied from
+dpo.py unchanged: no phase (its loop samples the pairs that dpo.py reads from a file).
 
 Offline DPO (dpo.py) fits a fixed set of pairs sampled once from the starting model; as the policy
 moves away from that model, those pairs say less about what it now writes. Online DPO samples two

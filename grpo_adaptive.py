@@ -1,6 +1,6 @@
 """GRPO with an adaptive group size: more completions for the prompts whose first group is all right or all wrong.
-A variant of grpo.py: its loop, copied, with phases 1 to 3 changed; the loss, the logging and every option of grpo.py
-are its.
+A variant of grpo.py: its loop, copied, with phases 1 to 3 changed and 4 to 6 reading the ragged groups; the loss, the
+logging and every option of grpo.py are its. Copied from grpo.py unchanged: phase 7 (tests/test_layout.py checks).
 
 A group whose rewards are all equal has every advantage 0: it costs its samples and teaches nothing. DAPO's dynamic
 sampling (--dynamic-sampling) drops such groups. Here each prompt first gets --first-samples G0 completions; each
@@ -10,9 +10,11 @@ over its own completions:
 
     Â_i = (r_i - mean(r_g(i))) / (std(r_g(i)) + eps)          (ragged_group_advantages; 0 for an all-equal group)
 
-A step samples P·G0 + (uniform prompts)·(G - G0) completions, at most P·G: `samples` logs how many, to compare with
-grpo.py at the same number of samples. Only the verifier's reward (and --rewards format, repetition) is supported:
-a reward model's prompts would have to follow the ragged rows too.
+A step samples P·G0 + (uniform prompts)·(G - G0) completions, at most P·G: `samples` logs how many (every rank's), to
+compare with grpo.py at the same number of samples. A prompt sampled again has G rows where the others have G0: under
+--loss-agg seq-mean-token-mean, which weighs every completion alike, it weighs G/G0 times as much in the loss; the
+token-sum aggregations weigh its tokens as every other token. Only the verifier's reward (and --rewards format,
+repetition) is supported: a reward model's prompts would have to follow the ragged rows too.
 
 Run:
     python grpo_adaptive.py                                  # G0 = 4, G = 8: 4 more for a prompt whose 4 agree
@@ -22,7 +24,6 @@ Run:
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import time
@@ -38,8 +39,8 @@ from infra import fsdp
 from infra import metrics
 from infra import models
 from infra import runs
+from infra import stepmetrics
 from task import tasks
-from common import masked_mean
 from infra.runs import require
 
 
@@ -227,12 +228,17 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         # ---- 2. the rewards (above, with each part's sampling), and what they say ----------------------
         # the first round's: every prompt's G0, an unbiased draw of the policy; `score` below is every sample's
         stats = grpo.reward_stats(first.rewards, first.scores, first.scored, args.rewards, G0, False)
-        stats["samples"] = len(rewards)
+        stats["samples"] = distributed.all_sum(len(rewards))  # every rank's
         stats["frac_prompts_sampled_again"] = uniform.float().mean().item()
         stats["score"] = scores.mean().item()
         stats.update(
+            # each prompt's group, G0 or G rows (consecutive): distinct within a group, as grpo.py's
             metrics.completion_stats(
-                completion_ids, mask, tokenizer.eos_token_id, len(rewards), time_generate
+                completion_ids,
+                mask,
+                tokenizer.eos_token_id,
+                torch.bincount(group_index).tolist(),
+                time_generate,
             )
         )
         lengths = mask.sum(1)  # (N,)
@@ -284,9 +290,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
             # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
             policy.train()
-            # metric -> Σ over micro-batches and iterations of value × weight
-            sums = collections.defaultdict(float)
-            entropy_sum = 0.0
+            # the update's metrics, exact
+            sums = stepmetrics.MicroBatchSums(batch_tokens, args.num_iterations)
             trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
             for iteration in range(args.num_iterations):
                 for s in slices:
@@ -311,15 +316,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                     run.check_finite(loss, step)
                     weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
-                    # kl, clip_ratio, entropy: token means over the whole batch (every rank's), the loss by its weight
-                    token_share = (mask[s].sum() / batch_tokens).item()
-                    # iteration 0: the sampling policy's entropy, and its log-probs to hold against the sampler's
-                    if iteration == 0:
-                        entropy_sum += masked_mean(entropy, mask[s]).item() * token_share
+                    # kl, clip_ratio: token means over the whole batch; entropy: iteration 0's (None after)
+                    sums.add(m, mask[s], loss, weight, entropy)
+                    if iteration == 0:  # π_θold's log-probs, to hold against the sampler's
                         trainer_logprobs.append(old)
-                    for k, v in m.items():
-                        sums[k] += v * token_share
-                    sums["loss"] += loss.item() * weight
                 # Σ over the ranks: each one's loss is its part of the batch's
                 distributed.all_reduce_grads(policy)
                 grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
@@ -333,11 +333,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
         # ---- 6. log -------------------------------------------------------------------------------
         if update:
-            # an iteration's token shares (and loss weights) sum to 1: ÷ μ averages them; Σ the ranks' parts
-            stats.update({k: distributed.all_sum(v) / args.num_iterations for k, v in sums.items()})
+            stats.update(sums.totals())
             # the sampler against the trainer, at the tokens sampled
             stats.update(common.mismatch_metrics(torch.cat(trainer_logprobs), sampler_logprobs, mask))
-            stats["entropy"] = distributed.all_sum(entropy_sum)
             stats["grad_norm"] = grad_norm.item()
             stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
         else:

@@ -1,7 +1,7 @@
 """GRPO as an asynchronous trainer runs it: each step trains on a batch sampled `--staleness k` steps earlier, and
 importance weights correct for the sampler not being the trainer (TIS, MIS). A variant of grpo.py: its loop, copied,
 with sampling, scoring and advantages (phases 1-3) moved into `sample_batch` and fed through a queue; the loss and
-every option of grpo.py are its.
+every option of grpo.py are its. Copied from grpo.py unchanged: phases 1, 2, 4 and 7 (tests/test_layout.py checks).
 
 An RL step draws completions with one computation and differentiates another. The sampler decodes token by token
 against a key/value cache (on a CPU in bfloat16 with packed weights, see infra/kernels.py), truncates to a nucleus
@@ -60,6 +60,7 @@ from infra import fsdp
 from infra import metrics
 from infra import models
 from infra import runs
+from infra import stepmetrics
 from task import tasks
 from common import masked_mean, masked_sum
 from infra.runs import require
@@ -318,9 +319,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
             # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
             policy.train()
-            # metric -> Σ over micro-batches and iterations of value × weight
-            sums = collections.defaultdict(float)
-            entropy_sum = 0.0
+            # the update's metrics, exact
+            sums = stepmetrics.MicroBatchSums(batch_tokens, args.num_iterations)
             trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
             for iteration in range(args.num_iterations):
                 for s in slices:
@@ -355,15 +355,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                     run.check_finite(loss, step)
                     weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
-                    # kl, clip_ratio, entropy: token means over the whole batch (every rank's), the loss by its weight
-                    token_share = (mask[s].sum() / batch_tokens).item()
-                    # iteration 0: the sampling policy's entropy, and its log-probs to hold against the sampler's
-                    if iteration == 0:
-                        entropy_sum += masked_mean(entropy, mask[s]).item() * token_share
+                    # kl, clip_ratio: token means over the whole batch; entropy: iteration 0's (None after)
+                    sums.add(m, mask[s], loss, weight, entropy)
+                    if iteration == 0:  # π_θold's log-probs, to hold against the sampler's
                         trainer_logprobs.append(old)
-                    for k, v in m.items():
-                        sums[k] += v * token_share
-                    sums["loss"] += loss.item() * weight
                 # Σ over the ranks: each one's loss is its part of the batch's
                 distributed.all_reduce_grads(policy)
                 grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
@@ -377,11 +372,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
         # ---- 6. log -------------------------------------------------------------------------------
         if update:
-            # an iteration's token shares (and loss weights) sum to 1: ÷ μ averages them; Σ the ranks' parts
-            stats.update({k: distributed.all_sum(v) / args.num_iterations for k, v in sums.items()})
+            stats.update(sums.totals())
             # the sampler against the trainer, at the tokens sampled
             stats.update(common.mismatch_metrics(torch.cat(trainer_logprobs), batch.sampler_logprobs, mask))
-            stats["entropy"] = distributed.all_sum(entropy_sum)
             stats["grad_norm"] = grad_norm.item()
             stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
         else:

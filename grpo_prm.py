@@ -1,6 +1,7 @@
 """GRPO with process supervision: a process reward model scores each reasoning step, and the step scores, not the
 outcome, make the advantages (DeepSeekMath, Shao et al. 2024, arXiv:2402.03300, §4.1.3). A variant of grpo.py: its
-loop, copied, with phases 2 and 3 changed; the loss, the logging and every option of grpo.py are its.
+loop, copied, with phases 2 and 3 changed; the loss, the logging and every option of grpo.py are its. Copied from
+grpo.py unchanged: phases 1, 4, 5, 6 and 7 (tests/test_layout.py checks).
 
     Â_it = Σ_{index(j) ≥ t} (r_i^index(j) - mean(R)) / std(R)
 R is every step reward of the group's G completions, r_i^index(j) the PRM's score σ(z) of o_i's step j, which ends at
@@ -22,7 +23,6 @@ Run:
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import time
@@ -38,6 +38,7 @@ from infra import fsdp
 from infra import metrics
 from infra import models
 from infra import runs
+from infra import stepmetrics
 from task import stepwise, tasks
 from common import masked_mean
 from infra.runs import require
@@ -191,9 +192,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
             # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
             policy.train()
-            # metric -> Σ over micro-batches and iterations of value × weight
-            sums = collections.defaultdict(float)
-            entropy_sum = 0.0
+            # the update's metrics, exact
+            sums = stepmetrics.MicroBatchSums(batch_tokens, args.num_iterations)
             trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
             for iteration in range(args.num_iterations):
                 for s in slices:
@@ -220,15 +220,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                     run.check_finite(loss, step)
                     weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
-                    # kl, clip_ratio, entropy: token means over the whole batch (every rank's), the loss by its weight
-                    token_share = (mask[s].sum() / batch_tokens).item()
-                    # iteration 0: the sampling policy's entropy, and its log-probs to hold against the sampler's
-                    if iteration == 0:
-                        entropy_sum += masked_mean(entropy, mask[s]).item() * token_share
+                    # kl, clip_ratio: token means over the whole batch; entropy: iteration 0's (None after)
+                    sums.add(m, mask[s], loss, weight, entropy)
+                    if iteration == 0:  # π_θold's log-probs, to hold against the sampler's
                         trainer_logprobs.append(old)
-                    for k, v in m.items():
-                        sums[k] += v * token_share
-                    sums["loss"] += loss.item() * weight
                 # Σ over the ranks: each one's loss is its part of the batch's
                 distributed.all_reduce_grads(policy)
                 grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
@@ -242,11 +237,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
         # ---- 6. log -------------------------------------------------------------------------------
         if update:
-            # an iteration's token shares (and loss weights) sum to 1: ÷ μ averages them; Σ the ranks' parts
-            stats.update({k: distributed.all_sum(v) / args.num_iterations for k, v in sums.items()})
+            stats.update(sums.totals())
             # the sampler against the trainer, at the tokens sampled
             stats.update(common.mismatch_metrics(torch.cat(trainer_logprobs), sampler_logprobs, mask))
-            stats["entropy"] = distributed.all_sum(entropy_sum)
             stats["grad_norm"] = grad_norm.item()
             stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
         else:

@@ -1,6 +1,8 @@
 """GRPO with a tool across turns: the model may call a calculator, the environment appends its result, and the model
 goes on until it answers. A variant of grpo.py: its loop, copied, with phases 1 and 2 changed (sampling across turns,
-the reward on the model's own final words) and the evaluation using the tool; the loss and every option are grpo.py's.
+the reward on the model's own final words) and the evaluation using the tool; the loss is grpo.py's, and the options
+of grpo.py this loop does not read are refused (NOT_READ). Copied from grpo.py unchanged: no phase (each reads the
+transcripts' tokens, and the loop runs in one process; tests/test_layout.py checks what a variant says it copies).
 
 A completion is a transcript of the model's tokens and the environment's:
     <calc>347 + 589 + 1024</calc>   <result>1960</result>    The answer is 1960.<eos>
@@ -23,7 +25,6 @@ Run:
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import time
@@ -37,8 +38,8 @@ import grpo
 from infra import distributed
 from infra import models
 from infra import runs
+from infra import stepmetrics
 from task import tasks, tools
-from common import masked_mean
 from infra.runs import require
 
 
@@ -304,9 +305,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
         # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
         policy.train()
-        # metric -> Σ over micro-batches and iterations of value × weight
-        sums = collections.defaultdict(float)
-        entropy_sum = 0.0
+        # the update's metrics, exact
+        sums = stepmetrics.MicroBatchSums(batch_tokens, args.num_iterations)
         trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
         for iteration in range(args.num_iterations):
             for s in slices:
@@ -333,15 +333,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 run.check_finite(loss, step)
                 weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), B)
                 (loss * weight).backward()
-                # kl, clip_ratio, entropy: token means over the model's tokens, the loss by its weight
-                token_share = (mask[s].sum() / batch_tokens).item()
-                # iteration 0: the sampling policy's entropy, and its log-probs to hold against the sampler's
-                if iteration == 0:
-                    entropy_sum += masked_mean(entropy, mask[s]).item() * token_share
+                # kl, clip_ratio: token means over the whole batch; entropy: iteration 0's (None after)
+                sums.add(m, mask[s], loss, weight, entropy)
+                if iteration == 0:  # π_θold's log-probs, to hold against the sampler's
                     trainer_logprobs.append(old)
-                for k, v in m.items():
-                    sums[k] += v * token_share
-                sums["loss"] += loss.item() * weight
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
             run.check_finite(grad_norm, step, "gradient norm")
             optimizer.step()
@@ -352,10 +347,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         time_train = time.time() - t1
 
         # ---- 6. log -------------------------------------------------------------------------------
-        stats.update({k: v / args.num_iterations for k, v in sums.items()})
+        stats.update(sums.totals())
         # the sampler against the trainer, at the model's tokens only
         stats.update(common.mismatch_metrics(torch.cat(trainer_logprobs), sampler_logprobs, mask))
-        stats["entropy"] = entropy_sum
         stats["grad_norm"] = grad_norm.item()
         stats["time/train"] = time_train
         stats["time/step"] = time.time() - t0

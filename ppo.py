@@ -74,6 +74,7 @@ from infra import fsdp
 from infra import metrics
 from infra import models
 from infra import runs
+from infra import stepmetrics
 from task import tasks
 from common import masked_mean, masked_whiten, require
 
@@ -484,7 +485,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     score = functools.partial(score_completions, reward_model, reward_fn, tokenizer)
     evaluate = functools.partial(evaluate_with_reward, policy, tokenizer, heldout, args, score)
 
-    clock = runs.PhaseClock(device)  # each phase's time and peak memory, logged
+    clock = stepmetrics.PhaseClock(device)  # each phase's time and peak memory, logged
     run.begin(evaluate)
     for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample one completion per prompt from the policy --------------------------------
@@ -549,7 +550,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         # ---- 4. PPO epochs over minibatches: policy and critic, each with its optimizer ------------
         policy.train()
         critic.train()
-        step_metrics = runs.MinibatchMeans()
+        step_metrics = stepmetrics.MinibatchMeans()
         for epoch in range(args.ppo_epochs):
             # under torchrun: M/N of each rank's B/N rows
             order = torch.randperm(B, generator=minibatch_order)

@@ -1,4 +1,5 @@
-"""PPO-RLHF against reward over-optimisation: ppo.py's loop with the mitigations the literature lists.
+"""PPO-RLHF against reward over-optimisation: ppo.py's loop with the mitigations the literature lists. Copied from
+ppo.py unchanged: no phase (each carries a mitigation's option; tests/test_layout.py checks what a variant copies).
 
 A policy trained on a learned reward finds what the reward model pays for that the task does not. Gao et al.
 2023 ("Scaling Laws for Reward Model Overoptimization", arXiv:2210.10760) measure it against a gold reward:

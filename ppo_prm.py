@@ -1,6 +1,7 @@
 """PPO with a process reward model's dense rewards: each reasoning step's score on the token that ends it, GAE carrying
-it back to the tokens before. A variant of ppo.py: its loop, copied, with phases 2 and 3 changed; the losses, the
-critic, the KL penalty and every option of ppo.py are its.
+it back to the tokens before. A variant of ppo.py: its loop, copied, with phases 2 and 3 changed and the rest following
+the dense rewards and one process; the losses, the critic, the KL penalty and every option of ppo.py are its. Copied
+from ppo.py unchanged: phase 6 (tests/test_layout.py checks).
 
     r_t = -β (log π(y_t|·) - log π_ref(y_t|·)) + Σ_j [t = index(j)] σ(z_j) - [t = T] · missing_eos_penalty · [no EOS]
 z_j is the PRM's logit at step j's last token index(j) (the steps are the completion's lines, found on the sampled

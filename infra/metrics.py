@@ -15,17 +15,18 @@ from pathlib import Path
 import torch
 
 
-def distinct_fraction(completion_ids: torch.Tensor, mask: torch.Tensor, group_size: int) -> float:
+def distinct_fraction(completion_ids: torch.Tensor, mask: torch.Tensor, group_size: int | list[int]) -> float:
     """Mode collapse, measured (logged as completions/distinct): the fraction of distinct completions in each
-    group of `group_size` consecutive rows, averaged over the groups; group_size = B for the whole batch.
-    Completions compare by their tokens up to and including EOS, never by what follows. (B, T) -> float"""
+    group of `group_size` consecutive rows, averaged over the groups; group_size = B for the whole batch, a list
+    for groups of several sizes (each group's, in order). Completions compare by their tokens up to and including
+    EOS, never by what follows. (B, T) -> float"""
     rows = [tuple(ids[m.bool()].tolist()) for ids, m in zip(completion_ids, mask)]
-    groups = [rows[i : i + group_size] for i in range(0, len(rows), group_size)]
+    groups = [[rows[i] for i in g] for g in torch.arange(len(rows)).split(group_size)]
     return sum(len(set(g)) / len(g) for g in groups) / len(groups)
 
 
 def completion_stats(
-    completion_ids: torch.Tensor, mask: torch.Tensor, eos: int, group_size: int, seconds: float
+    completion_ids: torch.Tensor, mask: torch.Tensor, eos: int, group_size: int | list[int], seconds: float
 ) -> dict[str, float]:
     """TRL's names for the completions (B, T) sampled in `seconds`, as floats."""
     lengths = mask.sum(1)  # (B,)

@@ -326,48 +326,6 @@ def progress(steps: int, desc: str, initial: int = 0, leave: bool = True):
     )
 
 
-class PhaseClock:
-    """A step's cost, phase by phase: lap(name) at the end of each phase records its wall time (time/<name>) and the
-    peak memory by then (memory/<name>_gb); stats(tokens) adds time/step and tokens_per_second since start()."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def start(self) -> None:
-        self.begun = self.last = time.time()
-        self.laps = {}
-
-    def lap(self, name: str) -> None:
-        now = time.time()
-        self.laps[f"time/{name}"] = now - self.last
-        self.laps[f"memory/{name}_gb"] = peak_memory_gb(self.device)
-        self.last = now
-
-    def stats(self, tokens: float) -> dict:
-        step = time.time() - self.begun
-        return {**self.laps, "time/step": step, "tokens_per_second": tokens / step}
-
-
-class MinibatchMeans:
-    """A step's metrics over its minibatches, each added once: `token_means` (a loss, a ratio: token means over this
-    rank's rows of a minibatch) weighted by `share`, this rank's part of the minibatch's tokens, × the ranks, so that
-    their mean over the ranks (distributed.mean_over_ranks) is the whole minibatch's token mean; the `plain` ones
-    (gradient norms) as they are. mean() -> the mean over the minibatches, as floats."""
-
-    def __init__(self):
-        self.rows = []
-
-    def add(self, share: float, token_means: dict, plain: dict) -> None:
-        scale = share * distributed.world_size()
-        # a loss still holding its graph: detached, and as a float
-        self.rows.append(
-            {**{k: float(torch.as_tensor(v).detach()) * scale for k, v in token_means.items()}, **plain}
-        )
-
-    def mean(self) -> dict:
-        return {k: sum(float(row[k]) for row in self.rows) / len(self.rows) for k in self.rows[0]}
-
-
 def peak_memory_gb(device: torch.device) -> float:
     """Peak GPU memory allocated on CUDA, else the process's peak resident set size."""
     if device.type == "cuda":

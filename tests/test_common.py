@@ -13,6 +13,7 @@ import transformers
 import common
 from infra import metrics
 from infra import models
+from infra import stepmetrics
 from infra import runs
 from conftest import policy_args
 
@@ -516,6 +517,8 @@ def test_distinct_fraction_per_group_ignores_what_follows_eos():
     assert metrics.distinct_fraction(rows, mask, 2) == pytest.approx(2 / 3)
     # the whole batch: distinct {a, 7, 8} = 3 of 6
     assert metrics.distinct_fraction(rows, mask, 6) == pytest.approx(0.5)
+    # groups of 4 and 2 (grpo_adaptive.py's ragged groups): {a, a, 7, 7} -> 2/4, {8, a} -> 2/2: mean 3/4
+    assert metrics.distinct_fraction(rows, mask, [4, 2]) == pytest.approx(0.75)
 
 
 def test_metrics_keep_six_significant_digits_not_six_decimals(tmp_path):
@@ -543,3 +546,31 @@ def test_a_minus_infinity_logit_gives_a_finite_entropy_and_gradient(fast):
     p = finite.softmax(-1)
     (p.log()[..., 1] - 3.0 * (p * p.log()).sum(-1)).sum().backward()
     assert torch.allclose(logits.grad[..., [0, 2]], finite.grad) and logits.grad[..., 1].item() == 0.0
+
+
+def test_micro_batch_sums_by_hand():
+    """grpo.py's update metrics over 2 micro-batches and μ = 2 iterations: 3 + 1 of the batch's 4 tokens."""
+    masks = [torch.tensor([[1.0, 1.0, 1.0]]), torch.tensor([[1.0, 0.0, 0.0]])]
+    entropy = [torch.tensor([[0.5, 0.5, 2.0]]), torch.tensor([[4.0, 9.0, 9.0]])]
+    sums = stepmetrics.MicroBatchSums(torch.tensor(4.0), iterations=2)
+    for iteration, (kl, loss) in enumerate([((0.2, 0.6), (1.0, 3.0)), ((0.4, 1.0), (2.0, 5.0))]):
+        for i in range(2):
+            token_entropy = entropy[i] if iteration == 0 else None
+            sums.add(
+                {"kl": kl[i]}, masks[i], torch.tensor(loss[i]), weight=[0.75, 0.25][i], entropy=token_entropy
+            )
+    totals = sums.totals()
+    # kl: iteration 0: 0.2·3/4 + 0.6·1/4 = 0.3; iteration 1: 0.4·3/4 + 1.0·1/4 = 0.55; mean 0.425
+    assert totals["kl"] == pytest.approx(0.425)
+    # loss by weight: (1·0.75 + 3·0.25 + 2·0.75 + 5·0.25) / 2 = 2.125
+    assert totals["loss"] == pytest.approx(2.125)
+    # entropy, iteration 0 only: mean(0.5, 0.5, 2) · 3/4 + 4 · 1/4 = 0.75 + 1 = 1.75 (not halved by μ)
+    assert totals["entropy"] == pytest.approx(1.75)
+
+
+def test_minibatch_means_by_hand():
+    """ppo.py's minibatch metrics in one process: token means by their share of the minibatch (here all of it)."""
+    means = stepmetrics.MinibatchMeans()
+    means.add(1.0, {"pg_loss": torch.tensor(2.0, requires_grad=True)}, {"grad_norm": 3.0})
+    means.add(1.0, {"pg_loss": torch.tensor(4.0)}, {"grad_norm": 5.0})
+    assert means.mean() == {"pg_loss": 3.0, "grad_norm": 4.0}

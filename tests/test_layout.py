@@ -2,6 +2,7 @@
 most 120 characters. Pure text, tokenize and ast, no imports of the project; one subprocess imports common.py alone."""
 
 import ast
+import difflib
 import io
 import os
 import re
@@ -62,6 +63,7 @@ BUDGETS = {
     "common": 3050,
     "infra/models": 2000,
     "infra/runs": 3750,
+    "infra/stepmetrics": 500,
     "infra/metrics": 1150,
     "infra/tiny": 300,
     "infra/shapes": 250,
@@ -92,7 +94,7 @@ LAYERS = [
         "infra/decoding",
     ],
     ["infra/runs"],
-    ["infra/models"],
+    ["infra/stepmetrics", "infra/models"],
     ["task/rewards"],
     ["task/tasks"],
     ["task/preferences", "task/stepwise", "task/tools"],
@@ -197,6 +199,56 @@ def test_grpo_main_is_one_loop_with_no_nested_function():
     assert len(loops) == 1, "grpo.py's main() is one loop over the steps"
     phases = re.findall(r"# ---- (\d)\.", ast.get_source_segment((REPO / "grpo.py").read_text(), loops[0]))
     assert phases == [str(i) for i in range(1, 8)], f"the loop's phases run {phases}, not 1 to 7 in order"
+
+
+def main_phases(name: str, reference: str) -> dict[str, list[str]]:
+    """main()'s numbered phases (`# ---- N. title`) as lines of code tokens, comments and indentation left out and the
+    reference's module prefix dropped (`grpo.group_logprobs` in a variant is grpo.py's `group_logprobs`)."""
+    text = (REPO / f"{name}.py").read_text()
+    main = main_of(name)
+    phases = {}
+    current = None
+    for line in text.splitlines()[main.lineno - 1 : main.end_lineno]:
+        heading = re.match(r"\s*# ---- (\d+)\.", line)
+        if heading:
+            current = phases.setdefault(heading.group(1), [])
+        elif current is not None:
+            current.append(line.strip())
+    counted = {tokenize.NAME, tokenize.OP, tokenize.NUMBER, tokenize.STRING}
+    for number, lines in phases.items():
+        tokens = tokenize.generate_tokens(io.StringIO("\n".join(lines)).readline)
+        by_line = {}
+        for t in tokens:
+            if t.type in counted:
+                by_line.setdefault(t.start[0], []).append(t.string)
+        phases[number] = [" ".join(words).replace(f"{reference} . ", "") for words in by_line.values()]
+    return phases
+
+
+def copied_phases(variant: str) -> list[str]:
+    """The phases a variant's docstring says it copies unchanged: `Copied from grpo.py unchanged: phases 1, 4 and 7.`"""
+    docstring = " ".join(ast.get_docstring(ast.parse((REPO / f"{variant}.py").read_text())).split())
+    said = re.search(
+        rf"Copied from {VARIANTS[variant]}\.py unchanged: (no phase|phases? ([\d, and]+))", docstring
+    )
+    assert said, (
+        f"{variant}.py's docstring does not say which phases of {VARIANTS[variant]}.py it copies unchanged"
+    )
+    return re.findall(r"\d+", said.group(2) or "")
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_a_variant_copies_the_phases_it_names_unchanged(variant):
+    """A variant copies its reference's loop (CleanRL's way); the phases its docstring names as copied unchanged must
+    stay the reference's, token for token, when the reference changes."""
+    reference = VARIANTS[variant]
+    ours = main_phases(variant, reference)
+    theirs = main_phases(reference, reference)
+    for number in copied_phases(variant):
+        difference = "\n".join(
+            difflib.unified_diff(theirs[number], ours[number], reference, variant, lineterm="")
+        )
+        assert not difference, f"{variant}.py's phase {number} is no longer {reference}.py's:\n{difference}"
 
 
 def test_a_variant_imports_no_algorithm_but_its_reference():
