@@ -402,15 +402,17 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     check_args(args)
     reward_fn = reward_fn or tasks.VERIFIERS[args.verifier]
     models.set_seed(args.seed)
+    # --device, --precision and --kernels resolved for this machine
     device, precision, kernels_on = models.resolve_run(args.run, args.model)
-    # checked before any model loads; None if new
+    # --resume's trainer state, checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     train_stream, heldout = tasks.load_problems(
         args.dataset, args.seed, args.eval_size, args.prompts_per_step
     )
     train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)  # held-out too
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
-    # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
+    # the policy (LoRA, checkpointing, --decode applied) and π_ref, a frozen copy of the start (None if β = 0)
+    # π_ref is the starting model, also when resuming; with LoRA it is the policy with its adapter off
     policy, ref_model = models.load_policy(
         args, tokenizer, device, precision, kernels_on, resumed, args.beta != 0
     )

@@ -51,3 +51,14 @@ def test_the_quoted_mutation_count_is_the_lists():
     testing = (REPO / "docs" / "testing.md").read_text()
     quoted = re.search(r"The list holds \*\*([\d,]+)\*\* entries", testing).group(1)
     assert number(quoted) == len(mutation_check.MUTATIONS)
+
+
+def test_the_mutation_list_is_data_each_bug_once_aimed_at_a_test_file():
+    """The list lives in tests/mutations/*.toml (a file per test file); the runner stays a short program."""
+    runner = (REPO / "dev" / "mutation_check.py").read_text()
+    assert len(runner.splitlines()) <= 300, (
+        "dev/mutation_check.py is the runner: its list belongs in tests/mutations"
+    )
+    bugs = [(m.file, m.original, m.mutated, m.test_file) for m in mutation_check.MUTATIONS]
+    assert len(set(bugs)) == len(bugs), "a mutation is listed twice for one test file"
+    assert all((REPO / m.test_file).is_file() and (REPO / m.file).is_file() for m in mutation_check.MUTATIONS)

@@ -443,3 +443,22 @@ def test_every_pure_function_is_called_by_a_formula_test():
     print(f"{len(functions)} pure functions, each called by a test of `pytest -m formula`")
     assert len(functions) > 30 and "ppo.compute_gae" in functions and "grpo.grpo_loss" in functions
     assert not unchecked, f"no formula test (pytest -m formula) calls {unchecked}: add one, by hand"
+
+
+def heading_anchor(title: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (letters of any script kept), spaces -> -."""
+    return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+
+
+def test_heading_anchor_by_hand():
+    assert heading_anchor("pass@8 and unearned rewards") == "pass8-and-unearned-rewards"
+    assert heading_anchor("The β trade-off") == "the-β-trade-off"
+    assert heading_anchor("PPO's clip range ε") == "ppos-clip-range-ε"
+
+
+def test_the_results_page_lists_every_section_in_its_contents():
+    text = (REPO / "docs" / "results.md").read_text()
+    headings = re.findall(r"^##+ (.+)$", text, flags=re.M)
+    links = dict(re.findall(r"^ *- \[(.+)\]\(#(.+)\)$", text, flags=re.M))
+    missing = [h for h in headings if h != "Contents" and links.get(h) != heading_anchor(h)]
+    assert not missing, f"docs/results.md's contents lacks (or links wrongly) {missing}"
