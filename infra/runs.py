@@ -272,10 +272,13 @@ def make_run_dir(
     base = Path(output_dir) / f"{algo}-{name}-{seed}-{stamp}"
     run_dir = base
     n = 1
-    while run_dir.exists():  # two runs started in the same second
-        run_dir = base.with_name(f"{base.name}-{n}")
-        n = n + 1
-    run_dir.mkdir(parents=True)
+    while True:
+        try:  # mkdir either creates the folder or fails: two processes never both take one name
+            run_dir.mkdir(parents=True)
+            break
+        except FileExistsError:  # two runs started in the same second
+            run_dir = base.with_name(f"{base.name}-{n}")
+            n = n + 1
     (run_dir / "args.json").write_text(json.dumps(asdict(args), indent=2) + "\n")
     _RUN_DIR = run_dir
     return run_dir

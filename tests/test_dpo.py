@@ -93,6 +93,22 @@ def test_rewards_are_detached_and_the_loss_pushes_chosen_up_and_rejected_down():
     assert chosen.grad.item() == pytest.approx(-0.05) and rejected.grad.item() == pytest.approx(0.05)
 
 
+@pytest.mark.parametrize(
+    "margin, weight",
+    # β σ(-β h) at β = 0.5: σ(1) = 0.731059, σ(0) = 0.5, σ(-0.5) = 0.377541, σ(-2) = 0.119203, each × 0.5
+    [(-2.0, 0.365529), (0.0, 0.25), (1.0, 0.188771), (4.0, 0.059601)],
+)
+def test_the_gradient_weight_is_beta_sigma_of_minus_beta_h(margin, weight):
+    """DPO §4: ∇L = -β σ(-β h) (∇log π(y_w) - ∇log π(y_l)): a pair the policy already ranks right by a wide margin
+    h weighs little, a pair it ranks wrong weighs most. h = margin here (the reference's log-ratios are 0)."""
+    chosen = torch.tensor([margin], requires_grad=True)
+    rejected = torch.tensor([0.0], requires_grad=True)
+    losses, _, _ = dpo_loss(chosen, rejected, torch.tensor([0.0]), torch.tensor([0.0]), beta=0.5)
+    losses.sum().backward()
+    assert chosen.grad.item() == pytest.approx(-weight, abs=1e-6)
+    assert rejected.grad.item() == pytest.approx(weight, abs=1e-6)
+
+
 # ---- the concatenated forward -------------------------------------------------------------------------------------
 PAIR_ROWS = [
     {"prompt": "What is 3 + 4?", "chosen": "7", "rejected": "3 + 4 = 8, I think"},

@@ -684,3 +684,28 @@ def test_the_expected_duration_counts_pass_at_k_in_the_last_evaluation_only(monk
         "grpo: step 1 took 5.0 s; about 1.6 min to go (steps: 9, evaluations: 3)",
         "grpo: step 2 took 3.0 s; about 1.2 min to go (steps: 8, evaluations: 3)",
     ]
+
+
+def test_two_runs_started_in_the_same_second_take_two_folders_even_racing(tmp_path, monkeypatch):
+    """A run folder is named by the second it starts; a second run in that second takes `-1`. Two processes at once
+    both see the name free before either creates it: the folder is taken by mkdir alone, which one of them fails."""
+    args = grpo.Args(model="tiny")
+    first = runs.make_run_dir(str(tmp_path), "grpo", "tiny", 0, args)
+    # the other process's view: the name looked free an instant ago
+    monkeypatch.setattr(Path, "exists", lambda self: False)
+    monkeypatch.setattr(runs.datetime, "datetime", FrozenClock(first.name.removeprefix("grpo-tiny-0-")))
+    second = runs.make_run_dir(str(tmp_path), "grpo", "tiny", 0, args)
+    assert second.name == f"{first.name}-1" and (second / "args.json").is_file()
+
+
+class FrozenClock:
+    """datetime.datetime with now() fixed at a stamp (%Y%m%d-%H%M%S), the same second for every run."""
+
+    def __init__(self, stamp: str):
+        self.stamp = stamp
+
+    def now(self):
+        return self
+
+    def strftime(self, _format: str) -> str:
+        return self.stamp
