@@ -20,6 +20,7 @@ Options from later papers, each off by default unless said:
   ratio per completion.
 - CISPO (MiniMax 2025, arXiv:2506.13585, eq. 4): `--loss-type cispo`, REINFORCE weighted by
   sg(min(ρ_it, 1+ε_high)).
+- INTELLECT-2 (arXiv:2505.07291): `--delta 4`, two-sided clipping: ρ capped where Â < 0 too.
 - Weighted rewards (`--rewards correct format --reward-weights 1 0.5`), summed, then normalised per
   group, as TRL does; `format` pays DeepSeek-R1's `<think>…</think><answer>…</answer>`
   (arXiv:2501.12948), `--prompt-style r1` asks for it.
@@ -142,6 +143,8 @@ class Args:
     """ρ per token (GRPO), or per completion (GSPO: exp(mean log ρ); use far smaller eps, e.g. 3e-4 / 4e-4)"""
     loss_type: Literal["clip", "cispo"] = "clip"
     """PPO's clipped surrogate, or CISPO: -sg(min(ρ, 1 + eps_high)) Â log π on every token (eps_low unused)"""
+    delta: Annotated[Optional[float], runs.none_means("off", "FLOAT")] = None
+    """INTELLECT-2's two-sided clipping: ρ capped at delta where Â < 0 too (above 1 + eps_high; e.g. 4)"""
     loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
     """loss aggregation: GRPO (per-sequence mean), DAPO (per-token mean), Dr. GRPO (sum / (B ×
     max_new_tokens))"""
@@ -202,6 +205,10 @@ def check_args(args: Args) -> None:
         f"--batch-size must be at least 1, not {args.batch_size}",
     )
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps-low must be in [0, 1) and --eps-high >= 0")
+    require(
+        args.delta is None or args.delta > 1 + args.eps_high,
+        f"--delta must be above 1 + --eps-high ({1 + args.eps_high}), not {args.delta}",
+    )
     require(
         args.overlong_buffer < args.max_new_tokens, "--overlong-buffer must be smaller than --max-new-tokens"
     )
@@ -271,6 +278,7 @@ def grpo_loss(
     importance_level: str = "token",
     loss_type: str = "clip",  # GSPO: "sequence"; CISPO: "cispo"
     is_weights: Optional[torch.Tensor] = None,  # (B, T) π_train / π_sampler, capped, constant (grpo_async.py)
+    delta: Optional[float] = None,  # INTELLECT-2's cap on ρ where Â < 0 (two-sided clipping); None: off
 ) -> tuple[torch.Tensor, dict]:
     """The negated GRPO objective (see the module docstring), to be minimised.
 
@@ -282,6 +290,8 @@ def grpo_loss(
                                padded width of this batch, so adding padding changes nothing)
     GSPO (eq. 5): s_i = exp(1/|o_i| Σ_t log ρ_it) for every ρ_it of o_i, clipped whole, gradient through the mean.
     CISPO (MiniMax-M1 eq. 4): l_it = -sg(min(ρ_it, 1+eps_high)) Â_i log π_θ(o_it); no lower bound, no gradient lost.
+    delta (INTELLECT-2, Prime Intellect 2025, arXiv:2505.07291, two-sided clipping): the unclipped term reads min(ρ, δ),
+    so for Â < 0 the loss stops growing (and its gradient stops) at ρ = δ; for Â > 0 nothing changes (δ > 1+eps_high).
     is_weights multiply each token's policy-gradient term, not its KL (as TRL): the tokens came from the
     sampler, π_θold is the trainer's (AReaL's decoupled PPO, Fu et al. 2025, arXiv:2505.24298).
     Returns (loss, metrics) with metrics as floats, token means over this batch's mask: kl (only
@@ -295,7 +305,7 @@ def grpo_loss(
         log_ratio = masked_mean(log_ratio, mask, dim=1)[:, None].expand_as(log_ratio)
     ratio = torch.exp(log_ratio)  # (B, T)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
-    pg_loss1 = -adv * ratio
+    pg_loss1 = -adv * (ratio if delta is None else torch.clamp(ratio, max=delta))
     pg_loss2 = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.max(pg_loss1, pg_loss2)  # (B, T) pessimistic bound, PPO eq. 7
     if loss_type == "cispo":  # instead: the weight is a constant, so every token's gradient is -w Â ∇log π
@@ -548,6 +558,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         kl_kind=args.kl_estimator,
                         importance_level=args.importance_level,
                         loss_type=args.loss_type,
+                        delta=args.delta,
                     )
                     run.check_finite(loss, step)
                     weight = micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)

@@ -347,6 +347,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         kl_kind=args.kl_estimator,
                         importance_level=args.importance_level,
                         loss_type=args.loss_type,
+                        delta=args.delta,
                         is_weights=is_weights,
                     )
                     if args.is_correction != "none":

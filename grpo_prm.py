@@ -216,6 +216,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         kl_kind=args.kl_estimator,
                         importance_level=args.importance_level,
                         loss_type=args.loss_type,
+                        delta=args.delta,
                     )
                     run.check_finite(loss, step)
                     weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)

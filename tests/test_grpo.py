@@ -330,6 +330,25 @@ def test_a_clipped_token_gets_no_gradient_under_the_clip_and_one_under_cispo():
     )
 
 
+def test_delta_caps_the_ratio_of_a_negative_advantage_and_leaves_a_positive_one_to_the_clip():
+    """INTELLECT-2's two-sided clipping, 4 one-token completions, ε = 0.2, δ = 4, seq-mean-token-mean:
+    ρ = 5, Â = -1:  max(1 · min(5, 4), 1 · 1.2) = 4     (without δ: 5), no gradient: capped
+    ρ = 2, Â = -1:  max(1 · 2, 1 · 1.2) = 2             under δ: the gradient ρ = 2, as without δ
+    ρ = 5, Â = 1:   max(-min(5, 4), -1.2) = -1.2        the clip binds first: no gradient, as without δ
+    ρ = 0.5, Â = 1: max(-0.5, -0.8) = -0.5              gradient -ρ = -0.5
+    loss (4 + 2 - 1.2 - 0.5) / 4 = 1.075; gradients ÷ 4."""
+    ratios = torch.tensor([[5.0], [2.0], [5.0], [0.5]])
+    logprobs = ratios.log().requires_grad_(True)
+    advantages = torch.tensor([-1.0, -1.0, 1.0, 1.0])
+    options = dict(beta=0.0, eps_low=0.2, eps_high=0.2)
+    loss, _ = grpo_loss(logprobs, torch.zeros(4, 1), None, advantages, torch.ones(4, 1), delta=4.0, **options)
+    loss.backward()
+    assert loss.item() == pytest.approx(1.075, abs=1e-6)
+    assert logprobs.grad.flatten().tolist() == pytest.approx([0.0, 0.5, 0.0, -0.125], abs=1e-6)
+    without, _ = grpo_loss(ratios.log(), torch.zeros(4, 1), None, advantages, torch.ones(4, 1), **options)
+    assert without.item() == pytest.approx((5 + 2 - 1.2 - 0.5) / 4, abs=1e-6)
+
+
 @pytest.mark.parametrize("importance_level", ["token", "sequence"])
 @pytest.mark.parametrize("loss_type", ["clip", "cispo"])
 def test_with_old_equal_to_current_the_ratio_is_exactly_one(importance_level, loss_type):
@@ -966,6 +985,7 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
         (dict(overlong_buffer=8), "--overlong-buffer must be smaller"),
         (dict(pass_k=-1), "--pass-k must be 0"),
         (dict(rewards=("correct", "format"), reward_weights=(1.0,)), "--reward-weights: one per --rewards"),
+        (dict(delta=1.1), r"--delta must be above 1 \+ --eps-high \(1.2\), not 1.1"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
