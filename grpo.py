@@ -14,6 +14,7 @@ Objective (DeepSeekMath, Shao et al. 2024, arXiv:2402.03300, eq. 3), maximised:
 Options from later papers, each off by default unless said:
 - DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (`--eps-high 0.28`), token-level loss (`--loss-agg
   token-mean`), dynamic sampling (`--dynamic-sampling`), overlong reward shaping (`--overlong-buffer`).
+- DAPO's overlong filtering, `--mask-truncated-completions`: a completion cut at the length limit carries no loss.
 - Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): no std scaling (`--no-scale-by-std`) and
   `--loss-agg seq-mean-token-sum-norm` (divide by B × max_new_tokens, a constant).
 - GSPO (Zheng et al. 2025, arXiv:2507.18071, eq. 5): `--importance-level sequence`, one clipped
@@ -152,6 +153,9 @@ class Args:
     """divide advantages by the group's reward std (off in Dr. GRPO)"""
     dynamic_sampling: bool = False
     """drop groups whose rewards are all equal (DAPO); a batch left with none still counts as a step"""
+    mask_truncated_completions: bool = False
+    """DAPO's overlong filtering: a completion cut at max_new_tokens (no EOS) carries no loss (its reward still
+    counts in its group's advantages)"""
     overlong_buffer: int = 0
     """DAPO's soft overlong punishment over the last this-many tokens before max_new_tokens (0 = off)"""
     overlong_penalty: float = 1.0
@@ -352,6 +356,14 @@ def weighted_rewards(per_reward: torch.Tensor, weights: torch.Tensor) -> torch.T
     return (per_reward * weights).sum(dim=1)
 
 
+def loss_rows(completion_ids: torch.Tensor, eos: int, mask_truncated: bool) -> torch.Tensor:
+    """DAPO's overlong filtering (Yu et al. 2025, arXiv:2503.14476, §3.4): with mask_truncated, 0 for a completion
+    cut at the length limit (no EOS), whose loss is then masked out, and 1 for one that ended; all 1 without.
+    (B, T) -> (B,)"""
+    ended = (completion_ids == eos).any(dim=1)
+    return (ended | (not mask_truncated)).float()
+
+
 def micro_batch_weight(loss_agg: str, micro_mask: torch.Tensor, batch_tokens: int, batch_rows: int) -> float:
     """Weight of one micro-batch's loss so that the accumulated gradient equals the full batch's
     (every rank's): sequence-level aggregations average over sequences, so a micro-batch counts by
@@ -506,6 +518,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         completion_ids, mask = completion_ids[keep, :width], mask[keep, :width]
         sampler_logprobs = sampler_logprobs[keep, :width]
         advantages = advantages[keep]
+        # DAPO's overlong filtering: a completion cut at --max-new-tokens (no EOS) carries no loss
+        mask = (
+            mask * loss_rows(completion_ids, tokenizer.eos_token_id, args.mask_truncated_completions)[:, None]
+        )
         B = completion_ids.shape[0]
         update = B > 0  # a batch left with no group makes no update, but counts as a step
         t1 = time.time()
@@ -516,7 +532,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             sequences = (prompt_ids, prompt_mask, completion_ids)
             micro = min(args.batch_size or B, B)
             slices = [slice(i, min(i + micro, B)) for i in range(0, B, micro)]
-            batch_tokens = distributed.all_sum(mask.sum())  # every rank's
+            batch_tokens = distributed.all_sum(mask.sum()).clamp(min=1)  # every rank's (1: every row masked)
             batch_rows = distributed.all_sum(B)
             with torch.no_grad():
                 # μ = 1: π_θold is the current π, old = current.detach() below (ρ = 1 exactly); μ > 1: frozen here

@@ -268,6 +268,11 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         completion_ids, mask = completion_ids[keep, :width], mask[keep, :width]
         sampler_logprobs = sampler_logprobs[keep, :width]
         advantages = advantages[keep]
+        # DAPO's overlong filtering: a completion cut at --max-new-tokens (no EOS) carries no loss
+        mask = (
+            mask
+            * grpo.loss_rows(completion_ids, tokenizer.eos_token_id, args.mask_truncated_completions)[:, None]
+        )
         return Batch(
             prompt_ids,
             prompt_mask,
@@ -301,7 +306,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             sequences = (prompt_ids, prompt_mask, completion_ids)
             micro = min(args.batch_size or B, B)
             slices = [slice(i, min(i + micro, B)) for i in range(0, B, micro)]
-            batch_tokens = distributed.all_sum(mask.sum())  # every rank's
+            batch_tokens = distributed.all_sum(mask.sum()).clamp(min=1)  # every rank's (1: every row masked)
             batch_rows = distributed.all_sum(B)
             with torch.no_grad():
                 # μ = 1: π_θold is the current π, old = current.detach() below (ρ = 1 exactly); μ > 1: frozen here

@@ -63,6 +63,7 @@ NOT_READ = (
     "rewards",
     "reward_weights",
     "dynamic_sampling",
+    "mask_truncated_completions",
     "overlong_buffer",
     "overlong_penalty",
     "pass_k",

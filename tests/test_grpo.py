@@ -29,6 +29,7 @@ from conftest import (
     write,
 )
 from grpo import (
+    loss_rows,
     Args,
     group_advantages,
     grpo_loss,
@@ -347,6 +348,15 @@ def test_delta_caps_the_ratio_of_a_negative_advantage_and_leaves_a_positive_one_
     assert logprobs.grad.flatten().tolist() == pytest.approx([0.0, 0.5, 0.0, -0.125], abs=1e-6)
     without, _ = grpo_loss(ratios.log(), torch.zeros(4, 1), None, advantages, torch.ones(4, 1), **options)
     assert without.item() == pytest.approx((5 + 2 - 1.2 - 0.5) / 4, abs=1e-6)
+
+
+def test_overlong_filtering_masks_only_the_completions_cut_at_the_limit():
+    """DAPO §3.4: rows 0 and 2 end with EOS (2), row 1 is cut at the limit and row 3 is all padding after an EOS at
+    position 0: only row 1 loses its loss, and only when asked."""
+    eos = 2
+    completion_ids = torch.tensor([[5, 2, 0], [5, 6, 7], [2, 0, 0], [2, 9, 9]])
+    assert loss_rows(completion_ids, eos, mask_truncated=True).tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert loss_rows(completion_ids, eos, mask_truncated=False).tolist() == [1.0, 1.0, 1.0, 1.0]
 
 
 @pytest.mark.parametrize("importance_level", ["token", "sequence"])
