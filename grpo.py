@@ -15,7 +15,8 @@ Options from later papers, each off by default unless said:
 - DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher (`--eps-high 0.28`), token-level loss (`--loss-agg
   token-mean`), dynamic sampling (`--dynamic-sampling`), overlong reward shaping (`--overlong-buffer`).
 - DAPO's overlong filtering, `--mask-truncated-completions`: a completion cut at the length limit carries no loss.
-- Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): no std scaling (`--no-scale-by-std`) and
+- Lite PPO (Liu et al. 2025, arXiv:2508.08221): the batch's std in Â, `--scale-rewards batch`.
+- Dr. GRPO (Liu et al. 2025, arXiv:2503.20783): no std scaling (`--scale-rewards none`, or `--no-scale-by-std`) and
   `--loss-agg seq-mean-token-sum-norm` (divide by B × max_new_tokens, a constant).
 - GSPO (Zheng et al. 2025, arXiv:2507.18071, eq. 5): `--importance-level sequence`, one clipped
   ratio per completion.
@@ -150,7 +151,9 @@ class Args:
     """loss aggregation: GRPO (per-sequence mean), DAPO (per-token mean), Dr. GRPO (sum / (B ×
     max_new_tokens))"""
     scale_by_std: bool = True
-    """divide advantages by the group's reward std (off in Dr. GRPO)"""
+    """divide advantages by a reward std (off in Dr. GRPO: --no-scale-by-std is --scale-rewards none)"""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """the std Â is divided by: its group's (GRPO), the batch's (Lite PPO, arXiv 2508.08221), or none (Dr. GRPO)"""
     dynamic_sampling: bool = False
     """drop groups whose rewards are all equal (DAPO); a batch left with none still counts as a step"""
     mask_truncated_completions: bool = False
@@ -210,6 +213,14 @@ def check_args(args: Args) -> None:
     )
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps-low must be in [0, 1) and --eps-high >= 0")
     require(
+        args.scale_by_std or args.scale_rewards == "group",
+        "--no-scale-by-std is --scale-rewards none: give one of the two",
+    )
+    require(
+        distributed.world_size() == 1 or args.scale_rewards != "batch",
+        "--scale-rewards batch does not run under torchrun yet (each rank would divide by its own part's std)",
+    )
+    require(
         args.delta is None or args.delta > 1 + args.eps_high,
         f"--delta must be above 1 + --eps-high ({1 + args.eps_high}), not {args.delta}",
     )
@@ -226,19 +237,28 @@ def check_args(args: Args) -> None:
 # The math: advantages, KL, loss
 # ---------------------------------------------------------------------------------------------
 def group_advantages(
-    rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-4
+    rewards: torch.Tensor,
+    group_size: int,
+    scale_by_std: bool = True,
+    eps: float = 1e-4,
+    std_over: str = "group",
 ) -> torch.Tensor:
     """Â_i = (r_i - mean(r_group)) / (std(r_group) + eps), DeepSeekMath §4.1.2. (N,) -> (N,)
 
     Groups are consecutive runs of `group_size`; std is the population std (÷ G). With
-    scale_by_std=False (Dr. GRPO) only the mean is subtracted. A group whose rewards are all equal
+    scale_by_std=False (Dr. GRPO) only the mean is subtracted. std_over="batch" divides by the std of every
+    reward given instead (Lite PPO, Liu et al. 2025, arXiv:2508.08221: the group's mean, the batch's std), so a
+    group of nearly equal rewards is not blown up by its own tiny std. A group whose rewards are all equal
     gets exactly zero advantages either way, found as max == min: the float32 std of eight copies of
     0.7 is 6e-8, not 0, and (r - mean) / (std + eps) gives ±6e-4.
     """
     grouped = rewards.view(-1, group_size)  # (P, G)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if scale_by_std:
-        centered = centered / (grouped.std(dim=1, unbiased=False, keepdim=True) + eps)
+        spread = grouped.std(dim=1, unbiased=False, keepdim=True)  # (P, 1) each group's
+        if std_over == "batch":
+            spread = rewards.std(unbiased=False)  # () every reward's
+        centered = centered / (spread + eps)
     all_equal = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)  # (P, 1)
     return torch.where(all_equal, 0.0, centered).reshape(-1)
 
@@ -506,7 +526,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         )
 
         # ---- 3. group-relative advantages -------------------------------------------------------
-        advantages = group_advantages(rewards, G, args.scale_by_std)  # (B,)
+        scale = args.scale_rewards if args.scale_by_std else "none"  # --no-scale-by-std: none
+        advantages = group_advantages(rewards, G, scale != "none", std_over=scale)  # (B,)
         stats = reward_stats(rewards, scores, scored, args.rewards, G, learned is not None)
         stats.update(metrics.completion_stats(completion_ids, mask, tokenizer.eos_token_id, G, time_generate))
         # DAPO's dynamic sampling drops the groups whose every advantage is 0 (equal rewards)

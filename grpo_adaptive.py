@@ -59,8 +59,8 @@ def check_args(args: Args) -> None:
         f"--first-samples must be at least 2 and below --group-size {args.group_size}, not {args.first_samples}",
     )
     require(
-        args.reward_model is None,
-        "--reward-model is not supported here: its prompts would have to follow the ragged groups; use grpo.py",
+        args.reward_model is None and args.scale_rewards == "group",
+        "--reward-model and --scale-rewards are not supported here: the ragged groups normalise their own; use grpo.py",
     )
 
 

@@ -256,7 +256,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         )
 
         # ---- 3. group-relative advantages -------------------------------------------------------
-        advantages = grpo.group_advantages(rewards, G, args.scale_by_std)  # (B,)
+        scale = args.scale_rewards if args.scale_by_std else "none"  # --no-scale-by-std: none
+        advantages = grpo.group_advantages(rewards, G, scale != "none", std_over=scale)  # (B,)
         stats = grpo.reward_stats(rewards, scores, scored, args.rewards, G, learned is not None)
         stats.update(metrics.completion_stats(completion_ids, mask, tokenizer.eos_token_id, G, time_generate))
         # DAPO's dynamic sampling drops the groups whose every advantage is 0 (equal rewards)

@@ -64,6 +64,7 @@ NOT_READ = (
     "reward_weights",
     "dynamic_sampling",
     "mask_truncated_completions",
+    "scale_rewards",
     "overlong_buffer",
     "overlong_penalty",
     "pass_k",

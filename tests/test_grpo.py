@@ -73,6 +73,14 @@ def test_group_advantages_eps_and_groups_are_consecutive():
     assert adv.tolist() == pytest.approx([1.407095, -0.469032, -0.469032, -0.469032, 0, 0, 0, 0], abs=1e-6)
 
 
+def test_group_advantages_with_the_batch_std_centre_on_the_group_and_divide_by_the_batch():
+    # Lite PPO: rewards (1, 0 | 3, 3), G = 2. Group means 0.5 and 3; the batch's population std: mean 1.75,
+    # squares 0.5625 + 3.0625 + 1.5625 + 1.5625 = 6.75, / 4 = 1.6875, √ = 1.299038; ±0.5 / 1.299038 = ±0.384900.
+    # The second group is all equal: 0. With its group's std (0.5) the first would be ±1.
+    adv = group_advantages(torch.tensor([1.0, 0.0, 3.0, 3.0]), group_size=2, eps=0.0, std_over="batch")
+    assert adv.tolist() == pytest.approx([0.384900, -0.384900, 0.0, 0.0], abs=1e-6)
+
+
 def test_group_advantages_without_std_scaling_only_centres():
     adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 3.0]), group_size=2, scale_by_std=False)
     assert adv.tolist() == [0.5, -0.5, -0.5, 0.5, 0.0, 0.0]
@@ -996,6 +1004,7 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
         (dict(pass_k=-1), "--pass-k must be 0"),
         (dict(rewards=("correct", "format"), reward_weights=(1.0,)), "--reward-weights: one per --rewards"),
         (dict(delta=1.1), r"--delta must be above 1 \+ --eps-high \(1.2\), not 1.1"),
+        (dict(scale_by_std=False, scale_rewards="batch"), "--no-scale-by-std is --scale-rewards none"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
