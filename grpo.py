@@ -23,6 +23,8 @@ Options from later papers, each off by default unless said:
 - CISPO (MiniMax 2025, arXiv:2506.13585, eq. 4): `--loss-type cispo`, REINFORCE weighted by
   sg(min(ρ_it, 1+ε_high)).
 - INTELLECT-2 (arXiv:2505.07291): `--delta 4`, two-sided clipping: ρ capped where Â < 0 too.
+- The entropy: a bonus `--entropy-coef`, and `--top-entropy-quantile 0.2` (Wang et al. 2025, arXiv:2506.01939): the
+  policy gradient on the fifth of the tokens of highest entropy only.
 - Weighted rewards (`--rewards correct format --reward-weights 1 0.5`), summed, then normalised per
   group, as TRL does; `format` pays DeepSeek-R1's `<think>…</think><answer>…</answer>`
   (arXiv:2501.12948), `--prompt-style r1` asks for it.
@@ -145,6 +147,11 @@ class Args:
     """ρ per token (GRPO), or per completion (GSPO: exp(mean log ρ); use far smaller eps, e.g. 3e-4 / 4e-4)"""
     loss_type: Literal["clip", "cispo"] = "clip"
     """PPO's clipped surrogate, or CISPO: -sg(min(ρ, 1 + eps_high)) Â log π on every token (eps_low unused)"""
+    entropy_coef: float = 0.0
+    """an entropy bonus: -entropy_coef × each token's entropy in its loss (0 = off)"""
+    top_entropy_quantile: float = 1.0
+    """only this share of the tokens, those of the highest entropy, carry the policy gradient (arXiv 2506.01939:
+    0.2; 1 = all)"""
     delta: Annotated[Optional[float], runs.none_means("off", "FLOAT")] = None
     """INTELLECT-2's two-sided clipping: ρ capped at delta where Â < 0 too (above 1 + eps_high; e.g. 4)"""
     loss_agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = "seq-mean-token-mean"
@@ -212,6 +219,7 @@ def check_args(args: Args) -> None:
         f"--batch-size must be at least 1, not {args.batch_size}",
     )
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps-low must be in [0, 1) and --eps-high >= 0")
+    require(0 < args.top_entropy_quantile <= 1, "--top-entropy-quantile must be in (0, 1]")
     require(
         args.scale_by_std or args.scale_rewards == "group",
         "--no-scale-by-std is --scale-rewards none: give one of the two",
@@ -303,6 +311,9 @@ def grpo_loss(
     loss_type: str = "clip",  # GSPO: "sequence"; CISPO: "cispo"
     is_weights: Optional[torch.Tensor] = None,  # (B, T) π_train / π_sampler, capped, constant (grpo_async.py)
     delta: Optional[float] = None,  # INTELLECT-2's cap on ρ where Â < 0 (two-sided clipping); None: off
+    entropy: Optional[torch.Tensor] = None,  # (B, T) the policy's token entropy, with its gradient, or None
+    entropy_coef: float = 0.0,  # the entropy bonus: -coef · H_it in each token's loss
+    top_entropy_quantile: float = 1.0,  # the share of tokens, by entropy, that carry the policy gradient
 ) -> tuple[torch.Tensor, dict]:
     """The negated GRPO objective (see the module docstring), to be minimised.
 
@@ -316,6 +327,9 @@ def grpo_loss(
     CISPO (MiniMax-M1 eq. 4): l_it = -sg(min(ρ_it, 1+eps_high)) Â_i log π_θ(o_it); no lower bound, no gradient lost.
     delta (INTELLECT-2, Prime Intellect 2025, arXiv:2505.07291, two-sided clipping): the unclipped term reads min(ρ, δ),
     so for Â < 0 the loss stops growing (and its gradient stops) at ρ = δ; for Â > 0 nothing changes (δ > 1+eps_high).
+    top_entropy_quantile q < 1 (Wang et al. 2025, arXiv:2506.01939): only the tokens of the highest entropy, a share q
+    of this batch's (high_entropy_mask), keep their policy-gradient term; the KL stays on every token, as TRL.
+    entropy_coef c: l_it - c H_it, aggregated as the rest, so the bonus means the same under every loss_agg.
     is_weights multiply each token's policy-gradient term, not its KL (as TRL): the tokens came from the
     sampler, π_θold is the trainer's (AReaL's decoupled PPO, Fu et al. 2025, arXiv:2505.24298).
     Returns (loss, metrics) with metrics as floats, token means over this batch's mask: kl (only
@@ -336,6 +350,10 @@ def grpo_loss(
         per_token = -torch.clamp(ratio, max=1.0 + eps_high).detach() * adv * logprobs
     if is_weights is not None:
         per_token = per_token * is_weights
+    if top_entropy_quantile < 1.0:
+        per_token = per_token * high_entropy_mask(entropy.detach(), mask, top_entropy_quantile)
+    if entropy_coef != 0.0:
+        per_token = per_token - entropy_coef * entropy
     kl = None
     if beta != 0.0:
         if ref_logprobs is None:
@@ -367,6 +385,13 @@ def grpo_loss(
         if kl is not None:
             metrics["kl"] = masked_mean(kl, mask).item()
     return loss, metrics
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """1 on the tokens whose entropy is in the top `quantile` share of the masked tokens' (at or above their
+    (1 - quantile) quantile, linearly interpolated as torch.quantile), 0 elsewhere. (B, T), (B, T) -> (B, T)"""
+    threshold = torch.quantile(entropy[mask.bool()].float(), 1.0 - quantile)
+    return (entropy >= threshold).to(mask.dtype) * mask
 
 
 def weighted_rewards(per_reward: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -425,15 +450,54 @@ def reward_stats(
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-def group_logprobs(model, sequences: tuple, rows: slice, group_size: int, temperature: float, entropy=False):
-    """log π of the completions in `rows` (and their entropy), each prompt encoded once for its group's rows: row r
-    belongs to prompt r // G. sequences = (prompt_ids (P, S), prompt_mask (P, S), completion_ids (B, T)) ->
-    (B_rows, T), and (B_rows, T) or None"""
+def entropy_wanted(args: Args, iteration: int) -> tuple[bool, bool]:
+    """(compute the entropy, with its gradient): iteration 0's is logged, the sampling policy's; the loss reads it at
+    every iteration when it has an entropy bonus (then with its gradient) or keeps only the high-entropy tokens."""
+    in_loss = args.entropy_coef != 0 or args.top_entropy_quantile < 1
+    return iteration == 0 or in_loss, args.entropy_coef != 0
+
+
+def loss_options(args: Args) -> dict:
+    """grpo_loss's options as the command line sets them: the same for every micro-batch and iteration."""
+    return dict(
+        eps_low=args.eps_low,
+        eps_high=args.eps_high,
+        beta=args.beta,
+        loss_agg=args.loss_agg,
+        max_completion_length=args.max_new_tokens,
+        kl_kind=args.kl_estimator,
+        importance_level=args.importance_level,
+        loss_type=args.loss_type,
+        delta=args.delta,
+        entropy_coef=args.entropy_coef,
+        top_entropy_quantile=args.top_entropy_quantile,
+    )
+
+
+def group_logprobs(
+    model,
+    sequences: tuple,
+    rows: slice,
+    group_size: int,
+    temperature: float,
+    entropy=False,
+    entropy_grad=False,
+):
+    """log π of the completions in `rows` (and their entropy, with its gradient if entropy_grad), each prompt encoded
+    once for its group's rows: row r belongs to prompt r // G. sequences = (prompt_ids (P, S), prompt_mask (P, S),
+    completion_ids (B, T)) -> (B_rows, T), and (B_rows, T) or None"""
     prompt_ids, prompt_mask, completion_ids = sequences
     groups = torch.arange(rows.start, rows.stop, device=completion_ids.device) // group_size
     prompts, repeats = torch.unique_consecutive(groups, return_counts=True)
     return common.completion_logprobs(
-        model, prompt_ids[prompts], prompt_mask[prompts], completion_ids[rows], repeats, temperature, entropy
+        model,
+        prompt_ids[prompts],
+        prompt_mask[prompts],
+        completion_ids[rows],
+        repeats,
+        temperature,
+        entropy,
+        entropy_grad=entropy_grad,
     )
 
 
@@ -577,7 +641,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             for iteration in range(args.num_iterations):
                 for s in slices:
                     logprobs, entropy = group_logprobs(
-                        policy, sequences, s, G, args.temperature, iteration == 0
+                        policy, sequences, s, G, args.temperature, *entropy_wanted(args, iteration)
                     )
                     # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
                     old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
@@ -587,21 +651,14 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         ref_logprobs[s] if ref_logprobs is not None else None,
                         advantages[s],
                         mask[s],
-                        eps_low=args.eps_low,
-                        eps_high=args.eps_high,
-                        beta=args.beta,
-                        loss_agg=args.loss_agg,
-                        max_completion_length=args.max_new_tokens,
-                        kl_kind=args.kl_estimator,
-                        importance_level=args.importance_level,
-                        loss_type=args.loss_type,
-                        delta=args.delta,
+                        entropy=entropy,
+                        **loss_options(args),
                     )
                     run.check_finite(loss, step)
                     weight = micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
-                    # kl, clip_ratio: token means over the whole batch; entropy: iteration 0's (None after)
-                    sums.add(m, mask[s], loss, weight, entropy)
+                    # kl, clip_ratio: token means over the whole batch; the entropy logged: iteration 0's, the sampler's
+                    sums.add(m, mask[s], loss, weight, entropy if iteration == 0 else None)
                     if iteration == 0:  # π_θold's log-probs, to hold against the sampler's
                         trainer_logprobs.append(old)
                 # Σ over the ranks: each one's loss is its part of the batch's

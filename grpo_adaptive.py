@@ -62,6 +62,10 @@ def check_args(args: Args) -> None:
         args.reward_model is None and args.scale_rewards == "group",
         "--reward-model and --scale-rewards are not supported here: the ragged groups normalise their own; use grpo.py",
     )
+    require(
+        args.entropy_coef == 0 and args.top_entropy_quantile == 1,
+        "--entropy-coef and --top-entropy-quantile are grpo.py's: the ragged forward logs the entropy only",
+    )
 
 
 def ragged_group_advantages(
@@ -309,15 +313,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         ref_logprobs[s] if ref_logprobs is not None else None,
                         advantages[s],
                         mask[s],
-                        eps_low=args.eps_low,
-                        eps_high=args.eps_high,
-                        beta=args.beta,
-                        loss_agg=args.loss_agg,
-                        max_completion_length=args.max_new_tokens,
-                        kl_kind=args.kl_estimator,
-                        importance_level=args.importance_level,
-                        loss_type=args.loss_type,
-                        delta=args.delta,
+                        **grpo.loss_options(args),
                     )
                     run.check_finite(loss, step)
                     weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)

@@ -207,7 +207,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             for iteration in range(args.num_iterations):
                 for s in slices:
                     logprobs, entropy = grpo.group_logprobs(
-                        policy, sequences, s, G, args.temperature, iteration == 0
+                        policy, sequences, s, G, args.temperature, *grpo.entropy_wanted(args, iteration)
                     )
                     # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
                     old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
@@ -217,21 +217,14 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         ref_logprobs[s] if ref_logprobs is not None else None,
                         advantages[s],
                         mask[s],
-                        eps_low=args.eps_low,
-                        eps_high=args.eps_high,
-                        beta=args.beta,
-                        loss_agg=args.loss_agg,
-                        max_completion_length=args.max_new_tokens,
-                        kl_kind=args.kl_estimator,
-                        importance_level=args.importance_level,
-                        loss_type=args.loss_type,
-                        delta=args.delta,
+                        entropy=entropy,
+                        **grpo.loss_options(args),
                     )
                     run.check_finite(loss, step)
                     weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
-                    # kl, clip_ratio: token means over the whole batch; entropy: iteration 0's (None after)
-                    sums.add(m, mask[s], loss, weight, entropy)
+                    # kl, clip_ratio: token means over the whole batch; the entropy logged: iteration 0's, the sampler's
+                    sums.add(m, mask[s], loss, weight, entropy if iteration == 0 else None)
                     if iteration == 0:  # π_θold's log-probs, to hold against the sampler's
                         trainer_logprobs.append(old)
                 # Σ over the ranks: each one's loss is its part of the batch's

@@ -29,6 +29,8 @@ from conftest import (
     write,
 )
 from grpo import (
+    entropy_wanted,
+    high_entropy_mask,
     loss_rows,
     Args,
     group_advantages,
@@ -356,6 +358,62 @@ def test_delta_caps_the_ratio_of_a_negative_advantage_and_leaves_a_positive_one_
     assert logprobs.grad.flatten().tolist() == pytest.approx([0.0, 0.5, 0.0, -0.125], abs=1e-6)
     without, _ = grpo_loss(ratios.log(), torch.zeros(4, 1), None, advantages, torch.ones(4, 1), **options)
     assert without.item() == pytest.approx((5 + 2 - 1.2 - 0.5) / 4, abs=1e-6)
+
+
+ENTROPY = torch.tensor([[0.1, 0.5, 0.9], [0.3, 0.7, 5.0]])
+ENTROPY_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+
+
+def test_high_entropy_mask_keeps_the_top_share_of_the_masked_tokens():
+    # the 5 masked entropies, sorted: 0.1 0.3 0.5 0.7 0.9; the 0.6 quantile sits at 0.6 × 4 = 2.4: 0.5 + 0.4 × 0.2
+    # = 0.58. At or above it: 0.9 and 0.7 (5.0 is padding): 2 of 5 tokens, the top 40 %.
+    kept = high_entropy_mask(ENTROPY, ENTROPY_MASK, 0.4)
+    assert kept.tolist() == [[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
+    assert high_entropy_mask(ENTROPY, ENTROPY_MASK, 1.0).tolist() == ENTROPY_MASK.tolist()
+
+
+def entropy_loss(**options):
+    """Two completions of 3 and 2 tokens at ρ = 1 (Â = 1 and -1), β = 0, seq-mean-token-mean: each token's
+    policy-gradient term is -Â, then the entropy options."""
+    logprobs = torch.zeros(2, 3, requires_grad=True)
+    entropy = ENTROPY.clone().requires_grad_(True)
+    advantages = torch.tensor([1.0, -1.0])
+    loss, _ = grpo_loss(
+        logprobs, logprobs.detach(), None, advantages, ENTROPY_MASK, beta=0.0, entropy=entropy, **options
+    )
+    loss.backward()
+    return loss.item(), entropy.grad
+
+
+def test_top_entropy_quantile_keeps_the_policy_gradient_on_the_forking_tokens_only():
+    # q = 0.4 keeps o_0's third token and o_1's second: (-1/3 + 1/2) / 2 = 0.083333; all tokens: (-1 + 1) / 2 = 0
+    assert entropy_loss(top_entropy_quantile=0.4)[0] == pytest.approx(0.083333, abs=1e-6)
+    assert entropy_loss()[0] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_the_entropy_bonus_is_aggregated_as_the_loss():
+    # c = 0.1: o_0 (-1.01 - 1.05 - 1.09) / 3 = -1.05, o_1 (0.97 + 0.93) / 2 = 0.95: (-1.05 + 0.95) / 2 = -0.05;
+    # ∂/∂H: -c / (B |o_i|): -0.1 / 6 on o_0's tokens, -0.1 / 4 on o_1's two, 0 on padding
+    loss, grad = entropy_loss(entropy_coef=0.1)
+    assert loss == pytest.approx(-0.05, abs=1e-6)
+    expected = torch.tensor([[-0.1 / 6] * 3, [-0.025, -0.025, 0.0]])
+    assert torch.allclose(grad, expected, atol=1e-7)
+
+
+def test_entropy_wanted_at_each_iteration():
+    # (compute it, with its gradient): logged at iteration 0; in the loss at every iteration when it is read there
+    assert entropy_wanted(Args(), 0) == (True, False) and entropy_wanted(Args(), 1) == (False, False)
+    assert entropy_wanted(Args(entropy_coef=0.01), 1) == (True, True)
+    assert entropy_wanted(Args(top_entropy_quantile=0.2), 1) == (True, False)
+
+
+def test_an_entropy_bonus_moves_the_policy_where_the_rewards_are_flat(tmp_path):
+    """The tiny model earns reward 0 on every completion: every advantage is 0 and the update's gradient is 0.
+    An entropy bonus has a gradient of its own (the entropy is computed with one): the update moves."""
+    flat = metrics_of(main(tiny_args(tmp_path, steps=1, beta=0.0, save_model=False)))[0]
+    bonus = metrics_of(main(tiny_args(tmp_path, steps=1, beta=0.0, save_model=False, entropy_coef=0.1)))[0]
+    assert flat["reward"] == 0 and flat["grad_norm"] == 0.0
+    assert bonus["grad_norm"] > 0.0
 
 
 def test_overlong_filtering_masks_only_the_completions_cut_at_the_limit():
@@ -1005,6 +1063,7 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
         (dict(rewards=("correct", "format"), reward_weights=(1.0,)), "--reward-weights: one per --rewards"),
         (dict(delta=1.1), r"--delta must be above 1 \+ --eps-high \(1.2\), not 1.1"),
         (dict(scale_by_std=False, scale_rewards="batch"), "--no-scale-by-std is --scale-rewards none"),
+        (dict(top_entropy_quantile=0.0), r"--top-entropy-quantile must be in \(0, 1\]"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
