@@ -71,9 +71,9 @@ STUDIES = {
         80,
         (
             ("γ = 1, λ = 0.9", ("--lam", "0.9")),
-            ("γ = 1, λ = 0.95 (ppo.py's)", ()),
-            ("γ = 1, λ = 1", ("--lam", "1.0")),
-            ("γ = 0.99, λ = 0.95", ("--gamma", "0.99")),
+            ("γ = 1, λ = 0.95", ("--lam", "0.95")),
+            ("γ = 1, λ = 1 (ppo.py's, verl's)", ()),
+            ("γ = 0.99, λ = 0.95", ("--gamma", "0.99", "--lam", "0.95")),
         ),
         PPO_COLUMNS,
     ),
@@ -104,8 +104,9 @@ STUDIES = {
         "ppo-verifier",
         80,
         (
-            ("fixed β = 0.05 (ppo.py's)", ()),
+            ("fixed β = 0.001 (ppo.py's, verl's)", ()),
             ("fixed β = 0.02 (InstructGPT's)", ("--kl-coef", "0.02")),
+            ("fixed β = 0.05 (TRL's)", ("--kl-coef", "0.05")),
             # a horizon of one run's completions, so that the controller moves within it (its default is 10,000)
             ("adaptive, target 2 per completion", ("--target-kl", "2", "--kl-horizon", "80")),
         ),

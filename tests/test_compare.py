@@ -560,9 +560,9 @@ def test_a_setting_several_studies_share_is_run_once(monkeypatch):
     assert sensitivity.run_slug("ppo-clip", "ε = 0.1") == "ppo-clip/row-0"
     for study, setting in [
         ("ppo-clip", "ε = 0.2 (ppo.py's)"),
-        ("ppo-gae", "γ = 1, λ = 0.95 (ppo.py's)"),
+        ("ppo-gae", "γ = 1, λ = 1 (ppo.py's, verl's)"),
         ("ppo-coefficients", "c_v = 0.1, c_e = 0 (ppo.py's)"),
-        ("ppo-kl", "fixed β = 0.05 (ppo.py's)"),
+        ("ppo-kl", "fixed β = 0.001 (ppo.py's, verl's)"),
     ]:
         assert sensitivity.run_slug(study, setting) == "ppo-clip/row-1"
     assert sensitivity.run_slug("ppo-kl", "fixed β = 0.02 (InstructGPT's)") == "ppo-kl/row-1"
