@@ -121,6 +121,8 @@ class Args:
         Optional[tuple[float, ...]], runs.none_means("1 for each reward", "FLOAT ...")
     ] = None
     """the weight of each of --rewards, in their order"""
+    reward_clip: Annotated[Optional[tuple[float, ...]], runs.none_means("no cap", "FLOAT ...")] = None
+    """a cap on each of --rewards, in their order: each is clipped to [-cap, cap] before the weighted sum"""
     prompt_style: Literal["question", "r1"] = "question"
     """question alone, or r1: it asks for <think> reasoning </think><answer> answer </answer>
     (held-out too)"""
@@ -239,6 +241,8 @@ def check_args(args: Args) -> None:
         len(args.reward_weights or args.rewards) == len(args.rewards) > 0,
         "--reward-weights: one per --rewards",
     )
+    caps = args.reward_clip or [1.0] * len(args.rewards)
+    require(len(caps) == len(args.rewards) and min(caps) > 0, "--reward-clip: one cap > 0 per --rewards")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,10 +398,15 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float
     return (entropy >= threshold).to(mask.dtype) * mask
 
 
-def weighted_rewards(per_reward: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def weighted_rewards(
+    per_reward: torch.Tensor, weights: torch.Tensor, caps: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """r_i = Σ_k w_k r_ik, as TRL sums, (B, K), (K,) -> (B,). No r_k is normalised on its own first:
     the policy then maximises Σ_k w_k r_k in the rewards' units, and a reward near constant in a
-    group is not blown up by a tiny std."""
+    group is not blown up by a tiny std. caps (K,): each r_ik first clipped to [-c_k, c_k], so that one term (a
+    learned score's tail) cannot outweigh the others however far it runs."""
+    if caps is not None:
+        per_reward = torch.maximum(torch.minimum(per_reward, caps), -caps)
     return (per_reward * weights).sum(dim=1)
 
 
@@ -582,7 +591,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         per_reward = scored.rewards  # (B, K), one column per reward
         runs.check_rewards(per_reward, step)
         scores = weighted_rewards(
-            per_reward, per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards))
+            per_reward,
+            per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards)),
+            per_reward.new_tensor(args.reward_clip) if args.reward_clip else None,
         )
         lengths = mask.sum(1)  # (B,)
         rewards = scores + overlong_penalty(

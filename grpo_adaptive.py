@@ -136,7 +136,8 @@ def sample_and_score(
     scored = tasks.score_completions(texts, answers, args.rewards, reward_fn, device)
     runs.check_rewards(scored.rewards, step)
     weights = scored.rewards.new_tensor(args.reward_weights or [1.0] * len(args.rewards))
-    scores = grpo.weighted_rewards(scored.rewards, weights)
+    caps = scored.rewards.new_tensor(args.reward_clip) if args.reward_clip else None
+    scores = grpo.weighted_rewards(scored.rewards, weights, caps)
     rewards = scores + grpo.overlong_penalty(
         mask.sum(1), args.max_new_tokens, args.overlong_buffer, args.overlong_penalty
     )

@@ -248,7 +248,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         per_reward = scored.rewards  # (B, K), one column per reward
         runs.check_rewards(per_reward, step)
         scores = grpo.weighted_rewards(
-            per_reward, per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards))
+            per_reward,
+            per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards)),
+            per_reward.new_tensor(args.reward_clip) if args.reward_clip else None,
         )
         lengths = mask.sum(1)  # (B,)
         rewards = scores + grpo.overlong_penalty(

@@ -66,15 +66,17 @@ def check_args(args: Args) -> None:
         args.reward_weights,
         args.overlong_buffer,
         args.overlong_penalty,
+        args.reward_clip,
     )
     require(
         args.scale_rewards == "group",
         "--scale-rewards: --prm normalises the step scores over each group (--no-scale-by-std: the mean only)",
     )
     require(
-        outcome == (None, ("correct",), None, 0, Args.overlong_penalty),
+        outcome == (None, ("correct",), None, 0, Args.overlong_penalty, None),
         "--prm takes its advantages from the PRM's step scores alone: drop --reward-model, --rewards, "
-        "--reward-weights, --overlong-buffer and --overlong-penalty, which shape the outcome reward it only logs",
+        "--reward-weights, --reward-clip, --overlong-buffer and --overlong-penalty, which shape the outcome reward "
+        "it only logs",
     )
 
 

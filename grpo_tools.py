@@ -62,6 +62,7 @@ NOT_READ = (
     "reward_model",
     "rewards",
     "reward_weights",
+    "reward_clip",
     "dynamic_sampling",
     "mask_truncated_completions",
     "scale_rewards",

@@ -492,6 +492,16 @@ def test_weighted_rewards_sum_each_reward_times_its_weight():
     assert torch.equal(weighted_rewards(per_reward[:, 1:], torch.ones(1)), per_reward[:, 1])
 
 
+def test_weighted_rewards_cap_each_term_before_the_sum():
+    # a verifier's 0/1 and a learned score of -6, 0.5 and 9, capped at 1 and 2: scores -2, 0.5, 2, so
+    # 1·(1, 0, 1) + 0.5·(-2, 0.5, 2) = (0, 0.25, 2); uncapped the score's tail would give (-2, 0.25, 5.5)
+    per_reward = torch.tensor([[1.0, -6.0], [0.0, 0.5], [1.0, 9.0]])
+    weights = torch.tensor([1.0, 0.5])
+    capped = weighted_rewards(per_reward, weights, caps=torch.tensor([1.0, 2.0]))
+    assert capped.tolist() == pytest.approx([0.0, 0.25, 2.0])
+    assert weighted_rewards(per_reward, weights).tolist() == pytest.approx([-2.0, 0.25, 5.5])
+
+
 def test_weighted_rewards_in_the_loop_are_summed_then_normalised_and_each_logged(tmp_path, monkeypatch):
     correct, form = iter([1.0, 0.0, 0.0, 0.0]), iter([1.0, 1.0, 0.0, 0.0])  # the four completions' rewards
     monkeypatch.setitem(rewards.REWARDS, "format", lambda completion, answer: next(form))
@@ -527,7 +537,8 @@ def test_gspo_cispo_format_reward_and_r1_prompt_run_together(tmp_path, monkeypat
         save_model=False,
     )
     result = main(args, reward_fn=digit_fraction)
-    assert all(call["options"][-2:] == ("sequence", "cispo") for call in calls) and len(calls) == 2
+    options = [(call["options"]["importance_level"], call["options"]["loss_type"]) for call in calls]
+    assert options == [("sequence", "cispo")] * 2
     assert all(
         {"rewards/correct/mean", "rewards/format/mean", "clip_ratio"} <= set(row)
         for row in metrics_of(result)
@@ -591,7 +602,7 @@ def test_eos_is_inside_the_loss_mask_and_gets_gradient(tokenizer, prompts):
 # ---- the whole loop at tiny size ------------------------------------------------------------------------------
 def spy_on_grpo_loss(monkeypatch) -> list[dict]:
     """Record what the loop hands grpo_loss on every call: log π_θ, log π_θold, log π_ref, Â (detached copies), mask,
-    the options after it (ε_low, ..., importance_level, loss_type) and the importance weights."""
+    the options by name (eps_low, ..., importance_level, loss_type) and the importance weights."""
     import grpo
 
     calls, real = [], grpo.grpo_loss
@@ -604,7 +615,7 @@ def spy_on_grpo_loss(monkeypatch) -> list[dict]:
                 "ref": None if ref_logprobs is None else ref_logprobs.clone(),
                 "advantages": args[0].clone(),
                 "mask": args[1].clone(),
-                "options": args[2:] + tuple(v for k, v in kwargs.items() if k != "is_weights"),
+                "options": kwargs,
                 "is_weights": kwargs.get("is_weights"),
             }
         )
@@ -1064,6 +1075,8 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
         (dict(delta=1.1), r"--delta must be above 1 \+ --eps-high \(1.2\), not 1.1"),
         (dict(scale_by_std=False, scale_rewards="batch"), "--no-scale-by-std is --scale-rewards none"),
         (dict(top_entropy_quantile=0.0), r"--top-entropy-quantile must be in \(0, 1\]"),
+        (dict(reward_clip=(1.0, 2.0)), "--reward-clip: one cap > 0 per --rewards"),
+        (dict(reward_clip=(0.0,)), "--reward-clip: one cap > 0 per --rewards"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):

@@ -191,7 +191,9 @@ def moved(value, annotation):
         return value + value[:1] if value else ("x",)
     if value is None:
         inner = next(hint for hint in hints if hint is not type(None))
-        return {int: 1, float: 0.5, str: "x"}.get(inner, ("x",))
+        if typing.get_origin(inner) is tuple:  # (float, ...): one element of its type
+            return (moved(None, typing.Optional[typing.get_args(inner)[0]]),)
+        return {int: 1, float: 0.5, str: "x"}.get(inner, "x")
     return "x"
 
 
