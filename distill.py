@@ -47,8 +47,7 @@ import common
 from infra import models
 from infra import runs
 from task import tasks
-from common import masked_mean
-from infra.runs import require
+from common import masked_mean, require
 
 
 @dataclass

@@ -49,7 +49,7 @@ from infra import models
 from infra import runs
 from task import tasks
 from dpo import concatenated_logps, dpo_loss, pair_metrics
-from infra.runs import require
+from common import require
 
 
 @dataclass

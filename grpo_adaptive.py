@@ -41,7 +41,7 @@ from infra import models
 from infra import runs
 from infra import stepmetrics
 from task import tasks
-from infra.runs import require
+from common import require
 
 
 @dataclass

@@ -62,8 +62,7 @@ from infra import models
 from infra import runs
 from infra import stepmetrics
 from task import tasks
-from common import masked_mean, masked_sum
-from infra.runs import require
+from common import masked_mean, masked_sum, require
 
 Correction = Literal["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"]
 CORRECTIONS = get_args(Correction)

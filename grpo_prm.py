@@ -40,8 +40,7 @@ from infra import models
 from infra import runs
 from infra import stepmetrics
 from task import stepwise, tasks
-from common import masked_mean
-from infra.runs import require
+from common import masked_mean, require
 
 
 @dataclass

@@ -40,7 +40,7 @@ from infra import models
 from infra import runs
 from infra import stepmetrics
 from task import tasks, tools
-from infra.runs import require
+from common import require
 
 
 @dataclass

@@ -59,8 +59,7 @@ from infra import metrics
 from infra import models
 from infra import runs
 from task import tasks
-from common import masked_mean, masked_whiten
-from infra.runs import InputError, require
+from common import InputError, masked_mean, masked_whiten, require
 from ppo import (
     adaptive_kl_coef,
     compute_gae,

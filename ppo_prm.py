@@ -36,8 +36,7 @@ from infra import metrics
 from infra import models
 from infra import runs
 from task import stepwise, tasks
-from common import masked_mean, masked_whiten
-from infra.runs import require
+from common import masked_mean, masked_whiten, require
 
 
 @dataclass

@@ -48,6 +48,7 @@ from infra import fsdp
 from infra import models
 from infra import runs
 from task import stepwise, tasks
+from common import require
 
 
 @dataclass
@@ -300,9 +301,7 @@ def check_args(args: Args) -> None:
         divided_over_ranks="batch_size",
         compiled_decoding=False,
     )
-    runs.require(
-        args.temperature > 0, "--temperature must be > 0 (it samples the solutions and the rollouts)"
-    )
+    require(args.temperature > 0, "--temperature must be > 0 (it samples the solutions and the rollouts)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,7 +318,7 @@ def main(args: Args) -> dict:
     data, folder = step_label_data(args, tokenizer, device, precision)
     # a solution without a step teaches nothing
     train_rows = [r for r in data["train"] if r["rollouts_correct"]]
-    runs.require(bool(train_rows), f"no training solution in {folder} has a step (a non-blank line)")
+    require(bool(train_rows), f"no training solution in {folder} has a step (a non-blank line)")
     model = models.load_model(
         f"{args.run.resume}/model" if resumed else args.model,
         len(tokenizer),

@@ -52,7 +52,7 @@ from infra import fsdp
 from infra import models
 from infra import runs
 from task import preferences, tasks
-from infra.runs import require
+from common import require
 
 
 @dataclass

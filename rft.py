@@ -56,8 +56,7 @@ import common
 from infra import models
 from infra import runs
 from task import tasks
-from common import masked_sum
-from infra.runs import require
+from common import masked_sum, require
 
 
 @dataclass

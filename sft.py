@@ -47,8 +47,7 @@ from infra import fsdp
 from infra import models
 from infra import runs
 from task import tasks
-from common import masked_mean, masked_sum
-from infra.runs import InputError
+from common import InputError, masked_mean, masked_sum
 
 
 @dataclass

@@ -84,9 +84,8 @@ from infra import metrics
 from infra import models
 from infra import runs
 from task import preferences, tasks
-from common import masked_mean, masked_sum, masked_whiten
+from common import InputError, masked_mean, masked_sum, masked_whiten, require
 from task.preferences import sequence_logps
-from infra.runs import InputError, require
 
 OFFLINE = ("ipo", "kto", "simpo", "orpo")
 REINFORCE_PP = ("reinforce_pp", "reinforce_pp_baseline")  # per-token advantages; the others' are per sequence

@@ -21,7 +21,7 @@ from infra import distributed
 from infra import models
 from infra import runs
 from task import tasks
-from infra.runs import InputError
+from common import InputError
 
 
 def label_samples(

@@ -45,7 +45,7 @@ import common
 from infra import distributed
 from infra import hub
 from infra import runs
-from infra.runs import InputError
+from common import InputError
 from task import rewards
 
 

@@ -11,7 +11,7 @@ import sft
 from conftest import args_of, assert_one_line_error, run_script
 from infra import hub
 from task import tasks
-from infra.runs import InputError
+from common import InputError
 
 datasets = pytest.importorskip("datasets")  # optional; .ci/run installs it
 

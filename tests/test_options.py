@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from infra import distributed
-from infra.runs import InputError
+from common import InputError
 from task import tasks
 
 REPO = Path(__file__).resolve().parents[1]
