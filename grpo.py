@@ -22,6 +22,7 @@ Options from later papers, each off by default unless said:
   ratio per completion.
 - CISPO (MiniMax 2025, arXiv:2506.13585, eq. 4): `--loss-type cispo`, REINFORCE weighted by
   sg(min(ρ_it, 1+ε_high)).
+- SAPO (Qwen 2025, arXiv:2511.20347): `--loss-type sapo`, a temperature-controlled soft gate instead of the clip.
 - INTELLECT-2 (arXiv:2505.07291): `--delta 4`, two-sided clipping: ρ capped where Â < 0 too.
 - The entropy: a bonus `--entropy-coef`, and `--top-entropy-quantile 0.2` (Wang et al. 2025, arXiv:2506.01939): the
   policy gradient on the fifth of the tokens of highest entropy only.
@@ -146,8 +147,11 @@ class Args:
     see kl_estimate"""
     importance_level: Literal["token", "sequence"] = "token"
     """ρ per token (GRPO), or per completion (GSPO: exp(mean log ρ); use far smaller eps, e.g. 3e-4 / 4e-4)"""
-    loss_type: Literal["clip", "cispo"] = "clip"
-    """PPO's clipped surrogate, or CISPO: -sg(min(ρ, 1 + eps_high)) Â log π on every token (eps_low unused)"""
+    loss_type: Literal["clip", "cispo", "sapo"] = "clip"
+    """PPO's clipped surrogate, CISPO: -sg(min(ρ, 1 + eps_high)) Â log π on every token (eps_low unused), or SAPO:
+    -Â σ(τ(ρ - 1)) 4/τ, a soft gate instead of the clip (eps unused)"""
+    sapo_temperatures: tuple[float, float] = (1.0, 1.05)
+    """SAPO's τ for positive and for negative advantages (the paper's 1.0 and 1.05; τ_neg >= τ_pos)"""
     entropy_coef: float = 0.0
     """an entropy bonus: -entropy_coef × each token's entropy in its loss (0 = off)"""
     top_entropy_quantile: float = 1.0
@@ -221,6 +225,10 @@ def check_args(args: Args) -> None:
     )
     require(0 <= args.eps_low < 1 and args.eps_high >= 0, "--eps-low must be in [0, 1) and --eps-high >= 0")
     require(0 < args.top_entropy_quantile <= 1, "--top-entropy-quantile must be in (0, 1]")
+    require(
+        0 < args.sapo_temperatures[0] <= args.sapo_temperatures[1],
+        f"--sapo-temperatures: τ_pos > 0 and τ_neg >= τ_pos, not {args.sapo_temperatures}",
+    )
     require(
         args.scale_by_std or args.scale_rewards == "group",
         "--no-scale-by-std is --scale-rewards none: give one of the two",
@@ -311,12 +319,13 @@ def grpo_loss(
     max_completion_length: Optional[int] = None,
     kl_kind: str = "k3",
     importance_level: str = "token",
-    loss_type: str = "clip",  # GSPO: "sequence"; CISPO: "cispo"
+    loss_type: str = "clip",  # CISPO: "cispo"; SAPO: "sapo"
     is_weights: Optional[torch.Tensor] = None,  # (B, T) π_train / π_sampler, capped, constant (grpo_async.py)
     delta: Optional[float] = None,  # INTELLECT-2's cap on ρ where Â < 0 (two-sided clipping); None: off
     entropy: Optional[torch.Tensor] = None,  # (B, T) the policy's token entropy, with its gradient, or None
     entropy_coef: float = 0.0,  # the entropy bonus: -coef · H_it in each token's loss
     top_entropy_quantile: float = 1.0,  # the share of tokens, by entropy, that carry the policy gradient
+    sapo_temperatures: tuple[float, float] = (1.0, 1.05),  # SAPO's τ for Â > 0 and for Â < 0
 ) -> tuple[torch.Tensor, dict]:
     """The negated GRPO objective (see the module docstring), to be minimised.
 
@@ -328,6 +337,8 @@ def grpo_loss(
                                padded width of this batch, so adding padding changes nothing)
     GSPO (eq. 5): s_i = exp(1/|o_i| Σ_t log ρ_it) for every ρ_it of o_i, clipped whole, gradient through the mean.
     CISPO (MiniMax-M1 eq. 4): l_it = -sg(min(ρ_it, 1+eps_high)) Â_i log π_θ(o_it); no lower bound, no gradient lost.
+    SAPO (Qwen 2025, arXiv:2511.20347): l_it = -Â_i f(ρ_it), f(ρ) = σ(τ(ρ - 1)) · 4/τ, a soft gate in place of the
+    clip: its slope is 1 at ρ = 1 (the surrogate's) and fades away from it, faster for Â < 0 (τ_neg > τ_pos).
     delta (INTELLECT-2, Prime Intellect 2025, arXiv:2505.07291, two-sided clipping): the unclipped term reads min(ρ, δ),
     so for Â < 0 the loss stops growing (and its gradient stops) at ρ = δ; for Â > 0 nothing changes (δ > 1+eps_high).
     top_entropy_quantile q < 1 (Wang et al. 2025, arXiv:2506.01939): only the tokens of the highest entropy, a share q
@@ -338,7 +349,7 @@ def grpo_loss(
     Returns (loss, metrics) with metrics as floats, token means over this batch's mask: kl (only
     when β != 0), clip_ratio, clip_ratio/low, clip_ratio/high (CISPO: tokens with Â > 0 whose weight was cut, as TRL).
     """
-    if importance_level not in ("token", "sequence") or loss_type not in ("clip", "cispo"):
+    if importance_level not in ("token", "sequence") or loss_type not in ("clip", "cispo", "sapo"):
         raise ValueError(f"unknown importance_level {importance_level!r} or loss_type {loss_type!r}")
     log_ratio = logprobs - old_logprobs  # (B, T) log ρ_it
     # log s_i, the masked mean (padding must not count), for each token of o_i
@@ -351,6 +362,9 @@ def grpo_loss(
     per_token = torch.max(pg_loss1, pg_loss2)  # (B, T) pessimistic bound, PPO eq. 7
     if loss_type == "cispo":  # instead: the weight is a constant, so every token's gradient is -w Â ∇log π
         per_token = -torch.clamp(ratio, max=1.0 + eps_high).detach() * adv * logprobs
+    if loss_type == "sapo":  # instead: a soft gate, with the temperature of the advantage's sign
+        tau = torch.where(adv > 0, *sapo_temperatures)  # τ_pos where Â > 0, else τ_neg
+        per_token = -adv * torch.sigmoid(tau * (ratio - 1)) * 4 / tau
     if is_weights is not None:
         per_token = per_token * is_weights
     if top_entropy_quantile < 1.0:
@@ -479,6 +493,7 @@ def loss_options(args: Args) -> dict:
         delta=args.delta,
         entropy_coef=args.entropy_coef,
         top_entropy_quantile=args.top_entropy_quantile,
+        sapo_temperatures=args.sapo_temperatures,
     )
 
 

@@ -341,6 +341,27 @@ def test_a_clipped_token_gets_no_gradient_under_the_clip_and_one_under_cispo():
     )
 
 
+def test_sapo_gates_the_ratio_softly_with_the_temperature_of_the_advantage_sign():
+    """SAPO, 2 one-token completions, seq-mean-token-mean, τ_pos = 1, τ_neg = 1.05:
+    ρ = 2, Â = 1:     f = σ(1 · 1) · 4 = 0.731059 · 4 = 2.924234;  ∂f/∂log π = 4 σ(1 - σ) ρ = 1.572895
+    ρ = 0.5, Â = -1:  f = σ(1.05 · -0.5) · 4 / 1.05 = 1.415938;    ∂f/∂log π = 4 σ(1 - σ) ρ = 0.467070
+    loss (-2.924234 + 1.415938) / 2 = -0.754148; gradients -1.572895 / 2 and +0.467070 / 2. At ρ = 1 the slope is
+    the surrogate's, 1: ∂f/∂ρ = 4 · 0.5 · 0.5."""
+    logprobs = torch.tensor([[2.0], [0.5]]).log().requires_grad_(True)
+    advantages = torch.tensor([1.0, -1.0])
+    loss, _ = grpo_loss(
+        logprobs, torch.zeros(2, 1), None, advantages, torch.ones(2, 1), beta=0.0, loss_type="sapo"
+    )
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.754148, abs=1e-6)
+    assert logprobs.grad.flatten().tolist() == pytest.approx([-0.786448, 0.233535], abs=1e-6)
+    at_one = torch.zeros(1, 1, requires_grad=True)
+    grpo_loss(
+        at_one, torch.zeros(1, 1), None, torch.tensor([1.0]), torch.ones(1, 1), beta=0.0, loss_type="sapo"
+    )[0].backward()
+    assert at_one.grad.item() == pytest.approx(-1.0)
+
+
 def test_delta_caps_the_ratio_of_a_negative_advantage_and_leaves_a_positive_one_to_the_clip():
     """INTELLECT-2's two-sided clipping, 4 one-token completions, ε = 0.2, δ = 4, seq-mean-token-mean:
     ρ = 5, Â = -1:  max(1 · min(5, 4), 1 · 1.2) = 4     (without δ: 5), no gradient: capped
@@ -1077,6 +1098,10 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
         (dict(top_entropy_quantile=0.0), r"--top-entropy-quantile must be in \(0, 1\]"),
         (dict(reward_clip=(1.0, 2.0)), "--reward-clip: one cap > 0 per --rewards"),
         (dict(reward_clip=(0.0,)), "--reward-clip: one cap > 0 per --rewards"),
+        (
+            dict(loss_type="sapo", sapo_temperatures=(1.0, 0.5)),
+            "--sapo-temperatures: τ_pos > 0 and τ_neg >= τ_pos",
+        ),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
