@@ -143,6 +143,29 @@ def activation_bytes(
     return int(kept + logits)
 
 
+def kv_cache_bytes(config, rows: int, tokens: int, precision: str) -> int:
+    """The key/value cache sampling fills: a key and a value of every layer's key/value heads for each of `rows`
+    sequences of `tokens` positions (prompt and completion), 2 · layers · kv_heads · head_dim · rows · tokens
+    numbers, float32 in fp32, else bfloat16 (autocast's projections, or bf16-true's). Freed before the update: the
+    peak is the larger of sampling (weights and cache) and training (the plan's rows)."""
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    width = 4 if precision == "fp32" else 2
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * rows * tokens * width
+
+
+def sampled_rows(algo: str, args) -> int:
+    """The sequences a training step samples at once (its key/value cache's rows), 0 for a script that samples
+    none while it trains."""
+    if algo == "grpo":
+        return args.prompts_per_step * args.group_size
+    if algo == "ppo":
+        return args.batch_size
+    if algo == "variants" and args.algo not in ("ipo", "kto", "simpo", "orpo"):
+        return args.batch_size * (1 if args.algo == "remax" else args.group_size)
+    return 0
+
+
 def memory_plan(
     held: list[tuple],
     precision: str,
@@ -319,7 +342,7 @@ def main(argv: list[str]) -> dict:
     S = prompt_tokens or tasks.longest_prompt(tokenizer, tasks.heldout_problems(eval_size, make=family))
     rows, sequences, tokens, logit_tokens = models_held(algo, args, len(tokenizer), S)
     checkpointing = getattr(args, "gradient_checkpointing", False)  # prm.py has no such option
-    return memory_plan(
+    plan = memory_plan(
         rows,
         precision,
         args.lora,
@@ -330,6 +353,13 @@ def main(argv: list[str]) -> dict:
         models.resolve_kernels(args.run.kernels, device),
         ranks,
     )
+    sampled = sampled_rows(algo, args)
+    if sampled:
+        cache = kv_cache_bytes(rows[0][1], sampled, S + args.max_new_tokens, precision) / 2**30
+        shape = f"{sampled} sequences × {S + args.max_new_tokens} positions"
+        print(f"sampling: a key/value cache of {cache:.2f} GiB ({shape}), freed before the update")
+        plan["kv_cache_gb"] = cache
+    return plan
 
 
 def loaded_table(held: dict[str, torch.nn.Module], trainable: set[str]) -> list[dict]:

@@ -3,6 +3,7 @@ live bytes the CPU allocator reports and against loaded models."""
 
 import re
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,11 @@ def test_parameter_counts_of_llama_configs_built_on_the_meta_device(size):
 
 @pytest.mark.parametrize(
     "path, published",  # Qwen2.5-0.5B and -1.5B, tied embeddings: their model cards' 0.49B and 1.54B
-    [("configs/qwen2.5-0.5b.json", 494_032_768), ("configs/qwen2.5-1.5b.json", 1_543_714_304)],
+    [
+        ("configs/qwen2.5-0.5b.json", 494_032_768),
+        ("configs/qwen2.5-1.5b.json", 1_543_714_304),
+        ("configs/llama-2-7b.json", 6_738_415_616),  # Llama-2-7B's published shape
+    ],
 )
 def test_the_config_only_models_have_their_published_parameter_counts(path, published):
     config = memory_plan.model_config(str(REPO / path), vocab_size=49152)
@@ -383,3 +388,19 @@ def test_prm_plan_holds_and_trains_what_prm_py_does(tmp_path, monkeypatch, token
     assert sequences == [planned_sequences] == [3]
     plan = memory_plan.main(["prm", "--model", "tiny", "--batch-size", "3"])["memory_plan"]
     assert [row["model"] for row in plan] == ["PRM"] and plan[0]["activations_gb"] > 0
+
+
+def test_kv_cache_bytes_by_hand_and_against_a_real_cache():
+    # the tiny Llama: 2 layers, 2 key/value heads of 16 dims; 3 sequences of 10 positions:
+    # 2 (key, value) · 2 · 2 · 16 · 3 · 10 = 3,840 numbers, 15,360 bytes in float32, 7,680 in bfloat16
+    model = models.make_tiny_model(100, "llama")
+    assert memory_plan.kv_cache_bytes(model.config, 3, 10, "fp32") == 15_360
+    assert memory_plan.kv_cache_bytes(model.config, 3, 10, "bf16-mixed") == 7_680
+    # what transformers' cache holds after a forward of those 3 × 10 positions
+    with torch.no_grad():
+        cache = model(torch.zeros(3, 10, dtype=torch.long), use_cache=True).past_key_values
+    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert held == 15_360
+    # the sampling scripts' rows: grpo samples P·G at once, ppo its batch, an offline variant none
+    assert memory_plan.sampled_rows("grpo", types.SimpleNamespace(prompts_per_step=16, group_size=8)) == 128
+    assert memory_plan.sampled_rows("dpo", None) == 0
