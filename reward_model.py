@@ -79,6 +79,8 @@ class Args:
     """preference pairs per optimizer step"""
     center_rewards_coefficient: Annotated[Optional[float], runs.none_means("off", "FLOAT")] = None
     """weight c of the centering loss c·E[(r_w + r_l)²] (Eisenstein et al. 2023; 0.01 is typical)"""
+    head_only: bool = False
+    """train the score head alone on the frozen backbone (a linear probe of its last hidden state), not end to end"""
     # ---- preference data: the pairs sampled from the model when --dataset is not given ---------------------------
     num_prompts: int = 512
     """distinct arithmetic prompts to sample; an eighth are held out"""
@@ -259,10 +261,8 @@ def main(args: Args) -> dict:
     """Train a Bradley-Terry reward model; returns the final metrics (also written to eval.json)."""
     check_args(args)
     models.set_seed(args.seed)
-    device = models.resolve_device(args.run.device)
-    precision = models.resolve_precision(args.run.precision, device, args.model)
-    # the kernels' faster versions: on for a CPU, off for CUDA
-    kernels_on = models.resolve_kernels(args.run.kernels, device)
+    # --device, --precision and --kernels resolved for this machine (the kernels: on for a CPU, off for CUDA)
+    device, precision, kernels_on = models.resolve_run(args.run, args.model)
     # checked before any model loads; None if new
     resumed = runs.load_trainer_state(args.run.resume, args.steps)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
@@ -296,6 +296,9 @@ def main(args: Args) -> dict:
     )
     if args.lora.lora_r and not resumed:
         model = common.add_lora(model, args.model, args.lora)  # the score head stays fully trainable
+    if args.head_only:  # a linear probe: the backbone (and any adapter) frozen, the score head alone trains
+        model.requires_grad_(False)
+        model.score.requires_grad_(True)
     model.config.pad_token_id = tokenizer.pad_token_id  # transformers' own forward needs it for batches
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()

@@ -398,3 +398,14 @@ def test_gradient_checkpointing_changes_nothing(tmp_path, monkeypatch):
     assert_checkpointing_changes_nothing(
         tmp_path, monkeypatch, main, lambda out, **kw: tiny_args(out, save_model=False, **kw)
     )
+
+
+def test_head_only_trains_the_score_head_and_leaves_the_backbone(tmp_path, tokenizer):
+    result = main(tiny_args(tmp_path, steps=2, head_only=True))
+    trained = transformers.AutoModelForSequenceClassification.from_pretrained(
+        os.path.join(result["run_dir"], "model")
+    )
+    start = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32", seed=0, head="score")
+    before = dict(start.named_parameters())
+    moved = [name for name, p in trained.named_parameters() if not torch.equal(p, before[name])]
+    assert moved == ["score.weight"]
