@@ -302,7 +302,15 @@ def assert_checkpointing_changes_nothing(
 
 
 # Files whose fixture-free tests check the code's shape, a compiled decoder, a hub message or a command line.
-NOT_FORMULAS = {"test_layout.py", "test_decoding.py", "test_hub.py", "test_reliability.py", "test_compare.py"}
+NOT_FORMULAS = {
+    "test_layout.py",
+    "test_decoding.py",
+    "test_hub.py",
+    "test_reliability.py",
+    "test_compare.py",
+    "test_options.py",
+    "test_doc_counts.py",
+}
 # A call that starts a run or a process: an end-to-end test, however few fixtures it takes.
 RUNS = re.compile(r"\brun_script|\bsubprocess\.|\bmain\(|\blaunch\(")
 
