@@ -76,8 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--ppo-batch-size",
         type=int,
-        default=32,
-        help="PPO's completions a step; its steps make GRPO's number of samples (default: 32)",
+        default=128,
+        help="PPO's completions a step (ppo.py's default); its steps make GRPO's number of samples (default: 128)",
     )
     parser.add_argument(
         "--num-chains", type=int, default=600, help="chains in OUT/chains.jsonl (default: 600)"
@@ -97,23 +97,32 @@ def table(rows: list[dict], args) -> str:
         f"{args.ppo_batch_size}), seeds {' '.join(map(str, args.seeds))}; mean ± sample std over seeds.",
         "",
         "| row | held-out accuracy (from) | per seed | general NLL change | PRM step score (step mean) "
-        "| wall time (min) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| critic's explained variance, last quarter | wall time (min) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in ROWS:
         runs = [r for r in rows if r["reward"] == name]
         if not runs:
             continue
         scores = [r["prm/step_score"] for r in runs if r["prm/step_score"] is not None]
+        variances = [r["explained_variance"] for r in runs if r.get("explained_variance") is not None]
         lines.append(
             f"| {name} | {compare.mean_std([r['accuracy_after'] for r in runs])} "
             f"(from {compare.mean_std([r['accuracy_before'] for r in runs])}) | "
             f"{per_seed(runs)} | "
             f"{compare.mean_std([r['general_nll_after'] - r['general_nll_before'] for r in runs])} | "
             f"{compare.mean_std(scores) if scores else ''} | "
+            f"{compare.mean_std(variances) if variances else ''} | "
             f"{compare.mean_std([r['wall_time_s'] / 60 for r in runs])} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def last_quarter_mean(values: list[float]) -> float | None:
+    """The mean over the last quarter of a run's steps (at least one step); None for a run that logs none."""
+    if not values:
+        return None
+    return statistics.mean(values[-max(1, len(values) // 4) :])
 
 
 def per_seed(runs: list[dict]) -> str:
@@ -230,6 +239,7 @@ def main(argv=None) -> list[dict]:
             evaluation = json.loads((run / "eval.json").read_text())
             logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
             scores = [row["prm/step_score"] for row in logged if "prm/step_score" in row]
+            variances = [row["explained_variance"] for row in logged if "explained_variance" in row]
             results.append(
                 {
                     "reward": name,
@@ -238,6 +248,7 @@ def main(argv=None) -> list[dict]:
                     "general_nll_before": evaluation["general_nll_before"],
                     "general_nll_after": evaluation["general_nll_after"],
                     "prm/step_score": statistics.mean(scores) if scores else None,
+                    "explained_variance": last_quarter_mean(variances),
                 }
             )
             (out / f"results-{tag}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
