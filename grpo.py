@@ -23,12 +23,18 @@ Options from later papers, each off by default unless said:
 - CISPO (MiniMax 2025, arXiv:2506.13585, eq. 4): `--loss-type cispo`, REINFORCE weighted by
   sg(min(ρ_it, 1+ε_high)).
 - SAPO (Qwen 2025, arXiv:2511.20347): `--loss-type sapo`, a temperature-controlled soft gate instead of the clip.
+- VESPO (arXiv:2602.10693): `--loss-type vespo`, REINFORCE weighted by a gamma-shaped φ of the completion's ratio.
+- LUSPO (arXiv:2602.05261): `--loss-type luspo --importance-level sequence`, GSPO with each completion's loss times
+  its length.
 - INTELLECT-2 (arXiv:2505.07291): `--delta 4`, two-sided clipping: ρ capped where Â < 0 too.
-- The entropy: a bonus `--entropy-coef`, and `--top-entropy-quantile 0.2` (Wang et al. 2025, arXiv:2506.01939): the
-  policy gradient on the fifth of the tokens of highest entropy only.
+- The entropy: a bonus `--entropy-coef`, adapted each step toward `--entropy-target` (Skywork-OR1, arXiv:2505.22312),
+  and `--top-entropy-quantile 0.2` (Wang et al. 2025, arXiv:2506.01939): the policy gradient on the fifth of the
+  tokens of highest entropy only.
 - Weighted rewards (`--rewards correct format --reward-weights 1 0.5`), summed, then normalised per
   group, as TRL does; `format` pays DeepSeek-R1's `<think>…</think><answer>…</answer>`
-  (arXiv:2501.12948), `--prompt-style r1` asks for it.
+  (arXiv:2501.12948), `--prompt-style r1` asks for it. GDPO (arXiv:2601.05242) normalises each reward in its group
+  first: `--multi-objective-aggregation normalize-then-sum --scale-rewards batch`. The weighted sum, the caps, the
+  overlong penalty and an ensemble of reward models (`--reward-model A B C`) are task/batch_rewards.py's.
 - The sampler against the trainer: `mismatch/*` logs how far the sampler's log-probs of its tokens are
   from the update's (common.mismatch_metrics). grpo_async.py trains on batches sampled k steps earlier,
   as an asynchronous trainer does, and corrects with importance weights (TIS, MIS).
@@ -70,6 +76,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import time
 from dataclasses import dataclass
 from typing import Annotated, Callable, ClassVar, Literal, Optional
@@ -79,11 +86,12 @@ import torch
 import common
 from infra import distributed
 from infra import fsdp
+from infra import groups
 from infra import metrics
 from infra import models
 from infra import runs
 from infra import stepmetrics
-from task import tasks
+from task import batch_rewards, tasks
 from common import masked_mean, masked_sum, require
 
 
@@ -111,9 +119,12 @@ class Args:
     verifier: Literal["last-number", "strict"] = "last-number"
     """the training reward: the last number, or strict (only a result stated as one); held-out uses
     last-number"""
-    reward_model: Annotated[Optional[str], runs.none_means("the verifier", "DIR")] = None
-    """a reward_model.py checkpoint to score completions with (as ppo.py does); the verifier is
-    logged beside it"""
+    reward_model: Annotated[Optional[tuple[str, ...]], runs.none_means("the verifier", "DIR ...")] = None
+    """reward_model.py checkpoints to score completions with (as ppo.py does); several score as one ensemble
+    (--reward-ensemble); the verifier is logged beside them"""
+    reward_ensemble: Literal["mean", "min"] = "mean"
+    """several --reward-model: each one's scores standardised over the batch, then their mean or min (the worst
+    case; Coste et al. 2024)"""
     rewards: tuple[Literal["correct", "format", "repetition"], ...] = ("correct",)
     """rewards summed into one: correct (--verifier's, or --reward-model's score), format
     (<think>…</think><answer>), repetition (minus the share of repeated word 3-grams; task/rewards.py)"""
@@ -147,13 +158,24 @@ class Args:
     see kl_estimate"""
     importance_level: Literal["token", "sequence"] = "token"
     """ρ per token (GRPO), or per completion (GSPO: exp(mean log ρ); use far smaller eps, e.g. 3e-4 / 4e-4)"""
-    loss_type: Literal["clip", "cispo", "sapo"] = "clip"
-    """PPO's clipped surrogate, CISPO: -sg(min(ρ, 1 + eps_high)) Â log π on every token (eps_low unused), or SAPO:
-    -Â σ(τ(ρ - 1)) 4/τ, a soft gate instead of the clip (eps unused)"""
+    loss_type: Literal["clip", "cispo", "sapo", "vespo", "luspo"] = "clip"
+    """PPO's clipped surrogate, CISPO: -sg(min(ρ, 1 + eps_high)) Â log π on every token (eps_low unused), SAPO:
+    -Â σ(τ(ρ - 1)) 4/τ, a soft gate instead of the clip (eps unused), VESPO: -sg(φ(w)) Â log π, φ a gamma-shaped
+    weight of the completion's ratio w (eps unused), or LUSPO: GSPO's clipped sequence ratio, each completion's loss
+    times its length (needs --importance-level sequence)"""
+    vespo_params: tuple[float, float, float, float] = (2.0, 3.0, 3.0, 2.0)
+    """VESPO's k and λ for Â >= 0, then for Â < 0: φ(w) = w^k e^(λ(1 - w)) (TRL's defaults)"""
     sapo_temperatures: tuple[float, float] = (1.0, 1.05)
     """SAPO's τ for positive and for negative advantages (the paper's 1.0 and 1.05; τ_neg >= τ_pos)"""
     entropy_coef: float = 0.0
-    """an entropy bonus: -entropy_coef × each token's entropy in its loss (0 = off)"""
+    """an entropy bonus: -entropy_coef × each token's entropy in its loss (0 = off); with --entropy-target, its start"""
+    entropy_target: Annotated[Optional[float], runs.none_means("a fixed --entropy-coef", "NATS")] = None
+    """adaptive entropy control (Skywork-OR1): after each step the coefficient moves up by --entropy-coef-step while
+    the batch's mean token entropy is at or below this, down while above"""
+    entropy_coef_step: float = 0.005
+    """adaptive entropy control: the coefficient's move a step (TRL's 0.005)"""
+    entropy_coef_bounds: tuple[float, float] = (0.0, 1.0)
+    """adaptive entropy control: the coefficient stays within [low, high] (TRL's 0 and 1)"""
     top_entropy_quantile: float = 1.0
     """only this share of the tokens, those of the highest entropy, carry the policy gradient (arXiv 2506.01939:
     0.2; 1 = all)"""
@@ -166,6 +188,9 @@ class Args:
     """divide advantages by a reward std (off in Dr. GRPO: --no-scale-by-std is --scale-rewards none)"""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """the std Â is divided by: its group's (GRPO), the batch's (Lite PPO, arXiv 2508.08221), or none (Dr. GRPO)"""
+    multi_objective_aggregation: Literal["sum-then-normalize", "normalize-then-sum"] = "sum-then-normalize"
+    """several --rewards: summed, then normalised in the group (GRPO, TRL's default), or each normalised in its group,
+    summed, and the sum divided by its std over the batch (GDPO, arXiv 2601.05242)"""
     dynamic_sampling: bool = False
     """drop groups whose rewards are all equal (DAPO); a batch left with none still counts as a step"""
     mask_truncated_completions: bool = False
@@ -213,6 +238,37 @@ def check_args(args: Args) -> None:
         at_least_one=("steps", "prompts_per_step", "num_iterations", "max_new_tokens", "eval_size"),
         divided_over_ranks="prompts_per_step",
         one_process_only=("dynamic_sampling",),
+        only_with={
+            "sapo_temperatures": (args.loss_type == "sapo", "with --loss-type sapo"),
+            "vespo_params": (args.loss_type == "vespo", "with --loss-type vespo"),
+            "delta": (args.loss_type in ("clip", "luspo"), "with the clip: --loss-type clip or luspo"),
+            "entropy_coef_step": (args.entropy_target is not None, "with --entropy-target"),
+            "entropy_coef_bounds": (args.entropy_target is not None, "with --entropy-target"),
+            "reward_ensemble": (len(args.reward_model or ()) > 1, "with several --reward-model"),
+        },
+    )
+    require(
+        args.loss_type != "luspo"
+        or (args.importance_level, args.loss_agg) == ("sequence", "seq-mean-token-mean"),
+        "--loss-type luspo needs --importance-level sequence, and sums each completion's tokens itself (leave "
+        "--loss-agg at its default)",
+    )
+    require(
+        args.loss_type != "vespo" or (args.importance_level == "token" and min(args.vespo_params) > 0),
+        "--loss-type vespo weighs the whole completion itself (--importance-level token) with --vespo-params > 0",
+    )
+    require(
+        args.multi_objective_aggregation == "sum-then-normalize" or args.scale_rewards == "batch",
+        "--multi-objective-aggregation normalize-then-sum needs --scale-rewards batch (GDPO divides its sum of "
+        "normalised rewards by their std over the batch)",
+    )
+    require(
+        args.entropy_target is None or args.entropy_coef_step > 0 and min(args.entropy_coef_bounds) >= 0,
+        "--entropy-target: --entropy-coef-step > 0 and --entropy-coef-bounds >= 0",
+    )
+    require(
+        distributed.world_size() == 1 or len(args.reward_model or ()) < 2,
+        "several --reward-model do not run under torchrun yet (each rank would standardise its own part)",
     )
     require(
         args.group_size >= 2,
@@ -326,6 +382,7 @@ def grpo_loss(
     entropy_coef: float = 0.0,  # the entropy bonus: -coef · H_it in each token's loss
     top_entropy_quantile: float = 1.0,  # the share of tokens, by entropy, that carry the policy gradient
     sapo_temperatures: tuple[float, float] = (1.0, 1.05),  # SAPO's τ for Â > 0 and for Â < 0
+    vespo_params: tuple = (2.0, 3.0, 3.0, 2.0),  # VESPO's k and λ for Â >= 0, then for Â < 0
 ) -> tuple[torch.Tensor, dict]:
     """The negated GRPO objective (see the module docstring), to be minimised.
 
@@ -339,6 +396,10 @@ def grpo_loss(
     CISPO (MiniMax-M1 eq. 4): l_it = -sg(min(ρ_it, 1+eps_high)) Â_i log π_θ(o_it); no lower bound, no gradient lost.
     SAPO (Qwen 2025, arXiv:2511.20347): l_it = -Â_i f(ρ_it), f(ρ) = σ(τ(ρ - 1)) · 4/τ, a soft gate in place of the
     clip: its slope is 1 at ρ = 1 (the surrogate's) and fades away from it, faster for Â < 0 (τ_neg > τ_pos).
+    VESPO (arXiv:2602.10693): l_it = -sg(φ_i) Â_i log π_θ(o_it), φ_i = vespo_weights: a smooth weight of the whole
+    completion's ratio in place of the clip, 1 on-policy and falling away from it.
+    LUSPO (arXiv:2602.05261): GSPO's clipped sequence ratio, each completion's loss times its length |o_i| (the tokens
+    summed, then the mean over completions; loss_agg unused), so that a long completion is not worth less per token.
     delta (INTELLECT-2, Prime Intellect 2025, arXiv:2505.07291, two-sided clipping): the unclipped term reads min(ρ, δ),
     so for Â < 0 the loss stops growing (and its gradient stops) at ρ = δ; for Â > 0 nothing changes (δ > 1+eps_high).
     top_entropy_quantile q < 1 (Wang et al. 2025, arXiv:2506.01939): only the tokens of the highest entropy, a share q
@@ -349,7 +410,13 @@ def grpo_loss(
     Returns (loss, metrics) with metrics as floats, token means over this batch's mask: kl (only
     when β != 0), clip_ratio, clip_ratio/low, clip_ratio/high (CISPO: tokens with Â > 0 whose weight was cut, as TRL).
     """
-    if importance_level not in ("token", "sequence") or loss_type not in ("clip", "cispo", "sapo"):
+    if importance_level not in ("token", "sequence") or loss_type not in (
+        "clip",
+        "cispo",
+        "sapo",
+        "vespo",
+        "luspo",
+    ):
         raise ValueError(f"unknown importance_level {importance_level!r} or loss_type {loss_type!r}")
     log_ratio = logprobs - old_logprobs  # (B, T) log ρ_it
     # log s_i, the masked mean (padding must not count), for each token of o_i
@@ -365,6 +432,8 @@ def grpo_loss(
     if loss_type == "sapo":  # instead: a soft gate, with the temperature of the advantage's sign
         tau = torch.where(adv > 0, *sapo_temperatures)  # τ_pos where Â > 0, else τ_neg
         per_token = -adv * torch.sigmoid(tau * (ratio - 1)) * 4 / tau
+    if loss_type == "vespo":  # instead: REINFORCE weighted by φ of the completion's ratio, a constant
+        per_token = -vespo_weights(logprobs - old_logprobs, mask, adv, vespo_params) * adv * logprobs
     if is_weights is not None:
         per_token = per_token * is_weights
     if top_entropy_quantile < 1.0:
@@ -380,7 +449,9 @@ def grpo_loss(
         kl = kl_estimate(logprobs, ref_logprobs, kl_kind)
         per_token = per_token + beta * kl
 
-    if loss_agg == "seq-mean-token-mean":
+    if loss_type == "luspo":  # each completion's tokens summed: its mean loss times its length
+        loss = masked_sum(per_token, mask, dim=1).mean()
+    elif loss_agg == "seq-mean-token-mean":
         loss = (masked_sum(per_token, mask, dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
     elif loss_agg == "token-mean":
         loss = masked_sum(per_token, mask) / mask.sum().clamp(min=1)
@@ -404,23 +475,25 @@ def grpo_loss(
     return loss, metrics
 
 
+def vespo_weights(
+    log_ratio: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, params: tuple
+) -> torch.Tensor:
+    """VESPO's weight (arXiv:2602.10693, as TRL computes it), no gradient: φ(w) = w^k e^(λ(1 - w)), a gamma density's
+    shape scaled so that φ(1) = 1, with w = Π_t ρ_it the completion's whole ratio (log w = Σ_t log ρ_it, each log ρ
+    clamped to [-20, 20] and the sum to [ln 1e-8, 20]) and (k, λ) = params[0:2] where Â >= 0, params[2:4] where Â < 0.
+    (B, T) log ρ, (B, T) mask, (B, 1) or (B, T) Â -> φ of the advantage's shape"""
+    summed = masked_sum(log_ratio.clamp(-20.0, 20.0), mask, dim=1)  # (B,) log w, each log ρ clamped
+    log_w = summed.clamp(math.log(1e-8), 20.0)[:, None]  # (B, 1)
+    k = torch.where(advantages >= 0, params[0], params[2])
+    lam = torch.where(advantages >= 0, params[1], params[3])
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).detach()
+
+
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
     """1 on the tokens whose entropy is in the top `quantile` share of the masked tokens' (at or above their
     (1 - quantile) quantile, linearly interpolated as torch.quantile), 0 elsewhere. (B, T), (B, T) -> (B, T)"""
     threshold = torch.quantile(entropy[mask.bool()].float(), 1.0 - quantile)
     return (entropy >= threshold).to(mask.dtype) * mask
-
-
-def weighted_rewards(
-    per_reward: torch.Tensor, weights: torch.Tensor, caps: Optional[torch.Tensor] = None
-) -> torch.Tensor:
-    """r_i = Σ_k w_k r_ik, as TRL sums, (B, K), (K,) -> (B,). No r_k is normalised on its own first:
-    the policy then maximises Σ_k w_k r_k in the rewards' units, and a reward near constant in a
-    group is not blown up by a tiny std. caps (K,): each r_ik first clipped to [-c_k, c_k], so that one term (a
-    learned score's tail) cannot outweigh the others however far it runs."""
-    if caps is not None:
-        per_reward = torch.maximum(torch.minimum(per_reward, caps), -caps)
-    return (per_reward * weights).sum(dim=1)
 
 
 def loss_rows(completion_ids: torch.Tensor, eos: int, mask_truncated: bool) -> torch.Tensor:
@@ -431,97 +504,14 @@ def loss_rows(completion_ids: torch.Tensor, eos: int, mask_truncated: bool) -> t
     return (ended | (not mask_truncated)).float()
 
 
-def micro_batch_weight(loss_agg: str, micro_mask: torch.Tensor, batch_tokens: int, batch_rows: int) -> float:
-    """Weight of one micro-batch's loss so that the accumulated gradient equals the full batch's
-    (every rank's): sequence-level aggregations average over sequences, so a micro-batch counts by
-    its share of the batch's sequences; token-mean averages over tokens, so it counts by its share
-    of the batch's tokens."""
-    if loss_agg == "token-mean":
-        return micro_mask.sum().item() / batch_tokens
-    return micro_mask.shape[0] / batch_rows
-
-
-def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, buffer: int, penalty: float) -> torch.Tensor:
-    """DAPO eq. 13, soft overlong punishment, (B,) -> (B,): 0 up to L_max - L_cache, then falling linearly to
-    -penalty at L_max, where L_max = max_new_tokens and L_cache = buffer."""
-    if buffer <= 0:
-        return torch.zeros_like(lengths, dtype=torch.float)
-    over = (lengths - (max_new_tokens - buffer)).clamp(min=0).float()
-    return -penalty * (over / buffer).clamp(max=1.0)
-
-
-def reward_stats(
-    rewards, scores, scored: tasks.Scored, names: tuple[str, ...], group_size: int, learned: bool
-):
-    """TRL's reward metrics of a batch, as floats: the reward (B,) and its spread within the groups, the score (B,)
-    before any overlong penalty, each of --rewards, and with a learned reward the verifier beside it (the true one)."""
-    grouped = rewards.view(-1, group_size)  # (P, G)
-    stats = {
-        "reward": rewards.mean().item(),
-        "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
-        "frac_reward_zero_std": (grouped.amax(1) == grouped.amin(1)).float().mean().item(),
-        "score": scores.mean().item(),
-        **{f"rewards/{name}/mean": scored.rewards[:, k].mean().item() for k, name in enumerate(names)},
-        "reward/unearned": sum(scored.unearned) / len(scored.unearned),
-    }
-    if learned:
-        stats["verifier"] = scored.verified.mean().item()
-    return stats
-
-
-# ---------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------
-def entropy_wanted(args: Args, iteration: int) -> tuple[bool, bool]:
-    """(compute the entropy, with its gradient): iteration 0's is logged, the sampling policy's; the loss reads it at
-    every iteration when it has an entropy bonus (then with its gradient) or keeps only the high-entropy tokens."""
-    in_loss = args.entropy_coef != 0 or args.top_entropy_quantile < 1
-    return iteration == 0 or in_loss, args.entropy_coef != 0
-
-
-def loss_options(args: Args) -> dict:
-    """grpo_loss's options as the command line sets them: the same for every micro-batch and iteration."""
-    return dict(
-        eps_low=args.eps_low,
-        eps_high=args.eps_high,
-        beta=args.beta,
-        loss_agg=args.loss_agg,
-        max_completion_length=args.max_new_tokens,
-        kl_kind=args.kl_estimator,
-        importance_level=args.importance_level,
-        loss_type=args.loss_type,
-        delta=args.delta,
-        entropy_coef=args.entropy_coef,
-        top_entropy_quantile=args.top_entropy_quantile,
-        sapo_temperatures=args.sapo_temperatures,
-    )
-
-
-def group_logprobs(
-    model,
-    sequences: tuple,
-    rows: slice,
-    group_size: int,
-    temperature: float,
-    entropy=False,
-    entropy_grad=False,
-):
-    """log π of the completions in `rows` (and their entropy, with its gradient if entropy_grad), each prompt encoded
-    once for its group's rows: row r belongs to prompt r // G. sequences = (prompt_ids (P, S), prompt_mask (P, S),
-    completion_ids (B, T)) -> (B_rows, T), and (B_rows, T) or None"""
-    prompt_ids, prompt_mask, completion_ids = sequences
-    groups = torch.arange(rows.start, rows.stop, device=completion_ids.device) // group_size
-    prompts, repeats = torch.unique_consecutive(groups, return_counts=True)
-    return common.completion_logprobs(
-        model,
-        prompt_ids[prompts],
-        prompt_mask[prompts],
-        completion_ids[rows],
-        repeats,
-        temperature,
-        entropy,
-        entropy_grad=entropy_grad,
-    )
+def adapted_entropy_coef(args: Args, coef: float, entropy: float) -> float:
+    """Skywork-OR1's adaptive entropy control (arXiv:2505.22312, §3.2.3; TRL's use_adaptive_entropy), once a step:
+    c <- clip(c + Δ, low, high) while the batch's mean token entropy H <= --entropy-target, clip(c - Δ, ...) above it.
+    Without --entropy-target, c as it is."""
+    if args.entropy_target is None:
+        return coef
+    moved = coef + args.entropy_coef_step if entropy <= args.entropy_target else coef - args.entropy_coef_step
+    return min(max(moved, args.entropy_coef_bounds[0]), args.entropy_coef_bounds[1])
 
 
 def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) -> dict:
@@ -546,10 +536,11 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         args, tokenizer, device, precision, kernels_on, resumed, args.beta != 0
     )
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    reward_model = None
-    if args.reward_model:
-        reward_model = models.load_reward_model(args.reward_model, tokenizer, device, precision, kernels_on)
-    fsdp.shard(args.run.fsdp, policy, ref_model, reward_model)  # --fsdp: 1/N of each model's weights
+    reward_models = [
+        models.load_reward_model(path, tokenizer, device, precision, kernels_on)
+        for path in args.reward_model or ()
+    ]
+    fsdp.shard(args.run.fsdp, policy, ref_model, *reward_models)  # --fsdp: 1/N of each model's weights
     optimizer, scheduler = common.make_optimizer(
         policy, args.lr, args.weight_decay, args.warmup_steps, args.steps if args.lr_decay else 0
     )
@@ -558,8 +549,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     G = args.group_size
 
     run = runs.Run(args, "grpo", tokenizer, device, resumed)  # the run folder, metrics.jsonl, checkpoints
-    # what a checkpoint holds; resumed here
-    run.checkpointed(policy, generator, optimizer=optimizer, scheduler=scheduler)
+    # what a checkpoint holds; resumed here (the entropy bonus's coefficient: adapted each step by --entropy-target)
+    adaptive = groups.entropy_state(args, resumed)
+    run.checkpointed(policy, generator, optimizer=optimizer, scheduler=scheduler, extra=adaptive.copy)
     # a resumed run's data position: P problems a step
     train_stream = itertools.islice(train_stream, (run.first_step - 1) * args.prompts_per_step, None)
 
@@ -594,30 +586,25 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         # ---- 2. score with each of --rewards (a verifier or a reward model, the format) -----------
         texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
-        learned = None  # a reward model's scores (B,), in place of the verifier's
-        if reward_model is not None:
-            with torch.no_grad():
-                input_ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
-                learned = common.reward_scores(
-                    reward_model, input_ids, torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1)
-                )
-        scored = tasks.score_completions(texts, answers, args.rewards, reward_fn, device, learned)
-        per_reward = scored.rewards  # (B, K), one column per reward
-        runs.check_rewards(per_reward, step)
-        scores = weighted_rewards(
-            per_reward,
-            per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards)),
-            per_reward.new_tensor(args.reward_clip) if args.reward_clip else None,
+        # the reward models' scores (B,), one model's or the ensemble's, in place of the verifier's; None without
+        learned = batch_rewards.learned_scores(
+            reward_models, prompt_ids, prompt_mask, completion_ids, mask, G, args.reward_ensemble
         )
+        scored = tasks.score_completions(texts, answers, args.rewards, reward_fn, device, learned)
+        runs.check_rewards(scored.rewards, step)
+        per_reward = batch_rewards.capped_rewards(scored.rewards, args.reward_clip)  # (B, K)
+        weights = per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards))  # (K,)
+        # (B,) Σ_k w_k r_ik, or with normalize-then-sum (GDPO) each r_k normalised in its group first
+        scores = batch_rewards.weighted_sum(per_reward, weights, G, args.multi_objective_aggregation)
         lengths = mask.sum(1)  # (B,)
-        rewards = scores + overlong_penalty(
+        rewards = scores + batch_rewards.overlong_penalty(
             lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty
         )
 
         # ---- 3. group-relative advantages -------------------------------------------------------
         scale = args.scale_rewards if args.scale_by_std else "none"  # --no-scale-by-std: none
         advantages = group_advantages(rewards, G, scale != "none", std_over=scale)  # (B,)
-        stats = reward_stats(rewards, scores, scored, args.rewards, G, learned is not None)
+        stats = batch_rewards.reward_stats(rewards, scores, scored, args.rewards, G, learned is not None)
         stats.update(metrics.completion_stats(completion_ids, mask, tokenizer.eos_token_id, G, time_generate))
         # DAPO's dynamic sampling drops the groups whose every advantage is 0 (equal rewards)
         no_signal = (advantages.view(len(problems), -1) == 0).all(1)  # (P,)
@@ -649,13 +636,13 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 old_logprobs = None
                 if args.num_iterations > 1:
                     old_logprobs = torch.cat(
-                        [group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
+                        [groups.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
                     )
                 ref_logprobs = None
                 if args.beta != 0.0:
                     with common.reference(policy, ref_model) as ref:
                         ref_logprobs = torch.cat(
-                            [group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
+                            [groups.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
                         )
 
             # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
@@ -665,8 +652,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
             for iteration in range(args.num_iterations):
                 for s in slices:
-                    logprobs, entropy = group_logprobs(
-                        policy, sequences, s, G, args.temperature, *entropy_wanted(args, iteration)
+                    logprobs, entropy = groups.group_logprobs(
+                        policy, sequences, s, G, args.temperature, *groups.entropy_wanted(args, iteration)
                     )
                     # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
                     old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
@@ -677,10 +664,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         advantages[s],
                         mask[s],
                         entropy=entropy,
-                        **loss_options(args),
+                        **groups.loss_options(args, adaptive["entropy_coef"]),
                     )
                     run.check_finite(loss, step)
-                    weight = micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
+                    weight = groups.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
                     # kl, clip_ratio: token means over the whole batch; the entropy logged: iteration 0's, the sampler's
                     sums.add(m, mask[s], loss, weight, entropy if iteration == 0 else None)
@@ -692,6 +679,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 run.check_finite(grad_norm, step, "gradient norm")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
+            # the next step's entropy coefficient
+            adaptive["entropy_coef"] = adapted_entropy_coef(
+                args, adaptive["entropy_coef"], sums.totals()["entropy"]
+            )
         # the rate this step used, or would have: warm-up counts batches, skipped too
         stats["lr"] = scheduler.get_last_lr()[0]
         scheduler.step()
@@ -703,6 +694,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             # the sampler against the trainer, at the tokens sampled
             stats.update(common.mismatch_metrics(torch.cat(trainer_logprobs), sampler_logprobs, mask))
             stats["grad_norm"] = grad_norm.item()
+            stats.update(adaptive)
             stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
         else:
             stats["skipped"] = 1

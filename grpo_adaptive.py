@@ -35,12 +35,13 @@ import torch
 import common
 import grpo
 from infra import distributed
+from infra import groups
 from infra import fsdp
 from infra import metrics
 from infra import models
 from infra import runs
 from infra import stepmetrics
-from task import tasks
+from task import batch_rewards, tasks
 from common import require
 
 
@@ -63,8 +64,9 @@ def check_args(args: Args) -> None:
         "--reward-model and --scale-rewards are not supported here: the ragged groups normalise their own; use grpo.py",
     )
     require(
-        args.entropy_coef == 0 and args.top_entropy_quantile == 1,
-        "--entropy-coef and --top-entropy-quantile are grpo.py's: the ragged forward logs the entropy only",
+        args.entropy_coef == 0 and args.top_entropy_quantile == 1 and args.entropy_target is None,
+        "--entropy-coef, --entropy-target and --top-entropy-quantile are grpo.py's: the ragged forward logs the "
+        "entropy only",
     )
 
 
@@ -136,9 +138,8 @@ def sample_and_score(
     scored = tasks.score_completions(texts, answers, args.rewards, reward_fn, device)
     runs.check_rewards(scored.rewards, step)
     weights = scored.rewards.new_tensor(args.reward_weights or [1.0] * len(args.rewards))
-    caps = scored.rewards.new_tensor(args.reward_clip) if args.reward_clip else None
-    scores = grpo.weighted_rewards(scored.rewards, weights, caps)
-    rewards = scores + grpo.overlong_penalty(
+    scores = batch_rewards.weighted_rewards(scored.rewards, weights, args.reward_clip)
+    rewards = scores + batch_rewards.overlong_penalty(
         mask.sum(1), args.max_new_tokens, args.overlong_buffer, args.overlong_penalty
     )
     return Sampled(completion_ids, mask, sampler_logprobs, rewards, scores, scored)
@@ -232,7 +233,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
         # ---- 2. the rewards (above, with each part's sampling), and what they say ----------------------
         # the first round's: every prompt's G0, an unbiased draw of the policy; `score` below is every sample's
-        stats = grpo.reward_stats(first.rewards, first.scores, first.scored, args.rewards, G0, False)
+        stats = batch_rewards.reward_stats(first.rewards, first.scores, first.scored, args.rewards, G0, False)
         stats["samples"] = distributed.all_sum(len(rewards))  # every rank's
         stats["frac_prompts_sampled_again"] = uniform.float().mean().item()
         stats["score"] = scores.mean().item()
@@ -314,10 +315,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         ref_logprobs[s] if ref_logprobs is not None else None,
                         advantages[s],
                         mask[s],
-                        **grpo.loss_options(args),
+                        **groups.loss_options(args, args.entropy_coef),
                     )
                     run.check_finite(loss, step)
-                    weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
+                    weight = groups.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
                     # kl, clip_ratio: token means over the whole batch; entropy: iteration 0's (None after)
                     sums.add(m, mask[s], loss, weight, entropy)

@@ -57,11 +57,12 @@ import common
 import grpo
 from infra import distributed
 from infra import fsdp
+from infra import groups
 from infra import metrics
 from infra import models
 from infra import runs
 from infra import stepmetrics
-from task import tasks
+from task import batch_rewards, tasks
 from common import masked_mean, masked_sum, require
 
 Correction = Literal["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"]
@@ -90,6 +91,10 @@ class Args(grpo.Args):
 
 def check_args(args: Args) -> None:
     grpo.check_args(args)
+    require(
+        args.entropy_target is None,
+        "--entropy-target adapts grpo.py's coefficient; grpo_async.py takes --entropy-coef",
+    )
     require(args.is_cap > 1, f"--is-cap must be > 1 (weights are kept within [1/C, C]), not {args.is_cap}")
     require(args.staleness >= 0, f"--staleness must be >= 0, not {args.staleness}")
     require(
@@ -187,10 +192,11 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         args, tokenizer, device, precision, kernels_on, resumed, args.beta != 0
     )
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    reward_model = None
-    if args.reward_model:
-        reward_model = models.load_reward_model(args.reward_model, tokenizer, device, precision, kernels_on)
-    fsdp.shard(args.run.fsdp, policy, ref_model, reward_model)  # --fsdp: 1/N of each model's weights
+    reward_models = [
+        models.load_reward_model(path, tokenizer, device, precision, kernels_on)
+        for path in args.reward_model or ()
+    ]
+    fsdp.shard(args.run.fsdp, policy, ref_model, *reward_models)  # --fsdp: 1/N of each model's weights
     optimizer, scheduler = common.make_optimizer(
         policy, args.lr, args.weight_decay, args.warmup_steps, args.steps if args.lr_decay else 0
     )
@@ -236,30 +242,25 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         # ---- 2. score with each of --rewards (a verifier or a reward model, the format) -----------
         texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
-        learned = None  # a reward model's scores (B,), in place of the verifier's
-        if reward_model is not None:
-            with torch.no_grad():
-                input_ids = torch.cat([prompt_ids.repeat_interleave(G, 0), completion_ids], 1)
-                learned = common.reward_scores(
-                    reward_model, input_ids, torch.cat([prompt_mask.repeat_interleave(G, 0), mask], 1)
-                )
-        scored = tasks.score_completions(texts, answers, args.rewards, reward_fn, device, learned)
-        per_reward = scored.rewards  # (B, K), one column per reward
-        runs.check_rewards(per_reward, step)
-        scores = grpo.weighted_rewards(
-            per_reward,
-            per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards)),
-            per_reward.new_tensor(args.reward_clip) if args.reward_clip else None,
+        # the reward models' scores (B,), one model's or the ensemble's, in place of the verifier's; None without
+        learned = batch_rewards.learned_scores(
+            reward_models, prompt_ids, prompt_mask, completion_ids, mask, G, args.reward_ensemble
         )
+        scored = tasks.score_completions(texts, answers, args.rewards, reward_fn, device, learned)
+        runs.check_rewards(scored.rewards, step)
+        per_reward = batch_rewards.capped_rewards(scored.rewards, args.reward_clip)  # (B, K)
+        weights = per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards))  # (K,)
+        # (B,) Σ_k w_k r_ik, or with normalize-then-sum (GDPO) each r_k normalised in its group first
+        scores = batch_rewards.weighted_sum(per_reward, weights, G, args.multi_objective_aggregation)
         lengths = mask.sum(1)  # (B,)
-        rewards = scores + grpo.overlong_penalty(
+        rewards = scores + batch_rewards.overlong_penalty(
             lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty
         )
 
         # ---- 3. group-relative advantages -------------------------------------------------------
         scale = args.scale_rewards if args.scale_by_std else "none"  # --no-scale-by-std: none
         advantages = grpo.group_advantages(rewards, G, scale != "none", std_over=scale)  # (B,)
-        stats = grpo.reward_stats(rewards, scores, scored, args.rewards, G, learned is not None)
+        stats = batch_rewards.reward_stats(rewards, scores, scored, args.rewards, G, learned is not None)
         stats.update(metrics.completion_stats(completion_ids, mask, tokenizer.eos_token_id, G, time_generate))
         # DAPO's dynamic sampling drops the groups whose every advantage is 0 (equal rewards)
         no_signal = (advantages.view(len(problems), -1) == 0).all(1)  # (P,)
@@ -315,13 +316,13 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 old_logprobs = None
                 if args.num_iterations > 1:
                     old_logprobs = torch.cat(
-                        [grpo.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
+                        [groups.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
                     )
                 ref_logprobs = None
                 if args.beta != 0.0:
                     with common.reference(policy, ref_model) as ref:
                         ref_logprobs = torch.cat(
-                            [grpo.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
+                            [groups.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
                         )
 
             # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
@@ -331,8 +332,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
             for iteration in range(args.num_iterations):
                 for s in slices:
-                    logprobs, entropy = grpo.group_logprobs(
-                        policy, sequences, s, G, args.temperature, *grpo.entropy_wanted(args, iteration)
+                    logprobs, entropy = groups.group_logprobs(
+                        policy, sequences, s, G, args.temperature, *groups.entropy_wanted(args, iteration)
                     )
                     # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
                     old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
@@ -347,14 +348,14 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         advantages[s],
                         mask[s],
                         entropy=entropy,
-                        **grpo.loss_options(args),
+                        **groups.loss_options(args, args.entropy_coef),
                         is_weights=is_weights,
                     )
                     if args.is_correction != "none":
                         m["is/weight_mean"] = masked_mean(is_weights, mask[s]).item()
                         m["is/frac_cut"] = masked_mean(cut.float(), mask[s]).item()
                     run.check_finite(loss, step)
-                    weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
+                    weight = groups.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
                     # kl, clip_ratio: token means over the whole batch; the entropy logged: iteration 0's, the sampler's
                     sums.add(m, mask[s], loss, weight, entropy if iteration == 0 else None)
@@ -377,6 +378,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             # the sampler against the trainer, at the tokens sampled
             stats.update(common.mismatch_metrics(torch.cat(trainer_logprobs), batch.sampler_logprobs, mask))
             stats["grad_norm"] = grad_norm.item()
+            stats["entropy_coef"] = args.entropy_coef  # fixed here: --entropy-target is grpo.py's
             stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
         else:
             stats["skipped"] = 1

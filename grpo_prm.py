@@ -35,11 +35,12 @@ import common
 import grpo
 from infra import distributed
 from infra import fsdp
+from infra import groups
 from infra import metrics
 from infra import models
 from infra import runs
 from infra import stepmetrics
-from task import stepwise, tasks
+from task import batch_rewards, stepwise, tasks
 from common import masked_mean, require
 
 
@@ -55,7 +56,7 @@ class Args(grpo.Args):
 def check_args(args: Args) -> None:
     grpo.check_args(args)
     require(
-        args.prm is not None,
+        args.prm,
         "--prm DIR is required: train a process reward model with `python prm.py` (it prints its run folder; the "
         "checkpoint is <run folder>/model)",
     )
@@ -110,7 +111,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
     run = runs.Run(args, "grpo-prm", tokenizer, device, resumed)  # the run folder, metrics.jsonl, checkpoints
     # what a checkpoint holds; resumed here
-    run.checkpointed(policy, generator, optimizer=optimizer, scheduler=scheduler)
+    adaptive = groups.entropy_state(args, resumed)
+    run.checkpointed(policy, generator, optimizer=optimizer, scheduler=scheduler, extra=adaptive.copy)
     # a resumed run's data position: P problems a step
     train_stream = itertools.islice(train_stream, (run.first_step - 1) * args.prompts_per_step, None)
 
@@ -156,7 +158,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         )
 
         # ---- 3. process-supervised advantages (above), and the groups they leave ----------------
-        stats = grpo.reward_stats(rewards, rewards, scored, ("correct",), G, False)
+        stats = batch_rewards.reward_stats(rewards, rewards, scored, ("correct",), G, False)
         stats.update(metrics.completion_stats(completion_ids, mask, tokenizer.eos_token_id, G, time_generate))
         stats["prm/step_score"] = masked_mean(step_scores, step_mask).item()
         stats["prm/steps"] = step_mask.sum(1).float().mean().item()
@@ -191,13 +193,13 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 old_logprobs = None
                 if args.num_iterations > 1:
                     old_logprobs = torch.cat(
-                        [grpo.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
+                        [groups.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
                     )
                 ref_logprobs = None
                 if args.beta != 0.0:
                     with common.reference(policy, ref_model) as ref:
                         ref_logprobs = torch.cat(
-                            [grpo.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
+                            [groups.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
                         )
 
             # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
@@ -207,8 +209,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
             for iteration in range(args.num_iterations):
                 for s in slices:
-                    logprobs, entropy = grpo.group_logprobs(
-                        policy, sequences, s, G, args.temperature, *grpo.entropy_wanted(args, iteration)
+                    logprobs, entropy = groups.group_logprobs(
+                        policy, sequences, s, G, args.temperature, *groups.entropy_wanted(args, iteration)
                     )
                     # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
                     old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
@@ -219,10 +221,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         advantages[s],
                         mask[s],
                         entropy=entropy,
-                        **grpo.loss_options(args),
+                        **groups.loss_options(args, adaptive["entropy_coef"]),
                     )
                     run.check_finite(loss, step)
-                    weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
+                    weight = groups.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
                     # kl, clip_ratio: token means over the whole batch; the entropy logged: iteration 0's, the sampler's
                     sums.add(m, mask[s], loss, weight, entropy if iteration == 0 else None)
@@ -234,6 +236,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 run.check_finite(grad_norm, step, "gradient norm")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
+            # the next step's entropy coefficient
+            adaptive["entropy_coef"] = grpo.adapted_entropy_coef(
+                args, adaptive["entropy_coef"], sums.totals()["entropy"]
+            )
         # the rate this step used, or would have: warm-up counts batches, skipped too
         stats["lr"] = scheduler.get_last_lr()[0]
         scheduler.step()
@@ -245,6 +251,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             # the sampler against the trainer, at the tokens sampled
             stats.update(common.mismatch_metrics(torch.cat(trainer_logprobs), sampler_logprobs, mask))
             stats["grad_norm"] = grad_norm.item()
+            stats.update(adaptive)
             stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
         else:
             stats["skipped"] = 1

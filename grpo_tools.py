@@ -36,6 +36,7 @@ import torch
 import common
 import grpo
 from infra import distributed
+from infra import groups
 from infra import models
 from infra import runs
 from infra import stepmetrics
@@ -60,6 +61,7 @@ NOT_READ = (
     "dataset",
     "prompt_style",
     "reward_model",
+    "multi_objective_aggregation",
     "rewards",
     "reward_weights",
     "reward_clip",
@@ -68,6 +70,7 @@ NOT_READ = (
     "scale_rewards",
     "overlong_buffer",
     "overlong_penalty",
+    "entropy_target",
     "pass_k",
 )
 
@@ -297,13 +300,13 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             old_logprobs = None
             if args.num_iterations > 1:
                 old_logprobs = torch.cat(
-                    [grpo.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
+                    [groups.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
                 )
             ref_logprobs = None
             if args.beta != 0.0:
                 with common.reference(policy, ref_model) as ref:
                     ref_logprobs = torch.cat(
-                        [grpo.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
+                        [groups.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
                     )
 
         # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
@@ -313,8 +316,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
         for iteration in range(args.num_iterations):
             for s in slices:
-                logprobs, entropy = grpo.group_logprobs(
-                    policy, sequences, s, G, args.temperature, *grpo.entropy_wanted(args, iteration)
+                logprobs, entropy = groups.group_logprobs(
+                    policy, sequences, s, G, args.temperature, *groups.entropy_wanted(args, iteration)
                 )
                 # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
                 old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
@@ -325,10 +328,10 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                     advantages[s],
                     mask[s],
                     entropy=entropy,
-                    **grpo.loss_options(args),
+                    **groups.loss_options(args, args.entropy_coef),
                 )
                 run.check_finite(loss, step)
-                weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), B)
+                weight = groups.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), B)
                 (loss * weight).backward()
                 # kl, clip_ratio: token means over the whole batch; the entropy logged: iteration 0's, the sampler's
                 sums.add(m, mask[s], loss, weight, entropy if iteration == 0 else None)

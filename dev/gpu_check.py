@@ -451,7 +451,7 @@ def update(check: Check) -> dict:
     import torch
 
     import common
-    import grpo
+    from infra import groups
     from infra import launches
     from infra import models
     from infra import runs
@@ -479,11 +479,11 @@ def update(check: Check) -> dict:
     def reference_pass(reference, slices):
         with torch.no_grad():
             for s in slices:
-                grpo.group_logprobs(reference, sequences, s, group, 1.0)
+                groups.group_logprobs(reference, sequences, s, group, 1.0)
 
     def forward_backward(slices):
         for s in slices:
-            logprobs, entropy = grpo.group_logprobs(policy, sequences, s, group, 1.0, True)
+            logprobs, entropy = groups.group_logprobs(policy, sequences, s, group, 1.0, True)
             (logprobs.mean() * (s.stop - s.start) / rows).backward()
 
     def optimizer_step():

@@ -105,11 +105,19 @@ def check_options(
     divided_over_ranks: Optional[str] = None,
     one_process_only: tuple = (),
     compiled_decoding: bool = True,
+    only_with: Optional[dict[str, tuple[bool, str]]] = None,
 ) -> None:
     """The checks every script shares, made before anything loads: optimisation numbers, the counts that must be at
     least 1, LoRA, the tracker, the output folder. Under torchrun: the option `divided_over_ranks` (the batch the
     ranks share; None: the script runs in one process only) must divide over them, and no option of
-    `one_process_only` may be on. `compiled_decoding`: False where the policy never samples through --decode."""
+    `one_process_only` may be on. `compiled_decoding`: False where the policy never samples through --decode.
+    `only_with`: {option: (whether it acts, "with what")}: an option moved from its default where it would not act is
+    refused, naming what it acts with."""
+    defaults = {field.name: field.default for field in dataclasses.fields(args)}
+    for name, (acts, needs) in (only_with or {}).items():
+        require(
+            acts or getattr(args, name) == defaults[name], f"--{name.replace('_', '-')} acts only {needs}"
+        )
     check_transformers(transformers.__version__)
     require(args.seed >= 0, f"--seed must be >= 0, not {args.seed}")
     pass_k = getattr(args, "pass_k", None) or 0  # None: chosen for the model (tasks.evaluation_for_model)

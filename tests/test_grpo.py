@@ -29,7 +29,7 @@ from conftest import (
     write,
 )
 from grpo import (
-    entropy_wanted,
+    adapted_entropy_coef,
     high_entropy_mask,
     loss_rows,
     Args,
@@ -37,11 +37,10 @@ from grpo import (
     grpo_loss,
     kl_estimate,
     main,
-    micro_batch_weight,
-    overlong_penalty,
-    reward_stats,
-    weighted_rewards,
+    vespo_weights,
 )
+from infra.groups import entropy_wanted, micro_batch_weight
+from task.batch_rewards import ensemble_scores, overlong_penalty, reward_stats, weighted_rewards, weighted_sum
 
 
 def tiny_args(tmp_path, args_class=Args, **overrides) -> Args:
@@ -381,6 +380,112 @@ def test_delta_caps_the_ratio_of_a_negative_advantage_and_leaves_a_positive_one_
     assert without.item() == pytest.approx((5 + 2 - 1.2 - 0.5) / 4, abs=1e-6)
 
 
+def test_vespo_weights_a_completion_by_a_gamma_shape_of_its_whole_ratio():
+    """VESPO's φ(w) = w^k e^(λ(1 - w)), w = Π_t ρ_t over the completion's real tokens (TRL's defaults k, λ = 2, 3 for
+    Â >= 0 and 3, 2 for Â < 0):
+    row 0, log ρ = 0.1 and -0.3, Â = 1:   log w = -0.2, w = 0.818731: 0.670320 · e^(3 · 0.181269) = 1.154662
+    row 1, log ρ = 0.5 (9.0 is padding), Â = -1: w = e^0.5 = 1.648721: 4.481689 · e^(2 · -0.648721) = 1.224530
+    On-policy (w = 1) φ = 1 for either sign; φ carries no gradient."""
+    log_ratio = torch.tensor([[0.1, -0.3], [0.5, 9.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    advantages = torch.tensor([[1.0], [-1.0]])
+    phi = vespo_weights(log_ratio, mask, advantages, (2.0, 3.0, 3.0, 2.0))
+    assert phi.flatten().tolist() == pytest.approx([1.154662, 1.224530], abs=1e-6)
+    assert not phi.requires_grad
+    on_policy = vespo_weights(torch.zeros(2, 2), mask, advantages, (2.0, 3.0, 3.0, 2.0))
+    assert on_policy.flatten().tolist() == pytest.approx([1.0, 1.0])
+
+
+def test_vespo_loss_is_reinforce_weighted_by_phi_and_luspo_sums_each_completion():
+    """VESPO, token-mean over 3 tokens: l_it = -φ_i Â_i log π_it, so ∂loss/∂log π_it = -φ_i Â_i / 3: row 0 (ρ = 1,
+    φ = 1, Â = 1) -1/3 on each of its 2 tokens; row 1 (Â = -1, one token of log ρ = 0.5, φ = 1.224530) +1.224530/3.
+    LUSPO at ρ = 1 (no clip acts), lengths 2 and 1, Â = 1 and -1: each completion's loss times its length, then the
+    mean: (2 · -1 + 1 · 1) / 2 = -0.5, where GSPO's per-completion mean gives (-1 + 1) / 2 = 0."""
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    old = torch.tensor([[-1.0, -2.0], [-1.5, 0.0]])
+    logprobs = (old + torch.tensor([[0.0, 0.0], [0.5, 0.0]])).requires_grad_(True)
+    advantages = torch.tensor([1.0, -1.0])
+    loss, _ = grpo_loss(
+        logprobs, old, None, advantages, mask, beta=0.0, loss_type="vespo", loss_agg="token-mean"
+    )
+    loss.backward()
+    expected = [[-1 / 3, -1 / 3], [1.224530 / 3, 0.0]]
+    assert logprobs.grad.tolist()[0] == pytest.approx(expected[0], abs=1e-6)
+    assert logprobs.grad.tolist()[1] == pytest.approx(expected[1], abs=1e-6)
+    level = dict(beta=0.0, importance_level="sequence")
+    luspo, _ = grpo_loss(old, old, None, advantages, mask, loss_type="luspo", **level)
+    gspo, _ = grpo_loss(old, old, None, advantages, mask, **level)
+    assert luspo.item() == pytest.approx(-0.5) and gspo.item() == pytest.approx(0.0)
+
+
+def test_gdpo_normalises_each_reward_in_its_group_before_the_weighted_sum():
+    """Two groups of G = 2, rewards (correct, format), weights 1 and 2:
+    group 1: correct 1, 0 -> ±0.5 / (0.5 + 1e-4) = ±0.999800; format 0.5, 0.5 constant -> 0
+    group 2: correct 0, 0 constant -> 0;                 format 1, 0 -> ±0.999800, weighted ±1.999600
+    sum-then-normalize sums first: 2, 1, 2, 0. GDPO then divides by the batch's std (--scale-rewards batch): the
+    population std of (±0.9998, ±1.9996) is 0.9998 · √2.5 = 1.580823, Â = ±0.632416, ±1.264831."""
+    per_reward = torch.tensor([[1.0, 0.5], [0.0, 0.5], [0.0, 1.0], [0.0, 0.0]])
+    weights = torch.tensor([1.0, 2.0])
+    gdpo = weighted_sum(per_reward, weights, 2, "normalize-then-sum")
+    assert gdpo.tolist() == pytest.approx([0.999800, -0.999800, 1.999600, -1.999600], abs=1e-6)
+    assert weighted_sum(per_reward, weights, 2).tolist() == [2.0, 1.0, 2.0, 0.0]
+    advantages = group_advantages(gdpo, 2, std_over="batch")
+    assert advantages.tolist() == pytest.approx([0.632416, -0.632416, 1.264831, -1.264831], abs=1e-6)
+    # a group whose every reward is constant keeps Â = 0 exactly, as dynamic sampling looks for
+    constant = weighted_sum(
+        torch.tensor([[1.0, 0.5], [1.0, 0.5], [1.0, 0.0], [0.0, 0.0]]), weights, 2, "normalize-then-sum"
+    )
+    assert constant[:2].tolist() == [0.0, 0.0]
+
+
+def test_adapted_entropy_coef_moves_toward_the_target_within_its_bounds():
+    """Skywork-OR1's control, Δ = 0.005, bounds [0, 0.012]: H = 0.4 <= target 0.5 raises 0.010 to 0.015, capped at
+    0.012; H = 0.6 lowers it to 0.005; 0.002 lowered by 0.005 stops at 0; without a target c stays."""
+    args = Args(entropy_target=0.5, entropy_coef_step=0.005, entropy_coef_bounds=(0.0, 0.012))
+    assert adapted_entropy_coef(args, 0.010, 0.4) == pytest.approx(0.012)
+    assert adapted_entropy_coef(args, 0.010, 0.6) == pytest.approx(0.005)
+    assert adapted_entropy_coef(args, 0.002, 0.6) == 0.0
+    assert adapted_entropy_coef(args, 0.004, 0.5) == pytest.approx(0.009)  # at the target: up
+    assert adapted_entropy_coef(Args(), 0.010, 0.4) == 0.010
+
+
+def test_an_ensemble_of_reward_models_scores_by_the_mean_or_min_of_standardised_scores():
+    """Model A scores 1, 2, 3 (mean 2, population std 0.816497): z = -1.224745, 0, 1.224745; model B 10, 10, 40 (mean
+    20, std 14.142136): z = -0.707107, -0.707107, 1.414214. Mean: -0.965926, -0.353553, 1.319479; min: -1.224745,
+    -0.707107, 1.224745. One model's scores are used as they are."""
+    scores = torch.tensor([[1.0, 2.0, 3.0], [10.0, 10.0, 40.0]])
+    assert ensemble_scores(scores, "mean").tolist() == pytest.approx(
+        [-0.965926, -0.353553, 1.319479], abs=1e-6
+    )
+    assert ensemble_scores(scores, "min").tolist() == pytest.approx(
+        [-1.224745, -0.707107, 1.224745], abs=1e-6
+    )
+    assert ensemble_scores(scores[1:], "min").tolist() == [10.0, 10.0, 40.0]
+
+
+def test_learned_scores_read_each_reward_model_on_the_real_tokens(monkeypatch):
+    """Each model sees every prompt repeated for its G completions and the completion's own mask (no padding after
+    EOS); their scores then make one (ensemble_scores)."""
+    from task import batch_rewards
+
+    seen = []
+
+    def fake_scores(model, input_ids, attention_mask):
+        seen.append((input_ids.tolist(), attention_mask.tolist()))
+        return model
+
+    monkeypatch.setattr(common, "reward_scores", fake_scores)
+    prompt_ids = torch.tensor([[7, 8]])
+    prompt_mask = torch.tensor([[0, 1]])
+    completion_ids = torch.tensor([[1, 2], [3, 0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    models_ = [torch.tensor([1.0, 3.0]), torch.tensor([5.0, 1.0])]
+    learned = batch_rewards.learned_scores(models_, prompt_ids, prompt_mask, completion_ids, mask, 2, "min")
+    assert learned.tolist() == pytest.approx([-1.0, -1.0])  # z: (-1, 1) and (1, -1)
+    assert seen[0] == ([[7, 8, 1, 2], [7, 8, 3, 0]], [[0, 1, 1, 1], [0, 1, 1, 0]])
+    assert batch_rewards.learned_scores([], prompt_ids, prompt_mask, completion_ids, mask, 2, "mean") is None
+
+
 ENTROPY = torch.tensor([[0.1, 0.5, 0.9], [0.3, 0.7, 5.0]])
 ENTROPY_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 
@@ -518,7 +623,7 @@ def test_weighted_rewards_cap_each_term_before_the_sum():
     # 1·(1, 0, 1) + 0.5·(-2, 0.5, 2) = (0, 0.25, 2); uncapped the score's tail would give (-2, 0.25, 5.5)
     per_reward = torch.tensor([[1.0, -6.0], [0.0, 0.5], [1.0, 9.0]])
     weights = torch.tensor([1.0, 0.5])
-    capped = weighted_rewards(per_reward, weights, caps=torch.tensor([1.0, 2.0]))
+    capped = weighted_rewards(per_reward, weights, caps=(1.0, 2.0))
     assert capped.tolist() == pytest.approx([0.0, 0.25, 2.0])
     assert weighted_rewards(per_reward, weights).tolist() == pytest.approx([-2.0, 0.25, 5.5])
 
@@ -862,7 +967,7 @@ def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypat
         steps=1,
         prompts_per_step=1,
         group_size=2,
-        reward_model=rm_path,
+        reward_model=(rm_path,),
         save_model=False,
     )
     result = main(args, reward_fn=lambda completion, answer: 1.0)
@@ -1074,6 +1179,32 @@ def test_resume_continues_exactly(tmp_path):
     )
 
 
+def test_resume_keeps_the_adapted_entropy_coefficient(tmp_path):
+    # the coefficient moves every step (a target no entropy reaches: up by 0.01 a step), and is checkpointed with it
+    assert_resume_is_exact(
+        tmp_path,
+        main,
+        lambda out, **kw: tiny_args(out, eval_every=2, entropy_target=100.0, entropy_coef_step=0.01, **kw),
+        reward_fn=digit_fraction,
+    )
+
+
+def test_the_entropy_coefficient_adapts_each_step_in_the_loop(tmp_path):
+    rows = metrics_of(
+        main(
+            tiny_args(tmp_path, steps=3, entropy_target=100.0, entropy_coef_step=0.01, save_model=False),
+            reward_fn=digit_fraction,
+        )
+    )
+    assert [row["entropy_coef"] for row in rows] == pytest.approx([0.01, 0.02, 0.03])
+    below = metrics_of(
+        main(tiny_args(tmp_path, steps=2, entropy_target=0.0, entropy_coef=0.02, save_model=False))
+    )
+    assert [row["entropy_coef"] for row in below] == pytest.approx(
+        [0.015, 0.01]
+    )  # entropy above 0: down by 0.005
+
+
 def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path):
     with pytest.raises(runs.InputError, match="no checkpoint there"):
         main(tiny_args(tmp_path, resume=str(tmp_path)))
@@ -1102,6 +1233,26 @@ def test_resume_refuses_a_run_without_a_checkpoint_or_already_finished(tmp_path)
             dict(loss_type="sapo", sapo_temperatures=(1.0, 0.5)),
             "--sapo-temperatures: τ_pos > 0 and τ_neg >= τ_pos",
         ),
+        (dict(sapo_temperatures=(1.0, 2.0)), "--sapo-temperatures acts only with --loss-type sapo"),
+        (dict(vespo_params=(1.0, 1.0, 1.0, 1.0)), "--vespo-params acts only with --loss-type vespo"),
+        (dict(loss_type="cispo", delta=4.0), "--delta acts only with the clip"),
+        (dict(entropy_coef_step=0.1), "--entropy-coef-step acts only with --entropy-target"),
+        (dict(entropy_coef_bounds=(0.0, 0.5)), "--entropy-coef-bounds acts only with --entropy-target"),
+        (dict(reward_ensemble="min"), "--reward-ensemble acts only with several --reward-model"),
+        (dict(loss_type="luspo"), "--loss-type luspo needs --importance-level sequence"),
+        (
+            dict(loss_type="luspo", importance_level="sequence", loss_agg="token-mean"),
+            "sums each completion's tokens itself",
+        ),
+        (
+            dict(loss_type="vespo", importance_level="sequence"),
+            "--loss-type vespo weighs the whole completion",
+        ),
+        (
+            dict(multi_objective_aggregation="normalize-then-sum"),
+            "normalize-then-sum needs --scale-rewards batch",
+        ),
+        (dict(entropy_target=0.5, entropy_coef_step=0.0), "--entropy-target: --entropy-coef-step > 0"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(tmp_path, overrides, message):
