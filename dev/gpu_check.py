@@ -28,9 +28,10 @@ Steps, each timed and recorded in DIR/summary.json (ok, seconds, and what it mea
             bf16-mixed (the GPU's default): held-out accuracy at steps 0, 5, 10 and the KL per completion over
             each third of each run, to tell whether PPO learns on the GPU at its batch (docs/ppo.md)
   ppo-budget
-            scripts/ppo_budget.py at 480 completions (60 steps), seeds 0, 1, 2: whether PPO's critic explains the
-            returns (explained variance > 0 over the last quarter) and its accuracy rises on every seed there, the
-            first step of the clip, KL and GAE studies at a budget where PPO learns (docs/ppo.md)
+            scripts/ppo_budget.py at 640 completions (5 steps of 128, ppo.py's batch), seeds 0, 1, 2: whether PPO's
+            critic explains the returns (explained variance > 0 over the last quarter) and its accuracy rises on
+            every seed there, the first step of the clip, KL and GAE studies at a budget where PPO learns
+            (docs/ppo.md; the studies themselves: `ppo_budget.py --budgets 640 --then-studies`, about 30 min)
   tier      `pytest -m cuda`: the cuda tier, every script's smoke run among it
 DIR also gets check.log (this whole console), tier.log and runs.tar.gz (each run's logs, metrics and eval.json):
 4 files, whatever a machine lets come back. The runs themselves go to a temporary folder.
@@ -122,11 +123,14 @@ PARTS = {
 # of 128 completions, about 2 minutes a seed on an H100 (a step costs about 2.7 GRPO steps on the CPU)
 PPO_PRECISION = ["ppo.py", "--reward", "verifier", "--steps", "10", "--eval-every", "5", "--pass-k", "0"]
 DRY_PPO_PRECISION = ["ppo.py", "--reward", "verifier", *TINY, "--eval-every", "1", "--pass-k", "0"]
-PPO_BUDGET = ["scripts/ppo_budget.py", "--budgets", "480", "--seeds", "0", "1", "2"]
+# the search at 640 completions (5 steps of 128), where PPO learns on the CPU on every seed (docs/ppo.md): 3 runs. The
+# studies there (ppo_budget.py --then-studies: the clip, KL and GAE rows, 11 more settings x 3 seeds = 33 runs) are
+# over one part's 8 minutes: an estimate of 25-35 min on an H100 at 45-60 s a run (not measured), a session of its own
+PPO_BUDGET = ["scripts/ppo_budget.py", "--budgets", "640", "--seeds", "0", "1", "2"]
 DRY_PPO_BUDGET = [
     "scripts/ppo_budget.py",
     "--budgets",
-    "16",
+    "128",
     "--seeds",
     "0",
     "--model",

@@ -80,6 +80,9 @@ ALGORITHMS = {
     "remax": ("ReMax", ["variants.py", "--algo", "remax"], 8),
     "ppo-verifier": ("PPO, verifier", ["ppo.py", "--reward", "verifier", *PPO_SHAPE], 8),
     "ppo-rm": ("PPO, reward model", ["ppo.py", "--reward", "model", *PPO_SHAPE], 8),
+    # ppo.py at its own defaults, 128 completions a step in 4 minibatches: the PPO knobs' studies (sensitivity.py) and
+    # the search for the budget where PPO learns (ppo_budget.py)
+    "ppo-verifier-defaults": ("PPO, verifier, ppo.py's batch", ["ppo.py", "--reward", "verifier"], 128),
     # its variant with the mitigations of over-optimisation (--ensemble-agg, --reward-clip, ...), all off
     "ppo-rm-overoptimisation": (
         "PPO, reward model, over-optimisation variant",

@@ -1,11 +1,11 @@
 """The smallest budget at which PPO learns, then PPO's knobs there: the clip, KL and GAE studies on 3 seeds.
 
-    python scripts/ppo_budget.py --budgets 480 960 1920 --device cuda                  # the search alone
-    python scripts/ppo_budget.py --budgets 480 960 1920 --then-studies --device cuda   # and the studies there
+    python scripts/ppo_budget.py --budgets 640 1280 2560 --device cuda                  # the search alone
+    python scripts/ppo_budget.py --budgets 640 --then-studies --device cuda             # and the studies there
 
 PPO learns at a budget when, on every seed, its critic explains the returns (explained variance > 0, averaged over
 the last quarter of its steps) and its held-out accuracy ends above the start. Each budget runs ppo.py on the
-verifier at its defaults (scripts/sensitivity.py's ppo-clip row "ε = 0.2 (ppo.py's)", 8 completions a step) on
+verifier at its defaults (scripts/sensitivity.py's ppo-clip row "ε = 0.2 (ppo.py's)", 128 completions a step) on
 every seed, smallest first, and the search stops at the first that passes. --then-studies runs sensitivity.py's
 ppo-clip, ppo-kl and ppo-gae studies at it, into --out/studies. Finished runs are read back, never rerun, so a
 stopped search goes on where it stopped. Writes --out/search.md and --out/search.jsonl.
@@ -24,6 +24,7 @@ import sensitivity  # noqa: E402  its rows, read-back and logged metrics
 
 STUDIES = ("ppo-clip", "ppo-kl", "ppo-gae")
 DEFAULT_ROW = sensitivity.STUDIES["ppo-clip"].rows[1]  # ε = 0.2: ppo.py at its defaults
+PER_STEP = compare.ALGORITHMS["ppo-verifier-defaults"][2]  # ppo.py's batch: 128 completions a step
 
 
 def learns(run: dict) -> bool:
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int | None:
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--budgets", nargs="+", type=int, default=[480, 960, 1920], help="completions, tried in order"
+        "--budgets", nargs="+", type=int, default=[640, 1280, 2560], help="completions, tried in order"
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument(
@@ -69,8 +70,8 @@ def main(argv: list[str] | None = None) -> int | None:
     parser.add_argument("--out", type=Path, default=Path("runs/ppo-budget"))
     args = parser.parse_args(argv)
     budgets = sorted(args.budgets)
-    if min(budgets) < 8 or any(b % 8 for b in budgets):
-        parser.error(f"--budgets: multiples of 8 (PPO's completions a step), not {args.budgets}")
+    if min(budgets) < PER_STEP or any(b % PER_STEP for b in budgets):
+        parser.error(f"--budgets: multiples of {PER_STEP} (PPO's completions a step), not {args.budgets}")
     args.keep_models = False
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int | None:
             run_args = argparse.Namespace(**vars(args), budget=budget)
             slug = f"ppo-verifier-{budget}"
             # compare.py's row "PPO, verifier" under a folder of its own budget
-            _, command, per_step = compare.ALGORITHMS["ppo-verifier"]
+            _, command, per_step = compare.ALGORITHMS["ppo-verifier-defaults"]
             compare.ALGORITHMS[slug] = (DEFAULT_ROW[0], command, per_step)
             result = compare.one_run(run_args, slug, seed, args.out / "search")
             for key, how in columns:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int | None:
     if found is None:
         print(f"PPO does not learn on every seed at any of {budgets} completions")
         return None
-    print(f"PPO learns on every seed at {found} completions ({found // 8} steps)")
+    print(f"PPO learns on every seed at {found} completions ({found // PER_STEP} steps)")
     if args.then_studies:
         options = ["--studies", *STUDIES, "--budget", str(found), "--seeds", *map(str, args.seeds)]
         options += ["--model", args.model, "--eval-size", str(args.eval_size), "--pass-k", str(args.pass_k)]

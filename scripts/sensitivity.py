@@ -53,8 +53,8 @@ PAIR_COLUMNS = (("lengths/chosen", "mean"), ("lengths/rejected", "mean"), ("rewa
 STUDIES = {
     "ppo-clip": Study(
         "ε = 0.1–0.2; too large blows up the KL; the clip or an adaptive KL penalty (PPO, eq. 7 and 8)",
-        "ppo-verifier",
-        80,
+        "ppo-verifier-defaults",
+        640,
         (
             ("ε = 0.1", ("--clip-eps", "0.1")),
             ("ε = 0.2 (ppo.py's)", ()),
@@ -67,8 +67,8 @@ STUDIES = {
     ),
     "ppo-gae": Study(
         "γ = 1, λ = 0.95; don't copy γ = 0.99",
-        "ppo-verifier",
-        80,
+        "ppo-verifier-defaults",
+        640,
         (
             ("γ = 1, λ = 0.9", ("--lam", "0.9")),
             ("γ = 1, λ = 0.95", ("--lam", "0.95")),
@@ -79,8 +79,8 @@ STUDIES = {
     ),
     "ppo-coefficients": Study(
         "c_v = 0.5, c_e = 0.01",
-        "ppo-verifier",
-        80,
+        "ppo-verifier-defaults",
+        640,
         (
             ("c_v = 0.1, c_e = 0 (ppo.py's)", ()),
             ("c_v = 0.5", ("--vf-coef", "0.5")),
@@ -101,14 +101,14 @@ STUDIES = {
     ),
     "ppo-kl": Study(
         "adaptive KL steers to a target; InstructGPT's β = 0.02",
-        "ppo-verifier",
-        80,
+        "ppo-verifier-defaults",
+        640,
         (
             ("fixed β = 0.001 (ppo.py's, verl's)", ()),
             ("fixed β = 0.02 (InstructGPT's)", ("--kl-coef", "0.02")),
             ("fixed β = 0.05 (TRL's)", ("--kl-coef", "0.05")),
             # a horizon of one run's completions, so that the controller moves within it (its default is 10,000)
-            ("adaptive, target 2 per completion", ("--target-kl", "2", "--kl-horizon", "80")),
+            ("adaptive, target 2 per completion", ("--target-kl", "2", "--kl-horizon", "640")),
         ),
         (*PPO_COLUMNS, ("kl_coef", "last")),
     ),

@@ -50,9 +50,12 @@ def test_completions_per_step_are_the_scripts_own_defaults():
         per_step["rft"]
         == rft_args.prompts_per_round * rft_args.samples_per_prompt // rft_args.steps_per_round
     )
-    # PPO's rows pin the budget's shape, 8 a step in one minibatch (ppo.py's own default batch is 128)
+    # PPO's comparison rows pin the budget's shape, 8 a step in one minibatch; one row keeps ppo.py's own batch of
+    # 128, for the PPO knobs' studies
     ppo_rows = [command for _, command, _ in compare.ALGORITHMS.values() if command[0].startswith("ppo")]
-    assert all(command[-4:] == compare.PPO_SHAPE for command in ppo_rows) and len(ppo_rows) == 3
+    assert sum(command[-4:] == compare.PPO_SHAPE for command in ppo_rows) == 3 and len(ppo_rows) == 4
+    assert per_step["ppo-verifier-defaults"] == args_of(ppo.Args).batch_size == 128
+    assert compare.ALGORITHMS["ppo-verifier-defaults"][1] == ["ppo.py", "--reward", "verifier"]
     shaped = args_of(ppo.Args, batch_size=8, minibatch_size=8)
     assert per_step["ppo-verifier"] == per_step["ppo-rm"] == shaped.batch_size != args_of(ppo.Args).batch_size
     assert (

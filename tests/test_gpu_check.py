@@ -63,7 +63,7 @@ def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
         for run in steps["ppo-precision"]["runs"].values()
     )
     # the search's one tiny budget, 16 completions (2 steps), seed 0
-    assert [(run["completions"], run["seed"]) for run in steps["ppo-budget"]["runs"]] == [(16, 0)]
+    assert [(run["completions"], run["seed"]) for run in steps["ppo-budget"]["runs"]] == [(128, 0)]
     # float32: the sampler agrees with the trainer to rounding; under the nucleus the gap is -log(mass kept)
     plain, nucleus = steps["mismatch"]["rows"]
     assert plain["mismatch/max_log_ratio"] < 1e-4

@@ -24,8 +24,8 @@ def test_a_run_learns_when_its_critic_explains_the_returns_and_its_accuracy_rise
 
 
 def test_the_search_stops_at_the_first_budget_where_every_seed_learns(tmp_path, monkeypatch):
-    # explained variance by (budget, seed): at 16 seed 1's critic has not learned; at 32 every seed's has
-    explained = {(16, 0): 0.2, (16, 1): -0.5, (32, 0): 0.1, (32, 1): 0.3, (48, 0): 0.4, (48, 1): 0.4}
+    # explained variance by (budget, seed): at 128 seed 1's critic has not learned; at 256 every seed's has
+    explained = {(128, 0): 0.2, (128, 1): -0.5, (256, 0): 0.1, (256, 1): 0.3, (384, 0): 0.4, (384, 1): 0.4}
     calls = []
 
     def one_run(args, slug, seed, out):
@@ -39,13 +39,13 @@ def test_the_search_stops_at_the_first_budget_where_every_seed_learns(tmp_path, 
     monkeypatch.setattr(compare, "ALGORITHMS", dict(compare.ALGORITHMS))  # the search adds its rows there
     monkeypatch.setattr(compare, "one_run", one_run)
     monkeypatch.setattr(sensitivity, "logged", logged)
-    found = ppo_budget.main(["--budgets", "48", "16", "32", "--seeds", "0", "1", "--out", str(tmp_path)])
-    assert found == 32
+    found = ppo_budget.main(["--budgets", "384", "128", "256", "--seeds", "0", "1", "--out", str(tmp_path)])
+    assert found == 256
     # smallest first, every seed of a budget, none past the first that passes
-    assert [(b, s) for b, s, _ in calls] == [(16, 0), (16, 1), (32, 0), (32, 1)]
-    # each budget's runs in a folder of their own, ppo.py at its defaults but the comparison's 8 a step
-    assert calls[0][2] == "ppo-verifier-16"
-    assert compare.ALGORITHMS["ppo-verifier-16"][1] == ["ppo.py", "--reward", "verifier", *compare.PPO_SHAPE]
+    assert [(b, s) for b, s, _ in calls] == [(128, 0), (128, 1), (256, 0), (256, 1)]
+    # each budget's runs in a folder of their own, ppo.py at its defaults: 128 completions a step
+    assert calls[0][2] == "ppo-verifier-128"
+    assert compare.ALGORITHMS["ppo-verifier-128"][1:] == (["ppo.py", "--reward", "verifier"], 128)
     table = (tmp_path / "search.md").read_text()
-    assert "| 16 | 1 | 0.300 → 0.400 | -0.500 | no |" in table
-    assert "| 32 | 1 | 0.300 → 0.400 | 0.300 | yes |" in table
+    assert "| 128 | 1 | 0.300 → 0.400 | -0.500 | no |" in table
+    assert "| 256 | 1 | 0.300 → 0.400 | 0.300 | yes |" in table
