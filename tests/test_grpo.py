@@ -418,6 +418,31 @@ def test_vespo_loss_is_reinforce_weighted_by_phi_and_luspo_sums_each_completion(
     assert luspo.item() == pytest.approx(-0.5) and gspo.item() == pytest.approx(0.0)
 
 
+def test_on_policy_the_soft_gates_and_the_clip_give_the_same_gradient():
+    """At μ = 1 (grpo.py's default) π_θold is π_θ itself, ρ = 1 on every token, and the losses meet: the clip does not
+    bind, SAPO's gate has slope 4 σ(0)(1 - σ(0)) = 1, VESPO's φ(1) = 1, δ never binds. Each token's gradient is
+    -Â_i / (B |o_i|) under seq-mean-token-mean: -1/4 for row 0 (Â = 1, 2 tokens), +1/2 for row 1 (Â = -1, 1 token).
+    So these options change an update only where it is off-policy: μ > 1, or a stale sampler (grpo_async.py)."""
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    advantages = torch.tensor([1.0, -1.0])
+    grads = {}
+    for name, options in {
+        "clip": {},
+        "sapo": dict(loss_type="sapo"),
+        "vespo": dict(loss_type="vespo"),
+        "delta": dict(delta=4.0),
+    }.items():
+        logprobs = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]], requires_grad=True)
+        loss, _ = grpo_loss(logprobs, logprobs.detach(), None, advantages, mask, beta=0.0, **options)
+        loss.backward()
+        grads[name] = logprobs.grad.tolist()
+    expected = [[-0.25, -0.25], [0.5, 0.0]]
+    for name, grad in grads.items():
+        assert grad[0] == pytest.approx(expected[0], abs=1e-6) and grad[1] == pytest.approx(
+            expected[1], abs=1e-6
+        ), name
+
+
 def test_gdpo_normalises_each_reward_in_its_group_before_the_weighted_sum():
     """Two groups of G = 2, rewards (correct, format), weights 1 and 2:
     group 1: correct 1, 0 -> ±0.5 / (0.5 + 1e-4) = ±0.999800; format 0.5, 0.5 constant -> 0
