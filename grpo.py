@@ -362,6 +362,9 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = 
     raise ValueError(f"unknown KL estimator {kind!r}")
 
 
+LOSS_TYPES = ("clip", "cispo", "sapo", "vespo", "luspo")  # --loss-type's choices, as grpo_loss knows them
+
+
 def grpo_loss(
     logprobs: torch.Tensor,  # (B, T) log π_θ, with gradient
     old_logprobs: torch.Tensor,  # (B, T) log π_θold, no gradient
@@ -410,13 +413,7 @@ def grpo_loss(
     Returns (loss, metrics) with metrics as floats, token means over this batch's mask: kl (only
     when β != 0), clip_ratio, clip_ratio/low, clip_ratio/high (CISPO: tokens with Â > 0 whose weight was cut, as TRL).
     """
-    if importance_level not in ("token", "sequence") or loss_type not in (
-        "clip",
-        "cispo",
-        "sapo",
-        "vespo",
-        "luspo",
-    ):
+    if importance_level not in ("token", "sequence") or loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown importance_level {importance_level!r} or loss_type {loss_type!r}")
     log_ratio = logprobs - old_logprobs  # (B, T) log ρ_it
     # log s_i, the masked mean (padding must not count), for each token of o_i
@@ -514,6 +511,9 @@ def adapted_entropy_coef(args: Args, coef: float, entropy: float) -> float:
     return min(max(moved, args.entropy_coef_bounds[0]), args.entropy_coef_bounds[1])
 
 
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
 def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) -> dict:
     """Train with GRPO; returns the final metrics (also in eval.json). reward_fn(completion, answer) -> float is
     the `correct` reward (default: --verifier's); held-out accuracy is always the last-number verifier's."""

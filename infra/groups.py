@@ -75,11 +75,6 @@ def micro_batch_weight(loss_agg: str, micro_mask: torch.Tensor, batch_tokens: in
     return micro_mask.shape[0] / batch_rows
 
 
-# ---------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------
-
-
 def entropy_state(args, resumed) -> dict:
     """The entropy bonus's coefficient as a checkpoint keeps it ({"entropy_coef": c}): --entropy-coef at the start,
     a resumed run's own (adapted by --entropy-target) after."""
