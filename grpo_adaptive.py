@@ -95,7 +95,7 @@ def ragged_group_advantages(
 def ragged_group_logprobs(
     model, sequences: tuple, rows: slice, group_index: torch.Tensor, temperature: float, entropy=False
 ):
-    """grpo.group_logprobs for ragged groups: log π of the completions in `rows` (and their entropy), each prompt
+    """groups.group_logprobs for ragged groups: log π of the completions in `rows` (and their entropy), each prompt
     encoded once for its rows, which are consecutive. sequences = (prompt_ids (P, S), prompt_mask (P, S),
     completion_ids (N, T)), group_index (N,) -> (N_rows, T), and (N_rows, T) or None"""
     prompt_ids, prompt_mask, completion_ids = sequences
