@@ -1011,6 +1011,20 @@ def test_a_learned_reward_scores_the_samples_as_ppo_reads_it(tmp_path, monkeypat
     assert row["verifier"] == 1.0
 
 
+def test_an_ensemble_of_reward_models_scores_in_the_loop(tmp_path, tiny_reward_model_path):
+    # the same model twice: each one's scores standardised over the batch are the same z, so their min and mean are
+    # z itself, whose batch mean is 0 and whose population std is 1 (a batch whose scores all agree aside)
+    args = tiny_args(
+        tmp_path,
+        steps=1,
+        reward_model=(tiny_reward_model_path, tiny_reward_model_path),
+        reward_ensemble="min",
+        save_model=False,
+    )
+    row = metrics_of(main(args, reward_fn=digit_fraction))[0]
+    assert row["score"] == pytest.approx(0.0, abs=1e-5) and "verifier" in row
+
+
 def test_overlong_penalty_is_added_to_the_reward_in_the_loop(tmp_path):
     # Reward 1 for everything; the random tiny model runs to max_new_tokens = 8 in most rows, where DAPO's
     # penalty with a buffer of 4 is -1 (eq. 13): reward = score + penalty < score.
