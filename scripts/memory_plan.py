@@ -269,8 +269,10 @@ def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[l
         micro = min(args.batch_size or batch, batch)
         T = args.max_new_tokens
         rows = [policy] + [reference] * (args.beta != 0 and not lora)
-        if args.reward_model:
-            rows.append(("reward model", model_config(args.reward_model, vocab_size), "score", False))
+        paths = args.reward_model or ()  # several: an ensemble, each model held
+        for i, path in enumerate(paths):
+            name = f"reward model {i + 1}" if len(paths) > 1 else "reward model"
+            rows.append((name, model_config(path, vocab_size), "score", False))
         return rows, micro, -(-micro // args.group_size) * S + micro * T, micro * T
     if algo == "dpo":  # chosen and rejected in one forward
         B, T = 2 * args.batch_size, offline_tokens(args)

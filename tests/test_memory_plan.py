@@ -294,6 +294,11 @@ def test_grpo_plan_counts_a_reward_model_and_the_prompt_length_can_be_set(dropou
     assert plan["memory_plan"][2]["gradients_gb"] == 0 and plan["memory_plan"][2]["weights_gb"] > 0
     longer = memory_plan.main(["grpo", "--model", "tiny", "--prompt-tokens", "400"])
     assert longer["memory_plan"][0]["activations_gb"] > plan["memory_plan"][0]["activations_gb"]
+    # an ensemble: each of its reward models held
+    two = memory_plan.main(
+        ["grpo", "--model", "tiny", "--reward-model", dropout_checkpoint, dropout_checkpoint]
+    )
+    assert [row["model"] for row in two["memory_plan"]][2:] == ["reward model 1", "reward model 2"]
 
 
 def test_one_rank_of_fsdp_holds_a_quarter_of_the_weights_gradients_and_adamw_state_and_all_its_activations():
