@@ -164,7 +164,7 @@ class Args:
     weight of the completion's ratio w (eps unused), or LUSPO: GSPO's clipped sequence ratio, each completion's loss
     times its length (needs --importance-level sequence)"""
     vespo_params: tuple[float, float, float, float] = (2.0, 3.0, 3.0, 2.0)
-    """VESPO's k and λ for Â >= 0, then for Â < 0: φ(w) = w^k e^(λ(1 - w)) (TRL's defaults)"""
+    """VESPO's k and λ for Â >= 0, then for Â < 0: φ(w) = w^k e^(λ(1 - w)) (TRL's values)"""
     sapo_temperatures: tuple[float, float] = (1.0, 1.05)
     """SAPO's τ for positive and for negative advantages (the paper's 1.0 and 1.05; τ_neg >= τ_pos)"""
     entropy_coef: float = 0.0
@@ -189,8 +189,8 @@ class Args:
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """the std Â is divided by: its group's (GRPO), the batch's (Lite PPO, arXiv 2508.08221), or none (Dr. GRPO)"""
     multi_objective_aggregation: Literal["sum-then-normalize", "normalize-then-sum"] = "sum-then-normalize"
-    """several --rewards: summed, then normalised in the group (GRPO, TRL's default), or each normalised in its group,
-    summed, and the sum divided by its std over the batch (GDPO, arXiv 2601.05242)"""
+    """several --rewards: summed, then normalised in the group (GRPO; TRL's sum_then_normalize), or each normalised in
+    its group, summed, and the sum divided by its std over the batch (GDPO, arXiv 2601.05242)"""
     dynamic_sampling: bool = False
     """drop groups whose rewards are all equal (DAPO); a batch left with none still counts as a step"""
     mask_truncated_completions: bool = False
