@@ -125,7 +125,7 @@ PPO_PRECISION = ["ppo.py", "--reward", "verifier", "--steps", "10", "--eval-ever
 DRY_PPO_PRECISION = ["ppo.py", "--reward", "verifier", *TINY, "--eval-every", "1", "--pass-k", "0"]
 # the search at 640 completions (5 steps of 128), where PPO learns on the CPU on every seed (docs/ppo.md): 3 runs. The
 # studies there (ppo_budget.py --then-studies: the clip, KL and GAE rows, 10 more settings x 3 seeds = 30 runs) are
-# over one part's 8 minutes: an estimate of 25-35 min on an H100 at 45-60 s a run (not measured), a session of its own
+# over one part's 8 minutes: an estimate of 22-30 min on an H100 at 45-60 s a run (not measured), a session of its own
 PPO_BUDGET = ["scripts/ppo_budget.py", "--budgets", "640", "--seeds", "0", "1", "2"]
 DRY_PPO_BUDGET = [
     "scripts/ppo_budget.py",
