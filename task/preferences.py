@@ -210,8 +210,13 @@ def load_preference_pairs(
     if len(pairs) < 2:
         raise InputError(f"{dataset}: {len(pairs)} pair; need at least 2 (one to train on, one held out)")
     random.Random(seed).shuffle(pairs)
-    n_heldout = max(1, min(64, len(pairs) // 10))
+    n_heldout = heldout_count(len(pairs))
     return pairs[n_heldout:], pairs[:n_heldout], []
+
+
+def heldout_count(num_pairs: int) -> int:
+    """How many of a dataset's pairs are held out: a tenth, at least 1 and at most 64."""
+    return max(1, min(64, num_pairs // 10))
 
 
 def sequence_logps(

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import subprocess
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from test_rft import recorded_stages
 from conftest import (
     HAS_EMBEDDED_MODEL,
     PAIRS,
+    REPO,
     RUN_FILES,
     args_of,
     assert_checkpointing_changes_nothing,
@@ -417,6 +419,38 @@ def test_iterative_dpo_trains_each_round_from_the_last_on_its_own_pairs(tmp_path
         policy = f"{args.run.output_dir}/run/model"
     rounds = (out / "rounds.md").read_text()
     assert "| 1 | 2 (2) | 0.250 -> 0.500 |" in rounds and "| 3 | 2 (6) | 0.250 -> 0.500 |" in rounds
+
+
+def test_iterative_dpo_passes_sets_each_rounds_steps_from_its_pairs(tmp_path):
+    """PASSES=N: each round's --steps passes its training pairs at most N times. The recorded sampler writes 2 pairs
+    a round, one held out (preferences.heldout_count), so 1 training pair: 3 passes at batch 1 are 3 steps, and at
+    dpo.py's batch of 8 one step. With --steps given too, the script refuses before anything runs."""
+    import tyro
+
+    import dpo
+
+    def steps_of(*argv: str) -> list[int]:
+        folder = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        commands = recorded_stages(folder, "scripts/iterative_dpo.sh", str(folder / "it"), *argv, **env)
+        return [tyro.cli(dpo.Args, args=c[1:]).steps for c in commands if c[0] == "dpo.py"]
+
+    env = {"MODEL": "tiny", "ROUNDS": "2", "PROMPTS": "16", "PASSES": "3"}
+    assert steps_of("--batch-size", "1") == [3, 3]
+    assert steps_of("--batch-size=1") == [3, 3]
+    assert steps_of() == [1, 1]
+    assert preferences.heldout_count(2) == 1 and preferences.heldout_count(300) == 30
+    assert preferences.heldout_count(1000) == 64
+    proc = subprocess.run(
+        ["bash", "scripts/iterative_dpo.sh", str(tmp_path / "both"), "--steps", "5"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PASSES": "2"},
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "PASSES sets each round's --steps" in proc.stderr
+    assert not (tmp_path / "both" / "pairs-1.jsonl").exists()
 
 
 def test_pair_metrics_by_hand():
