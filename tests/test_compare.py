@@ -571,8 +571,9 @@ def test_a_setting_several_studies_share_is_run_once(monkeypatch):
     assert sensitivity.run_slug("ppo-kl", "fixed β = 0.02 (InstructGPT's)") == "ppo-kl/row-1"
     assert sensitivity.run_slug("simpo-gamma", "DPO, β = 0.1") == "dpo-beta/row-1"
     assert sensitivity.run_slug("ppo-ensemble", "one reward model") == "ppo-critic-init/row-0"
-    # the same command at another budget is another run
-    longer = sensitivity.Study("", "ppo-verifier", 160, (("ε = 0.2 (ppo.py's)", ()),))
+    # the same command as ppo-clip's shared row, at another budget, is another run
+    clip = sensitivity.STUDIES["ppo-clip"]
+    longer = sensitivity.Study("", clip.base, clip.budget * 2, (("ε = 0.2 (ppo.py's)", ()),))
     monkeypatch.setitem(sensitivity.STUDIES, "ppo-longer", longer)
     assert sensitivity.run_slug("ppo-longer", "ε = 0.2 (ppo.py's)") == "ppo-longer/row-0"
 
