@@ -55,9 +55,11 @@ def test_shaped_score_by_hand():
 
 # ---- the loop --------------------------------------------------------------------------------------------------------
 def test_with_no_mitigation_it_is_ppo(tmp_path, tiny_reward_model_path):
-    # the copied loop against the reference's: every number of a run with nothing set
-    straight = ppo.main(tiny_args(tmp_path / "ppo", tiny_reward_model_path, eval_every=1, target_kl=0.01))
-    variant = main(study_args(tmp_path / "variant", tiny_reward_model_path, eval_every=1, target_kl=0.01))
+    # the copied loop against the reference's: every number of a run with no mitigation set (the missing-EOS penalty
+    # on, as ppo.py's default 0 would hide its sign: the tiny model's samples rarely end)
+    options = {"eval_every": 1, "target_kl": 0.01, "missing_eos_penalty": 1.0}
+    straight = ppo.main(tiny_args(tmp_path / "ppo", tiny_reward_model_path, **options))
+    variant = main(study_args(tmp_path / "variant", tiny_reward_model_path, **options))
     rows = steady_rows(variant)
     assert [row.pop("score_shaped") for row in rows] == [row["score"] for row in rows]
     assert rows == steady_rows(straight) and variant["evals"] == straight["evals"]
