@@ -446,7 +446,7 @@ def test_iterative_dpo_passes_sets_each_rounds_steps_from_its_pairs(tmp_path):
         cwd=REPO,
         capture_output=True,
         text=True,
-        env={**os.environ, "PASSES": "2"},
+        env={**os.environ, "PASSES": "2", "MODEL": "tiny", "ROUNDS": "1", "PROMPTS": "8"},
         timeout=60,
     )
     assert proc.returncode == 2 and "PASSES sets each round's --steps" in proc.stderr
