@@ -83,6 +83,7 @@ ALGORITHMS = {
     # ppo.py at its own defaults, 128 completions a step in 4 minibatches: the PPO knobs' studies (sensitivity.py) and
     # the search for the budget where PPO learns (ppo_budget.py)
     "ppo-verifier-defaults": ("PPO, verifier, ppo.py's batch", ["ppo.py", "--reward", "verifier"], 128),
+    "grpo-defaults": ("GRPO, grpo.py's batch", ["grpo.py"], 128),
     # its variant with the mitigations of over-optimisation (--ensemble-agg, --reward-clip, ...), all off
     "ppo-rm-overoptimisation": (
         "PPO, reward model, over-optimisation variant",
@@ -281,9 +282,14 @@ def command_settings(command: list[str]) -> dict:
 
 def same_setting(made, given) -> bool:
     """args.json's value against the command line's text: 0.0 is "0", True is a switch, a list item by item."""
-    if isinstance(made, list) or isinstance(given, list):  # `--rewards correct` is ["correct"] in args.json
+    # `--rewards correct` is ["correct"] in args.json, ("correct",) in the parsed Args
+    if isinstance(made, (list, tuple)) or isinstance(given, list):
         given = given if isinstance(given, list) else [given]
-        return isinstance(made, list) and len(made) == len(given) and all(map(same_setting, made, given))
+        return (
+            isinstance(made, (list, tuple))
+            and len(made) == len(given)
+            and all(map(same_setting, made, given))
+        )
     if isinstance(given, bool) or made is None:
         return made == given
     try:

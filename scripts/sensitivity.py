@@ -50,6 +50,10 @@ class Study:
 
 PPO_COLUMNS = (("kl", "mean"), ("entropy", "mean"), ("explained_variance", "mean"))
 PAIR_COLUMNS = (("lengths/chosen", "mean"), ("lengths/rejected", "mean"), ("rewards/margins", "last"))
+REPETITION = ("--reward-weights", "1", "0.5")
+# GSPO's clip range of the sequence ratio, which LUSPO keeps
+GSPO_CLIP = ("--eps-low", "3e-4", "--eps-high", "4e-4")
+GDPO = ("--multi-objective-aggregation", "normalize-then-sum", "--scale-rewards", "batch")
 STUDIES = {
     "ppo-clip": Study(
         "ε = 0.1–0.2; too large blows up the KL; the clip or an adaptive KL penalty (PPO, eq. 7 and 8)",
@@ -202,6 +206,46 @@ STUDIES = {
             ("rewards/chosen", "last quarter"),
             ("rewards/rejected", "last quarter"),
         ),
+    ),
+    # 10 of grpo.py's default steps; the loss types differ only off-policy (at μ = 1 every ρ is 1: docs/grpo.md)
+    "grpo-2026": Study(
+        "TRL's GRPO options of 2025-26: soft gates, length-unbiased and two-sided ratios, batch std, per-reward "
+        "normalisation, entropy bonus and control, truncation mask, high-entropy tokens",
+        "grpo-defaults",
+        1280,
+        (
+            ("default (clip, μ = 1)", ()),
+            ("clip, μ = 2", ("--num-iterations", "2")),
+            ("SAPO, μ = 2", ("--num-iterations", "2", "--loss-type", "sapo")),
+            (
+                "VESPO, μ = 2, token-mean",
+                ("--num-iterations", "2", "--loss-type", "vespo", "--loss-agg", "token-mean"),
+            ),
+            (
+                "LUSPO, μ = 2",
+                (
+                    "--num-iterations",
+                    "2",
+                    "--loss-type",
+                    "luspo",
+                    "--importance-level",
+                    "sequence",
+                    *GSPO_CLIP,
+                ),
+            ),
+            ("clip and δ = 4, μ = 2", ("--num-iterations", "2", "--delta", "4")),
+            ("truncated completions masked", ("--mask-truncated-completions",)),
+            ("batch std (Lite PPO)", ("--scale-rewards", "batch")),
+            ("entropy bonus 0.01", ("--entropy-coef", "0.01")),
+            ("entropy target 1.8", ("--entropy-target", "1.8", "--entropy-coef-step", "0.01")),
+            ("top 20 % entropy tokens", ("--top-entropy-quantile", "0.2")),
+            ("correct + 0.5 × repetition, summed", ("--rewards", "correct", "repetition", *REPETITION)),
+            (
+                "correct + 0.5 × repetition, each normalised (GDPO)",
+                ("--rewards", "correct", "repetition", *REPETITION, *GDPO),
+            ),
+        ),
+        (("entropy", "mean"), ("entropy", "last quarter")),
     ),
 }
 DPO_FAMILY = ("dpo", "simpo", "kto")

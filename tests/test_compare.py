@@ -40,11 +40,18 @@ def test_completions_per_step_are_the_scripts_own_defaults():
 
     per_step = {slug: n for slug, (_, _, n) in compare.ALGORITHMS.items()}
     grpo_scripts = ("grpo.py", "grpo_async.py")  # grpo.py and its variant for an asynchronous trainer
-    grpo_rows = [command for _, command, _ in compare.ALGORITHMS.values() if command[0] in grpo_scripts]
-    # the table's shape
+    grpo_rows = [
+        command
+        for slug, (_, command, _) in compare.ALGORITHMS.items()
+        if command[0] in grpo_scripts and slug != "grpo-defaults"
+    ]
+    # the table's shape; one row keeps grpo.py's own batch, for the study of its options at its defaults
     assert all(command[1:3] == ["--prompts-per-step", "4"] for command in grpo_rows)
     assert {command[0] for command in grpo_rows} == set(grpo_scripts)
     assert per_step["grpo"] == 4 * args_of(grpo.Args).group_size
+    defaults = args_of(grpo.Args)
+    assert compare.ALGORITHMS["grpo-defaults"][1] == ["grpo.py"]
+    assert per_step["grpo-defaults"] == defaults.prompts_per_step * defaults.group_size == 128
     rft_args = args_of(rft.Args, prompts_per_round=4, steps_per_round=1)  # its row's command
     assert (
         per_step["rft"]
