@@ -37,7 +37,7 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
         --seed $((round + 1000 * SEED)) --out "$OUT/pairs-$round.jsonl"
     STEPS=()
     if [ -n "${PASSES:-}" ]; then
-        STEPS=(--steps "$(python3 - "$OUT/pairs-$round.jsonl" "$PASSES" "$BATCH" <<'PY'
+        STEPS=(--steps "$(python - "$OUT/pairs-$round.jsonl" "$PASSES" "$BATCH" <<'PY'
 import sys
 from task import preferences
 
