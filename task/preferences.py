@@ -138,12 +138,9 @@ def preference_data(
     )
     folder = runs.CACHE_DIR / "preference-data" / key
     if not folder.exists() and distributed.is_main():  # under torchrun rank 0 builds it, the others wait
-        problems = []
-        seen = set()
+        problems = {}  # distinct prompts, in the order the stream first gives them
         for p in tasks.train_problems(seed, tasks.training_exclusion(eval_size)):
-            if p.prompt not in seen:
-                seen.add(p.prompt)
-                problems.append(p)
+            problems.setdefault(p.prompt, p)
             if len(problems) == num_prompts:
                 break
         kernels = models.resolve_kernels("auto", device)  # the same samples either way; faster on a CPU
@@ -151,14 +148,16 @@ def preference_data(
             model_name, len(tokenizer), device, precision, seed, kernels_on=kernels
         ).eval()
         samples = label_samples(
-            model, tokenizer, problems, samples_per_prompt, max_new_tokens, temperature, seed
+            model, tokenizer, list(problems.values()), samples_per_prompt, max_new_tokens, temperature, seed
         )
         n_heldout = samples_per_prompt * max(1, num_prompts // 8)
+        heldout = samples[:n_heldout]
+        train = samples[n_heldout:]
         splits = {
-            "heldout_samples": samples[:n_heldout],
-            "train_samples": samples[n_heldout:],
-            "heldout": pair_samples(samples[:n_heldout]),
-            "train": pair_samples(samples[n_heldout:]),
+            "heldout_samples": heldout,
+            "train_samples": train,
+            "heldout": pair_samples(heldout),
+            "train": pair_samples(train),
         }
         tasks.write_splits(folder, splits)
     distributed.barrier()
