@@ -51,7 +51,7 @@ class Args(grpo.Args):
     max_new_tokens: int = 48
     """the model's own tokens in a transcript, every turn together (the environment's are not counted)"""
     max_calls: int = 2
-    """calculator calls answered in one transcript; a call past them ends it"""
+    """calculator calls answered in one transcript; a call past them ends it (0: the calculator is off)"""
     pass_k: int = 0
     """0 only: pass@k is not measured with the tool"""
 
@@ -77,7 +77,7 @@ NOT_READ = (
 
 def check_args(args: Args) -> None:
     grpo.check_args(args)
-    require(args.max_calls >= 1, f"--max-calls must be at least 1, not {args.max_calls}")
+    require(args.max_calls >= 0, f"--max-calls must be 0 (the calculator off) or more, not {args.max_calls}")
     require(distributed.world_size() == 1, "grpo_tools.py does not run under torchrun yet: run it alone")
     changed = [
         f"--{name.replace('_', '-')}" for name in NOT_READ if getattr(args, name) != getattr(Args(), name)

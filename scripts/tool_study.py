@@ -7,7 +7,9 @@ Each seed runs docs/tools.md's pipeline: scripts/tool_demonstrations.py (its tra
 grpo_tools.py from that model. The held-out tool problems are asked greedily (grpo_tools.evaluate_with_tool) of:
 - the starting model, the question alone (the tool's instruction cut off) and no calculator: without the tool;
 - the starting model, the question with the instruction and the calculator answering: the tool offered, untaught;
-- the SFT model (grpo_tools.py's step-0 evaluation) and the GRPO model (its last), with the calculator.
+- the SFT model (grpo_tools.py's step-0 evaluation) and the GRPO model (its last), with the calculator;
+- the same from a second GRPO run with the calculator off (--max-calls 0: a call ends the answer unanswered), so
+  that the reward can come only from sums done unaided: what GRPO gains without the tool.
 Each row gives accuracy, the share of answers that call the tool and the share of calls the calculator could read.
 A finished run is read back (scripts/compare.py's rule), never rerun. Writes OUT/table.md and OUT/results.jsonl.
 """
@@ -52,7 +54,8 @@ def untaught(args, with_tool: bool) -> dict:
 
 
 def pipeline(args, seed: int) -> list[dict]:
-    """One seed's demonstrations, SFT and GRPO (each read back if finished): the SFT and GRPO rows."""
+    """One seed's demonstrations, SFT and two GRPO runs from it, with the calculator and with it off (each read back
+    if finished): the SFT and GRPO rows of each."""
     folder = args.out / f"seed-{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     demonstrations = folder / "demonstrations.jsonl"
@@ -62,25 +65,35 @@ def pipeline(args, seed: int) -> list[dict]:
     sft = ["sft.py", "--model", args.model, "--dataset", str(demonstrations), "--seed", str(seed)]
     sft += ["--steps", str(args.sft_steps), "--eval-every", "0", "--eval-size", str(args.eval_size)]
     sft += ["--pass-k", "0", "--device", args.device, "--output-dir", str(folder / "sft")]
+    if args.sft_lr is not None:
+        sft += ["--lr", str(args.sft_lr)]
     sft_dir = compare.run_once(sft, folder / "sft", folder / "sft.log")
-    grpo = ["grpo_tools.py", "--model", str(sft_dir / "model"), "--seed", str(seed)]
-    grpo += ["--steps", str(args.grpo_steps), "--eval-every", str(max(1, args.grpo_steps // 4))]
-    grpo += ["--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device]
-    grpo += ["--output-dir", str(folder / "grpo")]
-    grpo_dir = compare.run_once(grpo, folder / "grpo", folder / "grpo.log")
-    evaluation = json.loads((grpo_dir / "eval.json").read_text())
-    first = evaluation["evals"][0]
-    last = evaluation["evals"][-1]
-    return [
-        {"stage": "after SFT, with the tool", "seed": seed, **{key: first[key] for key in COLUMNS}},
-        {
-            "stage": "after GRPO, with the tool",
-            "seed": seed,
-            **{key: last[key] for key in COLUMNS},
-            "curve": [(e["step"], e["accuracy"]) for e in evaluation["evals"]],
-            "wall_time_s": evaluation["wall_time_s"],
-        },
-    ]
+    rows = []
+    for max_calls, name, calculator in (
+        (2, "grpo", "with the tool"),
+        (0, "grpo-calculator-off", "the calculator off"),
+    ):
+        grpo = ["grpo_tools.py", "--model", str(sft_dir / "model"), "--seed", str(seed)]
+        grpo += ["--steps", str(args.grpo_steps), "--eval-every", str(max(1, args.grpo_steps // 4))]
+        grpo += ["--eval-size", str(args.eval_size), "--pass-k", "0", "--device", args.device]
+        grpo += ["--max-calls", str(max_calls), "--output-dir", str(folder / name)]
+        grpo_dir = compare.run_once(grpo, folder / name, folder / f"{name}.log")
+        evaluation = json.loads((grpo_dir / "eval.json").read_text())
+        first = evaluation["evals"][0]
+        last = evaluation["evals"][-1]
+        rows.append(
+            {"stage": f"after SFT, {calculator}", "seed": seed, **{key: first[key] for key in COLUMNS}}
+        )
+        rows.append(
+            {
+                "stage": f"after GRPO, {calculator}",
+                "seed": seed,
+                **{key: last[key] for key in COLUMNS},
+                "curve": [(e["step"], e["accuracy"]) for e in evaluation["evals"]],
+                "wall_time_s": evaluation["wall_time_s"],
+            }
+        )
+    return rows
 
 
 def mean_std(values: list[float]) -> str:
@@ -115,6 +128,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--sft-steps", type=int, default=100, help="sft.py --steps (16 demonstrations a step)"
     )
+    parser.add_argument("--sft-lr", type=float, default=None, help="sft.py --lr (unset: sft.py's own)")
     parser.add_argument("--grpo-steps", type=int, default=40, help="grpo_tools.py --steps (16 prompts × 8)")
     parser.add_argument("--eval-size", type=int, default=50, help="held-out tool problems")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

@@ -132,6 +132,23 @@ def test_the_environments_tokens_are_context_not_policy(tmp_path, monkeypatch, t
     assert set(seen) == {"7"}
 
 
+@pytest.mark.parametrize("max_calls, length, last_turn", [(0, 16, "<calc>1+2</calc>"), (1, 37, "7")])
+def test_with_the_calculator_off_a_call_ends_the_transcript_unanswered(
+    monkeypatch, tokenizer, prompts, max_calls, length, last_turn
+):
+    # the model writes "<calc>1+2</calc>" (16 tokens), then "7": at --max-calls 0 the call is the whole transcript,
+    # no result follows, and the verifier reads the call; at 1 the result (19 tokens) and "7" and EOS (2) follow
+    monkeypatch.setattr(
+        common, "sample_with_logprobs", scripted_turns(tokenizer, ["<calc>1+2</calc>", "7"] * 2)
+    )
+    model = models.load_model("tiny", len(tokenizer), torch.device("cpu"), "fp32")
+    transcripts = sample_with_tool(model, tokenizer, *prompts, 1, Args(max_calls=max_calls), None, 1.0)
+    assert [len(t.tokens) for t in transcripts] == [length, length]
+    assert [t.calls for t in transcripts] == [max_calls, max_calls]
+    assert {t.last_turn for t in transcripts} == {last_turn}
+    assert all(sum(t.policy) == (16 if max_calls == 0 else 18) for t in transcripts)
+
+
 def test_the_samplers_turns_agree_with_one_forward_over_the_transcript(tokenizer, prompts, monkeypatch):
     # The random tiny model never writes </calc>: let every turn be a call after its third token, so that each
     # transcript has results in it. Sampled turn by turn, each from the prompt and the transcript so far, the model's
@@ -157,7 +174,7 @@ def test_the_loop_trains_on_the_model_tokens_across_turns(tmp_path, monkeypatch)
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(max_calls=0), "--max-calls must be at least 1"),
+        (dict(max_calls=-1), "--max-calls must be 0"),
         (dict(dataset="tests/data/pairs.jsonl"), "the tool task has its own problems"),
         (dict(rewards=("correct", "format")), "the tool task has its own problems"),
         (dict(group_size=1), "--group-size must be at least 2"),  # grpo.py's checks too
@@ -178,7 +195,7 @@ def test_cli_tiny_run_and_help(tmp_path):
     assert run_dir.startswith("grpo-tools-tiny-0-") and "with the tool" in proc.stdout
     assert "--max-calls" in run_script_here("grpo_tools.py", "--help").stdout
     assert_one_line_error(
-        run_script_here("grpo_tools.py", "--model", "tiny", "--max-calls", "0"), "--max-calls"
+        run_script_here("grpo_tools.py", "--model", "tiny", "--max-calls", "-1"), "--max-calls"
     )
 
 

@@ -44,6 +44,8 @@ def test_the_study_runs_on_the_tiny_model_and_reads_its_runs_back(tmp_path, caps
         "2",
         "--grpo-steps",
         "2",
+        "--sft-lr",
+        "2e-5",
     ]
     rows = tool_study.main([*argv, "--eval-size", "4", "--out", str(tmp_path)])
     assert [r["stage"] for r in rows] == [
@@ -51,12 +53,23 @@ def test_the_study_runs_on_the_tiny_model_and_reads_its_runs_back(tmp_path, caps
         "starting model, with the tool",
         "after SFT, with the tool",
         "after GRPO, with the tool",
+        "after SFT, the calculator off",
+        "after GRPO, the calculator off",
     ]
     # the question alone has no calculator: no answer counts as a call
     assert rows[0]["tool/use"] == 0.0
+    sft_args = json.loads(next((tmp_path / "seed-0" / "sft").glob("*/args.json")).read_text())
+    assert sft_args["lr"] == 2e-5
     # the GRPO run started from the SFT run's model
     grpo_args = json.loads(next((tmp_path / "seed-0" / "grpo").glob("*/args.json")).read_text())
     assert grpo_args["model"].startswith(str(tmp_path / "seed-0" / "sft"))
+    # and so did the run with the calculator off, which answers no call
+    off_args = json.loads(next((tmp_path / "seed-0" / "grpo-calculator-off").glob("*/args.json")).read_text())
+    assert off_args["model"] == grpo_args["model"] and (off_args["max_calls"], grpo_args["max_calls"]) == (
+        0,
+        2,
+    )
+    assert rows[-1]["tool/use"] == 0.0
     assert "| after GRPO, with the tool |" in capsys.readouterr().out
     again = tool_study.main([*argv, "--eval-size", "4", "--out", str(tmp_path)])
     assert json.dumps(again) == json.dumps(rows)
