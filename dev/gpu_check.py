@@ -50,6 +50,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -611,12 +612,12 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     console = open(out / "check.log", "w")
     sys.stdout = Tee(sys.stdout, console)
-    check = Check(out, options.dry_run, options.budget_s)
     import torch
 
     if not options.dry_run and not torch.cuda.is_available():
         print("error: no CUDA device here; --dry-run runs the steps on the CPU", file=sys.stderr)
         return 2
+    check = Check(out, options.dry_run, options.budget_s)
     check.bandwidth = math.nan
     steps = {
         "machine": lambda: machine(check),
@@ -643,6 +644,7 @@ def main() -> int:
         ):
             continue  # no embedded model: the steps on it cannot run
         check.step(name, steps[name])
+    shutil.rmtree(check.work, ignore_errors=True)  # runs.tar.gz holds what it had; the weights go with it
     failed = [name for name, record in check.summary["steps"].items() if not record["ok"]]
     print(
         f"gpu check: {len(check.summary['steps']) - len(failed)} steps ok, failed: {failed or 'none'}; {out}"

@@ -1,7 +1,7 @@
 """The calculator's study: accuracy without the tool, with it after the SFT cold start, and after GRPO, on seeds.
 
-    python scripts/tool_study.py --sft-steps 10 --grpo-steps 10    # docs/tools.md's table, 3 seeds
-    python scripts/tool_study.py --seeds 0 --grpo-steps 20 --out runs/tool-study-small
+    python scripts/tool_study.py                                   # docs/tools.md's table, 3 seeds
+    python scripts/tool_study.py --seeds 0 --sft-steps 100 --out runs/tool-study-full   # the full cold start
 
 Each seed runs docs/tools.md's pipeline: scripts/tool_demonstrations.py (its training problems), sft.py on them,
 two grpo_tools.py runs from that model: with the calculator, and with it off (--max-calls 0: a call ends the
@@ -65,6 +65,8 @@ def ask(args, model: str, with_tool: bool, max_calls: int) -> dict:
         right += [
             tasks.verify(t.last_turn, batch[i // args.samples].answer) for i, t in enumerate(transcripts)
         ]
+    if max_calls == 0:  # no calculator: its use is not a share of anything
+        result |= {"tool/use": math.nan, "tool/well_formed": math.nan}
     return {**{key: result[key] for key in COLUMNS}, "sampled": sum(right) / len(right)}
 
 
@@ -143,11 +145,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--model", default="smollm2", help="the starting model")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--demonstrations", type=int, default=2000, help="tool demonstrations a seed")
-    parser.add_argument(
-        "--sft-steps", type=int, default=100, help="sft.py --steps (16 demonstrations a step)"
-    )
+    parser.add_argument("--sft-steps", type=int, default=10, help="sft.py --steps (16 demonstrations a step)")
     parser.add_argument("--sft-lr", type=float, default=None, help="sft.py --lr (unset: sft.py's own)")
-    parser.add_argument("--grpo-steps", type=int, default=40, help="grpo_tools.py --steps (16 prompts × 8)")
+    parser.add_argument("--grpo-steps", type=int, default=10, help="grpo_tools.py --steps (16 prompts × 8)")
     parser.add_argument("--eval-size", type=int, default=50, help="held-out tool problems")
     parser.add_argument("--samples", type=int, default=4, help="temperature-1 transcripts a held-out problem")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

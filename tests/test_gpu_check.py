@@ -34,15 +34,20 @@ RUNS = ["grpo", "grpo-compiled", "grpo-0.5b", "grpo-1.5b", "ppo-verifier", "dpo"
 
 def test_the_dry_run_passes_every_step_and_leaves_four_files(tmp_path):
     out = tmp_path / "out"
+    temp = tmp_path / "temp"
+    temp.mkdir()
     proc = subprocess.run(
         ["bash", "dev/gpu_check.sh", "--dry-run", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=900,
+        env={**os.environ, "TMPDIR": str(temp)},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(os.listdir(out)) == ["check.log", "runs.tar.gz", "summary.json", "tier.log"]
+    # its run folders and weights went with it: runs.tar.gz holds their logs
+    assert not list(temp.glob("gpu-check-*"))
     steps = json.loads((out / "summary.json").read_text())["steps"]
     assert list(steps) == STEPS and all(step["ok"] for step in steps.values())
     assert steps["tier"]["tests"] >= 7 and steps["tier"]["failures"] == 0

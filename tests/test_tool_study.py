@@ -70,8 +70,8 @@ def test_the_study_runs_on_the_tiny_model_and_reads_its_runs_back(tmp_path, caps
         "after SFT, the calculator off",
         "after GRPO, the calculator off",
     ]
-    # the question alone has no calculator: no answer counts as a call
-    assert rows[0]["tool/use"] == 0.0
+    # the question alone has no calculator: no share of calls to count ("—")
+    assert math.isnan(rows[0]["tool/use"]) and rows[1]["tool/use"] == 0.0
     sft_args = json.loads(next((tmp_path / "seed-0" / "sft").glob("*/args.json")).read_text())
     assert sft_args["lr"] == 2e-5
     # the GRPO run started from the SFT run's model
@@ -83,7 +83,7 @@ def test_the_study_runs_on_the_tiny_model_and_reads_its_runs_back(tmp_path, caps
         0,
         2,
     )
-    assert rows[-1]["tool/use"] == 0.0
+    assert math.isnan(rows[-1]["tool/use"]) and math.isnan(rows[-1]["tool/well_formed"])
     assert "| after GRPO, with the tool |" in capsys.readouterr().out
     again = tool_study.main([*argv, "--eval-size", "4", "--out", str(tmp_path)])
     assert json.dumps(again) == json.dumps(rows)
