@@ -3,7 +3,7 @@
 # template): SFT, then GRPO on the verifier; SFT -> reward model (on pairs sampled from the SFT model)
 # -> PPO; and GRPO on the same reward model at PPO's number of samples. Prints one markdown table.
 #   bash scripts/pipeline.sh [OUT_DIR] [options for every stage]
-# About 1 hour on 2 CPU cores with the embedded model. Extra options go to every stage (--device cuda, --seed 1).
+# About 2 hours on 2 CPU cores with the embedded model (PPO's 40 steps of 128 most of it). Extra options go to every stage (--device cuda, --seed 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/pipeline}
@@ -18,9 +18,8 @@ python grpo.py --model "$SFT" --lr 2e-6 --prompts-per-step 16 --steps 10 --outpu
 python reward_model.py --model "$SFT" --output-dir "$OUT/rm" "$@"
 RM=$(last "$OUT/rm")model
 python ppo.py --model "$SFT" --reward-model "$RM" --output-dir "$OUT/ppo" "$@"
-# PPO samples 8 completions per step for 40 steps = 320; GRPO samples 4 x 8 = 32 per step: 10 steps
-python grpo.py --model "$SFT" --reward-model "$RM" --prompts-per-step 4 --steps 10 --eval-every 0 \
-    --output-dir "$OUT/grpo-rm" "$@"
+# PPO samples 128 completions per step for 40 steps = 5,120; GRPO's defaults sample as many (16 x 8 x 40)
+python grpo.py --model "$SFT" --reward-model "$RM" --eval-every 0 --output-dir "$OUT/grpo-rm" "$@"
 
 python - "$OUT" <<'EOF'
 import glob, json, sys
@@ -42,12 +41,12 @@ if sft:
     print(f"| sft.py | {sft['accuracy_after']:.3f} | {at('pass@8_after')} | {sft['wall_time_s'] / 60:.1f} min |")
 for name, r, key in (("sft.py -> grpo.py (verifier)", grpo, "accuracy"), ("sft.py -> reward_model.py", rm, "pair_accuracy"),
                      ("sft.py -> reward_model.py -> ppo.py", ppo, "accuracy"),
-                     ("sft.py -> reward_model.py -> grpo.py --reward-model (PPO's 320 samples)", grpo_rm, "accuracy")):
+                     ("sft.py -> reward_model.py -> grpo.py --reward-model (PPO's 5,120 samples)", grpo_rm, "accuracy")):
     if r:
         label = "pair accuracy " if key == "pair_accuracy" else ""
         print(f"| {name} | {label}{r[key + '_before']:.3f} -> {r[key + '_after']:.3f} | {passk(r)} | {r['wall_time_s'] / 60:.1f} min |")
 print()
-print("| on the learned reward, 320 samples | score, first -> last 2 steps | verifier, first -> last 2 steps | KL, last 2 steps (PPO: k1 per completion; GRPO: k3 per token) |")
+print("| on the learned reward, 5,120 samples | score, first -> last 2 steps | verifier, first -> last 2 steps | KL, last 2 steps (PPO: k1 per completion; GRPO: k3 per token) |")
 print("| --- | --- | --- | --- |")
 for name, rows in (("ppo.py", metrics("ppo")), ("grpo.py --reward-model", metrics("grpo-rm"))):
     if rows:
