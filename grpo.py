@@ -125,9 +125,10 @@ class Args:
     reward_ensemble: Literal["mean", "min"] = "mean"
     """several --reward-model: each one's scores standardised over the batch, then their mean or min (the worst
     case; Coste et al. 2024)"""
-    rewards: tuple[Literal["correct", "format", "repetition"], ...] = ("correct",)
+    rewards: tuple[Literal["correct", "format", "repetition", "concise"], ...] = ("correct",)
     """rewards summed into one: correct (--verifier's, or --reward-model's score), format
-    (<think>…</think><answer>), repetition (minus the share of repeated word 3-grams; task/rewards.py)"""
+    (<think>…</think><answer>), repetition (minus the share of repeated word 3-grams), concise (1 for 1 to 8
+    words; task/rewards.py)"""
     reward_weights: Annotated[
         Optional[tuple[float, ...]], runs.none_means("1 for each reward", "FLOAT ...")
     ] = None

@@ -50,7 +50,8 @@ class Study:
 
 PPO_COLUMNS = (("kl", "mean"), ("entropy", "mean"), ("explained_variance", "mean"))
 PAIR_COLUMNS = (("lengths/chosen", "mean"), ("lengths/rejected", "mean"), ("rewards/margins", "last"))
-REPETITION = ("--reward-weights", "1", "0.5")
+# two 0/1 rewards at equal weights: summed, right-but-long and wrong-but-short tie (task/rewards.py, concise)
+CONCISE = ("--rewards", "correct", "concise", "--reward-weights", "1", "1")
 # GSPO's clip range of the sequence ratio, which LUSPO keeps
 GSPO_CLIP = ("--eps-low", "3e-4", "--eps-high", "4e-4")
 GDPO = ("--multi-objective-aggregation", "normalize-then-sum", "--scale-rewards", "batch")
@@ -239,13 +240,10 @@ STUDIES = {
             ("entropy bonus 0.01", ("--entropy-coef", "0.01")),
             ("entropy target 1.8", ("--entropy-target", "1.8", "--entropy-coef-step", "0.01")),
             ("top 20 % entropy tokens", ("--top-entropy-quantile", "0.2")),
-            ("correct + 0.5 × repetition, summed", ("--rewards", "correct", "repetition", *REPETITION)),
-            (
-                "correct + 0.5 × repetition, each normalised (GDPO)",
-                ("--rewards", "correct", "repetition", *REPETITION, *GDPO),
-            ),
+            ("correct + concise, summed", CONCISE),
+            ("correct + concise, each normalised (GDPO)", (*CONCISE, *GDPO)),
         ),
-        (("entropy", "mean"), ("entropy", "last quarter")),
+        (("entropy", "mean"), ("entropy", "last quarter"), ("rewards/concise/mean", "last quarter")),
     ),
 }
 DPO_FAMILY = ("dpo", "simpo", "kto")

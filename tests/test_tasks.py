@@ -9,7 +9,7 @@ import torch
 import common
 from infra import models
 from infra import runs
-from task import preferences, rewards, tasks
+from task import batch_rewards, preferences, rewards, tasks
 
 
 # ---- the task -------------------------------------------------------------------------------------------------
@@ -147,6 +147,43 @@ def test_format_reward_table(completion, reward):
     assert rewards.format_reward(completion, "8") == reward
 
 
+@pytest.mark.parametrize(
+    "completion, reward",
+    [
+        ("14 + 95 = 109.", 1.0),  # 5 words
+        ("The sum of 14 and 95 is 109.", 1.0),  # 8 words: the limit pays
+        ("The sum of 14 and 95 is 109 exactly.", 0.0),  # 9 words
+        ("  109\n", 1.0),  # one word, whitespace around it
+        ("", 0.0),  # saying nothing is not a short answer
+        (" \n ", 0.0),
+    ],
+)
+def test_concise_reward_pays_one_to_eight_words(completion, reward):
+    assert rewards.concise_reward(completion, "109") == reward
+
+
+def test_summed_correct_and_concise_tie_right_but_long_with_wrong_but_short_and_gdpo_splits_them():
+    """One group of G = 4 scored as grpo.py --rewards correct concise does: right and short (1, 1), right and long
+    (1, 0), wrong and short twice (0, 1). Summed at weights 1 and 1 the two middle completions both score 1: one
+    advantage for two different behaviours. GDPO normalises each term in the group first:
+    correct (1, 1, 0, 0): mean 0.5, std 0.5 -> ±0.5 / 0.5001 = ±0.999800
+    concise (1, 0, 1, 1): mean 0.75, std √(0.75 · 0.25) = 0.433013 -> 0.25 / 0.433113 = 0.577217, -0.75 / 0.433113 =
+    -1.731651; so right-but-long sums to 0.999800 - 1.731651 = -0.731851 and wrong-but-short to -0.999800 +
+    0.577217 = -0.422583: missing the term most of the group meets costs more than missing the rarer one."""
+    texts = [
+        "14 + 95 = 109.",
+        "Adding the ones and then the tens of 14 and 95 gives 109.",
+        "14 + 95 = 108.",
+        "It is 119.",
+    ]
+    scored = tasks.score_completions(texts, ["109"] * 4, ("correct", "concise"), tasks.verify, "cpu")
+    assert scored.rewards.tolist() == [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]
+    weights = torch.tensor([1.0, 1.0])
+    assert batch_rewards.weighted_sum(scored.rewards, weights, 4).tolist() == [2.0, 1.0, 1.0, 1.0]
+    gdpo = batch_rewards.weighted_sum(scored.rewards, weights, 4, "normalize-then-sum")
+    assert gdpo.tolist() == pytest.approx([1.577017, -0.731851, -0.422583, -0.422583], abs=1e-5)
+
+
 def test_r1_prompt_style_asks_every_question_for_the_format_held_out_too():
     stream, heldout = tasks.load_problems(None, 0, 4, 2)
     assert tasks.with_prompt_style("question", stream, heldout) == (stream, heldout)
@@ -159,7 +196,7 @@ def test_r1_prompt_style_asks_every_question_for_the_format_held_out_too():
     )
     # a completion in the asked-for form earns the format reward, and the verifier reads the number in <answer>
     done = "<think>1 + 2 = 3</think><answer>3</answer>"
-    assert rewards.format_reward(done) == 1.0 and tasks.verify(done, "3") == 1.0
+    assert rewards.format_reward(done, "3") == 1.0 and tasks.verify(done, "3") == 1.0
 
 
 @pytest.mark.parametrize(
