@@ -28,13 +28,9 @@ import transformers
 
 import common
 from common import InputError, require
-from infra import decoding
 from infra import distributed
-from infra import hub
 from infra import kernels
-from infra import launches
 from infra import runs
-from infra import shapes
 from infra.tiny import make_tiny_model, make_tiny_tokenizer
 
 
@@ -147,6 +143,11 @@ OFFLINE_CHOICES = (
 )
 
 
+def is_config_only(name: str) -> bool:
+    """`--model` names a config file (infra/shapes.py), not a checkpoint folder or a hub id."""
+    return name.endswith(".json") and os.path.isfile(name)
+
+
 def model_path(name: str) -> str:
     """Where `name` loads from: the embedded model's converted folder for "smollm2", else the name itself."""
     return str(smollm2_checkpoint()) if name == "smollm2" else name
@@ -186,43 +187,41 @@ def smollm2_checkpoint() -> Path:
 
 def from_pretrained(auto_class, name: str, **kwargs):
     """Load from a local directory, else the Hugging Face cache, else the Hub; any failure is one line."""
-    require(
-        os.path.isdir(name) or not hub.looks_like_a_path(name), f"cannot load {name!r}: no such directory"
-    )
     tokenizer = auto_class is transformers.AutoTokenizer
+    if os.path.isdir(name):
+        files = set(os.listdir(name))
+        tokenizer_files = files & {"tokenizer.json", "tokenizer_config.json", "vocab.json"}
+        require(
+            "config.json" in files or (tokenizer and tokenizer_files),  # a LoRA adapter folder: a tokenizer
+            f"cannot load {name!r}: the directory holds no transformers checkpoint (no config.json)",
+        )
+        require(
+            not tokenizer or tokenizer_files,
+            f"cannot load {name!r}: the directory has a config.json but no tokenizer files (tokenizer.json)",
+        )
+        require(
+            tokenizer or any(f.endswith((".safetensors", ".bin", ".safetensors.index.json")) for f in files),
+            f"cannot load {name!r}: the directory has a config.json but no weights (model.safetensors)",
+        )
+        try:
+            return auto_class.from_pretrained(name, **kwargs)
+        # a truncated or corrupt file raises safetensors' own error type, among others
+        except Exception as e:
+            from infra import hub
+
+            raise InputError(
+                f"cannot load {name!r}: {type(e).__name__}: {hub.first_line(e)} (is a file truncated?)"
+            ) from None
+    from infra import hub
+
+    require(not hub.looks_like_a_path(name), f"cannot load {name!r}: no such directory")
     try:
-        if os.path.isdir(name):
-            files = set(os.listdir(name))
-            tokenizer_files = files & {"tokenizer.json", "tokenizer_config.json", "vocab.json"}
-            require(
-                "config.json" in files
-                or (tokenizer and tokenizer_files),  # a LoRA adapter folder: a tokenizer
-                f"cannot load {name!r}: the directory holds no transformers checkpoint (no config.json)",
-            )
-            require(
-                not tokenizer or tokenizer_files,
-                f"cannot load {name!r}: the directory has a config.json but no tokenizer files (tokenizer.json)",
-            )
-            require(
-                tokenizer
-                or any(f.endswith((".safetensors", ".bin", ".safetensors.index.json")) for f in files),
-                f"cannot load {name!r}: the directory has a config.json but no weights (model.safetensors)",
-            )
-            try:
-                return auto_class.from_pretrained(name, **kwargs)
-            # a truncated or corrupt file raises safetensors' own error type, among others
-            except Exception as e:
-                first = hub.first_line(e) if str(e).strip() else ""
-                raise InputError(
-                    f"cannot load {name!r}: {type(e).__name__}: {first} (is a file truncated?)"
-                ) from None
         with contextlib.suppress(OSError, ValueError):
             return auto_class.from_pretrained(name, local_files_only=True, **kwargs)
         require(
             hub.hub_reachable(),
             f"cannot load {name!r}: it is not a local directory or in the Hugging Face cache, "
-            f"and the Hub cannot be reached from this machine. Offline choices: "
-            f"{OFFLINE_CHOICES}",
+            f"and the Hub cannot be reached from this machine. Offline choices: {OFFLINE_CHOICES}",
         )
         return auto_class.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as e:
@@ -243,7 +242,7 @@ def load_tokenizer(name: str, prompt_format: str = "auto") -> transformers.PreTr
     else:
         # a config-only model speaks the embedded model's tokens
         tokenizer = from_pretrained(
-            transformers.AutoTokenizer, model_path("smollm2" if shapes.is_config_only(name) else name)
+            transformers.AutoTokenizer, model_path("smollm2" if is_config_only(name) else name)
         )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # gpt2 has none; masks below stay correct when pad == eos
@@ -299,7 +298,9 @@ def load_model(
             model = make_tiny_model(
                 vocab_size, "gpt2" if name == "tiny-gpt2" else "llama", "lm" if head == "lm" else "score"
             )
-    elif shapes.is_config_only(name):
+    elif is_config_only(name):
+        from infra import shapes
+
         model = shapes.random_model(name, vocab_size, head, device, dtype)
     else:
         path = model_path(name)
@@ -354,6 +355,8 @@ def load_policy(args, tokenizer, device, precision: str, kernels_on: bool, resum
     policy = load_model(args.model, len(tokenizer), device, precision, args.seed, kernels_on=kernels_on)
     reference = common.frozen_copy(policy) if with_reference and not args.lora.lora_r else None
     if reference is not None and policy.bf16_mixed and not args.run.fsdp:  # FSDP shards one dtype a layer
+        from infra import launches
+
         launches.matmul_weights_in_bf16(reference)
     if resumed:
         policy = load_model(
@@ -370,6 +373,8 @@ def load_policy(args, tokenizer, device, precision: str, kernels_on: bool, resum
     if args.gradient_checkpointing:
         policy.activation_checkpointing_enable()
     if args.run.decode == "compiled":  # read by common.sample_with_logprobs
+        from infra import decoding
+
         policy.decoder = decoding.CompiledDecoder(policy)
     return policy, reference
 

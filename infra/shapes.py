@@ -5,17 +5,10 @@ one (its vocabulary too: ids past the tokenizer's decode to nothing)."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 import transformers
 
 from common import InputError, require
-
-
-def is_config_only(name: str) -> bool:
-    """`--model` names a config file, not a checkpoint folder or a hub id."""
-    return name.endswith(".json") and os.path.isfile(name)
 
 
 def config_of(path: str) -> transformers.PretrainedConfig:

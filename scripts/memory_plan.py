@@ -39,7 +39,7 @@ def model_config(name: str, vocab_size: int) -> transformers.PretrainedConfig:
     or a hub id."""
     if name in common.TINY_MODELS:
         return models.make_tiny_model(vocab_size, "gpt2" if name == "tiny-gpt2" else "llama").config
-    if shapes.is_config_only(name):
+    if models.is_config_only(name):
         return shapes.config_of(name)
     if os.path.isfile(os.path.join(name, "adapter_config.json")):
         name = json.loads(Path(name, "adapter_config.json").read_text())["base_model_name_or_path"]

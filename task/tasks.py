@@ -43,7 +43,6 @@ from tqdm.auto import tqdm
 
 import common
 from infra import distributed
-from infra import hub
 from infra import runs
 from common import InputError
 from task import rewards
@@ -107,7 +106,10 @@ def heldout_problems(
 def evaluation_for_model(args):
     """`args` with an unset --eval-size and --pass-k chosen for the model: 200 held-out problems and pass@8, or for
     the tiny random models, which answer nothing right, 16 problems and no pass@k, so that a smoke run takes
-    seconds. args.json records the values chosen."""
+    seconds. args.json records the values chosen. Without GENERAL_TEXT (an algorithm file copied alone) it also
+    says, once a run, that evaluate_policy skips the general text's NLL."""
+    if not GENERAL_TEXT.is_file():
+        tqdm.write(f"{GENERAL_TEXT} not found: skipping the general-text NLL (the forgetting measure)")
     tiny = args.model in common.TINY_MODELS
     eval_size = args.eval_size if args.eval_size is not None else 16 if tiny else DEFAULT_EVAL_SIZE
     pass_k = args.pass_k if args.pass_k is not None else 0 if tiny else 8
@@ -426,11 +428,12 @@ def general_text_nll(model, tokenizer) -> float:
     """The forgetting measure: mean negative log-likelihood per token, in nats, of GENERAL_TEXT, each paragraph
     scored from its start. Training on the narrow task can overwrite general ability ("mitigate with LoRA, a
     general-data mix, fewer epochs"); this rises when it does, and no reward in the project sees it."""
-    device = next(model.parameters()).device
     total = 0.0
     count = 0
     for paragraph in GENERAL_TEXT.read_text().split("\n\n"):
-        ids = torch.tensor(tokenizer(paragraph.strip(), add_special_tokens=False).input_ids, device=device)
+        ids = torch.tensor(
+            tokenizer(paragraph.strip(), add_special_tokens=False).input_ids, device=model.device
+        )
         logits = model(ids[None]).logits[0, :-1].float()  # (T-1, V): each token predicts the next
         total += torch.nn.functional.cross_entropy(logits, ids[1:], reduction="sum").item()
         count += len(ids) - 1
@@ -448,8 +451,8 @@ def evaluate_policy(
     score: Optional[Callable] = None,
 ) -> dict:
     """The held-out evaluation every algorithm reports: greedy accuracy (evaluate_accuracy, with its `score`),
-    the general text's NLL (general_text_nll, the forgetting measure) and, with pass_k, pass@k from pass_k samples
-    a problem at temperature 1 (evaluate_pass_at_k); each said in a line.
+    the general text's NLL (general_text_nll, the forgetting measure; left out without GENERAL_TEXT) and, with
+    pass_k, pass@k from pass_k samples a problem at temperature 1 (evaluate_pass_at_k); each said in a line.
     Under torchrun the greedy accuracy is split over the ranks; pass@k is drawn whole by each (the same numbers)."""
     model.eval()
     result = evaluate_accuracy(model, tokenizer, problems, max_new_tokens, score=score)
@@ -464,11 +467,12 @@ def evaluate_policy(
             f"step {step}: held-out pass@{pass_k} {result[f'pass@{pass_k}']:.3f} "
             f"({pass_k} samples per problem at temperature 1)"
         )
-    result["general_nll"] = general_text_nll(model, tokenizer)
     tqdm.write(f"step {step}: held-out accuracy {result['accuracy']:.3f} ({len(problems)} problems)")
-    tqdm.write(
-        f"step {step}: general text NLL {result['general_nll']:.4f} nats/token (forgetting if it rises)"
-    )
+    if GENERAL_TEXT.is_file():
+        result["general_nll"] = general_text_nll(model, tokenizer)
+        tqdm.write(
+            f"step {step}: general text NLL {result['general_nll']:.4f} nats/token (forgetting if it rises)"
+        )
     return result
 
 
@@ -572,6 +576,8 @@ def read_rows(path: str, fields: tuple[str, ...]) -> list[dict]:
     """--dataset's rows, each checked to hold `fields` as strings; errors name the file and line (or row). A JSONL
     file (UTF-8, with or without a byte-order mark), or a Hugging Face dataset: a save_to_disk folder or a Hub id
     (infra/hub.py, GSM8K's fields mapped). A numeric "answer" (42, not "42") is read as its text."""
+    from infra import hub
+
     if hub.is_hf_dataset(path):
         rows = [checked_row(row, fields, f"{path}: row {i}") for i, row in enumerate(hub.load_rows(path), 1)]
     else:

@@ -465,3 +465,40 @@ def test_the_results_page_lists_every_section_in_its_contents():
     links = dict(re.findall(r"^ *- \[(.+)\]\(#(.+)\)$", text, flags=re.M))
     missing = [h for h in headings if h != "Contents" and links.get(h) != heading_anchor(h)]
     assert not missing, f"docs/results.md's contents lacks (or links wrongly) {missing}"
+
+
+def test_grpo_copied_alone_runs_with_at_most_15_project_files(tmp_path):
+    # What grpo.py's top-level imports reach, and theirs in turn; a module imported inside a function
+    # (infra/hub.py, infra/shapes.py, ...) stays behind, so the run below shows the default path never enters it.
+    needed = set()
+    todo = ["grpo.py"]
+    while todo:
+        path = todo.pop()
+        if path in needed:
+            continue
+        needed.add(path)
+        for node in ast.parse((REPO / path).read_text()).body:
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            files = [module.replace(".", "/") + ".py" for module in modules]
+            todo += [file for file in files if (REPO / file).is_file()]
+    # regular packages, so that nothing outside the copy can stand in for a missing module
+    needed |= {path for path in ("infra/__init__.py", "task/__init__.py") if (REPO / path).is_file()}
+    for path in needed:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / path, tmp_path / path)
+    argv = ["--model", "tiny", "--steps", "2", "--eval-size", "4", "--eval-every", "0"]
+    proc = subprocess.run(
+        [sys.executable, "grpo.py", *argv, "--output-dir", str(tmp_path / "runs")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "data/general.txt not found: skipping the general-text NLL" in proc.stdout
+    assert len(needed) <= 15, sorted(needed)

@@ -1,7 +1,9 @@
 """task/tasks.py: the verifier, the problems, prompt formatting, data files and preference data."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 import torch
@@ -283,6 +285,30 @@ def test_general_text_nll_is_the_mean_over_every_token_of_every_paragraph(tiny_m
             total += tiny_model(ids, labels=ids).loss.item() * (ids.shape[1] - 1)
             count += ids.shape[1] - 1
     assert tasks.general_text_nll(tiny_model, tokenizer) == pytest.approx(total / count, rel=1e-5)
+
+
+def test_without_the_general_text_evaluation_says_so_once_and_leaves_its_nll_out(
+    tiny_model, tokenizer, monkeypatch, tmp_path, capsys
+):
+    # an algorithm file copied alone, without data/
+    @dataclasses.dataclass
+    class Args:
+        model: str = "tiny"
+        eval_size: Optional[int] = None
+        pass_k: Optional[int] = None
+
+    monkeypatch.setattr(tasks, "GENERAL_TEXT", tmp_path / "data" / "general.txt")
+    monkeypatch.setattr(tasks, "evaluate_accuracy", lambda *args, **kwargs: {"accuracy": 0.25})
+    tasks.evaluation_for_model(Args())
+    before = tasks.evaluate_policy(tiny_model, tokenizer, tasks.heldout_problems(4), 4, seed=0, step=0)
+    after = tasks.evaluate_policy(tiny_model, tokenizer, tasks.heldout_problems(4), 4, seed=0, step=2)
+    assert before == after == {"accuracy": 0.25}
+    assert tasks.before_and_after(before, after) == {"accuracy_before": 0.25, "accuracy_after": 0.25}
+    out = capsys.readouterr().out
+    assert (
+        out.count("data/general.txt not found: skipping the general-text NLL (the forgetting measure)") == 1
+    )
+    assert "general text NLL" not in out
 
 
 def test_before_and_after_pairs_the_comparable_numbers():
