@@ -178,16 +178,14 @@ def concatenated_logps(
 
 
 @torch.no_grad()
-def score_pairs(
-    model, tokenizer, pairs: list[dict], batch_size: int, max_completion_tokens: int, desc: str
-) -> torch.Tensor:
-    """Summed log-probs of every pair under `model`, (N, 2) [chosen, rejected], batch by batch with
-    a progress bar."""
+def score_pairs(model, tokenizer, pairs: list[dict], args: Args, desc: str) -> torch.Tensor:
+    """Summed log-probs of every pair under `model`, (N, 2) [chosen, rejected], --batch-size pairs at a time
+    with a progress bar."""
     model.eval()
     out = []
-    for start in tqdm(range(0, len(pairs), batch_size), desc=desc, dynamic_ncols=True, leave=False):
+    for start in tqdm(range(0, len(pairs), args.batch_size), desc=desc, dynamic_ncols=True, leave=False):
         chosen, rejected, _, _ = concatenated_logps(
-            model, tokenizer, pairs[start : start + batch_size], max_completion_tokens
+            model, tokenizer, pairs[start : start + args.batch_size], args.max_completion_tokens
         )
         out.append(torch.stack([chosen, rejected], dim=1))
     return torch.cat(out)
@@ -248,9 +246,7 @@ def evaluate_heldout(
     result = tasks.evaluate_policy(
         policy, tokenizer, heldout_problems, args.max_new_tokens, args.seed, step, pass_k
     )
-    chosen, rejected = score_pairs(
-        policy, tokenizer, heldout_pairs, args.batch_size, args.max_completion_tokens, "held-out pairs"
-    ).unbind(1)
+    chosen, rejected = score_pairs(policy, tokenizer, heldout_pairs, args, "held-out pairs").unbind(1)
     losses, chosen_rewards, rejected_rewards = dpo_loss(
         chosen, rejected, heldout_ref[:, 0], heldout_ref[:, 1], args.beta, args.label_smoothing
     )
@@ -297,36 +293,25 @@ def main(args: Args) -> dict:
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout_problems), args.max_new_tokens)
     batches = tasks.epoch_batches(len(train_pairs), args.batch_size, args.steps, args.seed)
 
-    # ---- 1. the reference: log π_ref once for every pair, or a frozen copy -----------------------
-    # Before any update the policy *is* the reference, so precomputing needs no second model. A resumed
-    # run reads them from its checkpoint: its policy is no longer the reference.
-    ref_model = None
-    train_ref = None
+    # ---- 1. the reference: before the first update the policy is the reference ----------------------
+    # So log π_ref is the policy's own, scored now with no second model: the held-out pairs' (for the evaluation)
+    # and, unless --no-precompute-ref-logprobs, the training pairs'. A resumed run's policy has trained since: its
+    # checkpoint keeps what its start scored.
     if resumed:
         heldout_ref = resumed["heldout_ref"].to(device)
         train_ref = resumed["train_ref"]
         train_ref = train_ref.to(device) if train_ref is not None else None
     else:
-        heldout_ref = score_pairs(
-            policy,
-            tokenizer,
-            heldout_pairs,
-            args.batch_size,
-            args.max_completion_tokens,
-            "reference log-probs (held-out)",
-        )
+        heldout_ref = score_pairs(policy, tokenizer, heldout_pairs, args, "reference log-probs (held-out)")
+        train_ref = None
         if args.precompute_ref_logprobs:
-            train_ref = score_pairs(
-                policy,
-                tokenizer,
-                train_pairs,
-                args.batch_size,
-                args.max_completion_tokens,
-                "reference log-probs (train)",
-            )
+            train_ref = score_pairs(policy, tokenizer, train_pairs, args, "reference log-probs (train)")
+    # Scored batch by batch instead, the reference is a frozen copy of the policy as it starts (a resumed run's too:
+    # its trained weights load below); with LoRA no copy: the policy with its adapter off is the starting model.
+    ref_model = None
     if not args.precompute_ref_logprobs and not args.lora.lora_r:
-        # the starting model, also when resuming; with LoRA: adapter off
         ref_model = common.frozen_copy(policy)
+    # only then the policy that trains: a resumed run's weights, or the starting model with a new LoRA adapter
     if resumed:
         policy = models.load_model(
             f"{args.run.resume}/model",

@@ -61,7 +61,6 @@ Shapes: B prompts = completions (one each), S prompt tokens, T completion tokens
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Annotated, Callable, Literal, Optional
 
@@ -71,7 +70,6 @@ from tqdm.auto import tqdm
 import common
 from infra import distributed
 from infra import fsdp
-from infra import metrics
 from infra import models
 from infra import runs
 from infra import stepmetrics
@@ -284,8 +282,13 @@ def ppo_policy_loss(
 
 
 def adapted_penalty(beta: float, kl: float, target: float) -> float:
-    """PPO §4, after each update: β/2 if d < d_targ/1.5, 2β if d > 1.5 d_targ, else β (d the update's KL)."""
-    return beta / 2 if kl < target / 1.5 else beta * 2 if kl > target * 1.5 else beta
+    """PPO §4's rule for β after each update, d (`kl`) the update's KL and d_targ its `target`: halved if
+    d < d_targ/1.5, doubled if d > 1.5 d_targ, else kept."""
+    if kl < target / 1.5:
+        return beta / 2
+    if kl > target * 1.5:
+        return beta * 2
+    return beta
 
 
 @torch.no_grad()
@@ -433,6 +436,28 @@ def evaluate_with_reward(
     return result
 
 
+def eval_row(result: dict) -> dict:
+    """An evaluation's numbers in eval.json's list of evaluations: held-out accuracy and mean reward."""
+    return {"accuracy": result["accuracy"], "score": result["score"]}
+
+
+def results(before: dict, after: dict) -> dict:
+    """eval.json's own numbers: the task's before and after (tasks.before_and_after), and the mean reward's."""
+    return {
+        **tasks.before_and_after(before, after),
+        "score_before": before["score"],
+        "score_after": after["score"],
+    }
+
+
+def headline(before: dict, after: dict) -> str:
+    """The summary's line: held-out accuracy and mean reward, before -> after."""
+    return (
+        f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
+        f"reward {before['score']:.3f} -> {after['score']:.3f}"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
@@ -461,14 +486,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     kl_coef = resumed["kl_coef"] if resumed else args.kl_coef
     penalty = resumed["penalty"] if resumed else 1.0  # --policy-loss penalty: β_old
-    run = runs.Run(
-        args,
-        "ppo",
-        tokenizer,
-        device,
-        resumed,
-        eval_row=lambda result: {"accuracy": result["accuracy"], "score": result["score"]},
-    )
+    run = runs.Run(args, "ppo", tokenizer, device, resumed, eval_row=eval_row)
     run.checkpointed(
         policy,
         generator,
@@ -481,9 +499,13 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
     # a resumed run's data position: batch-size problems a step
     for _ in range((run.first_step - 1) * args.batch_size):
         next(train_stream)
-    # (prompt_ids, prompt_mask, completion_ids, mask, problems) -> the reward (B,), the verifier's 0/1 (B,)
-    score = functools.partial(score_completions, reward_model, reward_fn, tokenizer)
-    evaluate = functools.partial(evaluate_with_reward, policy, tokenizer, heldout, args, score)
+
+    def score(*batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prompt_ids, prompt_mask, completion_ids, mask, problems) -> the reward (B,), the verifier's 0/1 (B,)"""
+        return score_completions(reward_model, reward_fn, tokenizer, *batch)
+
+    def evaluate(step: int, pass_k: int = 0) -> dict:
+        return evaluate_with_reward(policy, tokenizer, heldout, args, score, step, pass_k)
 
     clock = stepmetrics.PhaseClock(device)  # each phase's time and peak memory, logged
     run.begin(evaluate)
@@ -599,16 +621,17 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 # now, not at the next backward: idle through sampling
                 policy_optimizer.zero_grad(set_to_none=True)
                 critic_optimizer.zero_grad(set_to_none=True)
-                token_means = {
-                    **m,
-                    "pg_loss": pg_loss,
-                    "policy_loss": policy_loss,
-                    "vf_loss": vf_loss,
-                    "value_clip_ratio": vf_clip,
-                    "entropy": entropy_mean,
-                }
-                step_metrics.add(
-                    share, token_means, {"grad_norm": policy_grad_norm, "critic/grad_norm": critic_grad_norm}
+                stepmetrics.add_ppo_minibatch(
+                    step_metrics,
+                    share,
+                    m,
+                    pg_loss=pg_loss,
+                    policy_loss=policy_loss,
+                    vf_loss=vf_loss,
+                    value_clip_ratio=vf_clip,
+                    entropy=entropy_mean,
+                    grad_norm=policy_grad_norm,
+                    critic_grad_norm=critic_grad_norm,
                 )
         clock.lap("update")
 
@@ -618,7 +641,6 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
             kl_coef = adaptive_kl_coef(
                 kl_coef, kl_per_completion, args.target_kl, args.kl_horizon, args.batch_size
             )
-        non_score = (-kl_used * kl).sum(1)  # (B,)
         averaged = step_metrics.mean()
         if args.policy_loss == "penalty":
             averaged["penalty"] = penalty
@@ -627,26 +649,22 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
                 policy, prompt_ids, prompt_mask, completion_ids, old_logprobs, mask, args.temperature
             )
             penalty = adapted_penalty(penalty, averaged["kl_old_after"], args.kl_old_target)
-        stats = {
-            "score": scores.mean().item(),
-            "score_penalised": penalised.mean().item(),
-            "verifier": verified.mean().item(),  # the true reward of the same samples: over-optimisation shows
-            "kl": kl_per_completion,
-            "kl_coef": kl_used,
-            "non_score_reward": non_score.mean().item(),
-            "rlhf_reward": (penalised + non_score).mean().item(),
-            **averaged,
-            "explained_variance": explained_variance(old_values, returns, mask, all_sum=distributed.all_sum),
-            "completion_length": mask.sum(1).float().mean().item(),
-            "completion_finished": finished.float().mean().item(),
-            # the batch (a rank's share)
-            "completions/distinct": metrics.distinct_fraction(completion_ids, mask, B),
-            # the sampler against the trainer (π_old), at the sampled tokens
-            **common.mismatch_metrics(old_logprobs, sampler_logprobs, mask),
-            **clock.stats(tokens=mask.sum().item()),
-        }
-        # the batch's (but distinct: within a rank's share; timings)
-        stats = distributed.mean_over_ranks(stats)
+        stats = stepmetrics.ppo_step_stats(
+            scores=scores,
+            penalised=penalised,
+            verified=verified,
+            kl=kl,
+            kl_per_completion=kl_per_completion,
+            kl_coef=kl_used,
+            minibatch_means=averaged,
+            explained_variance=explained_variance(old_values, returns, mask, all_sum=distributed.all_sum),
+            completion_ids=completion_ids,
+            mask=mask,
+            finished=finished,
+            old_logprobs=old_logprobs,
+            sampler_logprobs=sampler_logprobs,
+            clock=clock,
+        )
         run.log(
             step,
             stats,
@@ -661,18 +679,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         run.evaluate(step, evaluate)
         run.save_if_due(step)
 
-    return run.finish(
-        evaluate,
-        lambda before, after: {
-            **tasks.before_and_after(before, after),
-            "score_before": before["score"],
-            "score_after": after["score"],
-        },
-        lambda before, after: (
-            f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
-            f"reward {before['score']:.3f} -> {after['score']:.3f}"
-        ),
-    )
+    return run.finish(evaluate, results, headline)
 
 
 if __name__ == "__main__":

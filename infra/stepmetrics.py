@@ -9,8 +9,10 @@ import time
 
 import torch
 
+import common
 from common import masked_mean
 from infra import distributed
+from infra import metrics
 from infra.runs import peak_memory_gb
 
 
@@ -82,3 +84,70 @@ class MicroBatchSums:
         # an iteration's shares (and loss weights) sum to 1: ÷ μ averages them; Σ the ranks' parts
         means = {k: distributed.all_sum(v) / self.iterations for k, v in self.sums.items()}
         return {**means, "entropy": distributed.all_sum(self.entropy)}
+
+
+def add_ppo_minibatch(
+    means: MinibatchMeans,
+    share: float,
+    policy_metrics: dict,
+    pg_loss: torch.Tensor,
+    policy_loss: torch.Tensor,
+    vf_loss: torch.Tensor,
+    value_clip_ratio: float,
+    entropy: torch.Tensor,
+    grad_norm: torch.Tensor,
+    critic_grad_norm: torch.Tensor,
+) -> None:
+    """One PPO minibatch into `means`: its token means (ppo_policy_loss's metrics, the losses, the value clip ratio,
+    the entropy) weighted by `share`, and the two gradient norms as they are."""
+    token_means = {
+        **policy_metrics,
+        "pg_loss": pg_loss,
+        "policy_loss": policy_loss,
+        "vf_loss": vf_loss,
+        "value_clip_ratio": value_clip_ratio,
+        "entropy": entropy,
+    }
+    means.add(share, token_means, {"grad_norm": grad_norm, "critic/grad_norm": critic_grad_norm})
+
+
+def ppo_step_stats(
+    scores: torch.Tensor,  # (B,) r_θ(x, y)
+    penalised: torch.Tensor,  # (B,) the scores less --missing-eos-penalty: what the rewards add
+    verified: torch.Tensor,  # (B,) the verifier's 0/1 of the same completions
+    kl: torch.Tensor,  # (B, T) the KL in the rewards, per token, 0 on padding
+    kl_per_completion: float,  # Σ_t KL_t, the whole batch's mean
+    kl_coef: float,  # the β the rewards used
+    minibatch_means: dict,  # the update's (MinibatchMeans.mean)
+    explained_variance: float,
+    completion_ids: torch.Tensor,  # (B, T)
+    mask: torch.Tensor,  # (B, T)
+    finished: torch.Tensor,  # (B,) ended with EOS
+    old_logprobs: torch.Tensor,  # (B, T) π_old's, the trainer's, at the sampled tokens
+    sampler_logprobs: torch.Tensor,  # (B, T) the same tokens' as the sampler drew them
+    clock: PhaseClock,
+) -> dict:
+    """PPO's line of metrics.jsonl under TRL's names, as floats averaged over the ranks: the score, the verifier and
+    the KL part of the reward (non_score_reward = -β Σ_t KL_t), the update's means, the completions, the sampler
+    against the trainer and the phases' times."""
+    non_score = (-kl_coef * kl).sum(1)  # (B,)
+    stats = {
+        "score": scores.mean().item(),
+        "score_penalised": penalised.mean().item(),
+        "verifier": verified.mean().item(),  # the true reward of the same samples: over-optimisation shows
+        "kl": kl_per_completion,
+        "kl_coef": kl_coef,
+        "non_score_reward": non_score.mean().item(),
+        "rlhf_reward": (penalised + non_score).mean().item(),
+        **minibatch_means,
+        "explained_variance": explained_variance,
+        "completion_length": mask.sum(1).float().mean().item(),
+        "completion_finished": finished.float().mean().item(),
+        # the batch (a rank's share)
+        "completions/distinct": metrics.distinct_fraction(completion_ids, mask, len(completion_ids)),
+        # the sampler against the trainer (π_old), at the sampled tokens
+        **common.mismatch_metrics(old_logprobs, sampler_logprobs, mask),
+        **clock.stats(tokens=mask.sum().item()),
+    }
+    # the batch's (but distinct: within a rank's share; timings)
+    return distributed.mean_over_ranks(stats)

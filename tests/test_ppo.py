@@ -164,6 +164,20 @@ def test_penalty_coefficient_halves_below_and_doubles_above_the_target_band():
     assert adapted_penalty(1.0, 0.016, 0.01) == 2.0
 
 
+def test_eval_json_keeps_the_mean_reward_beside_the_accuracy():
+    # an evaluation's row, eval.json's own numbers and the summary's line: accuracy 0.25 -> 0.75, reward -0.5 -> 1.5
+    before = {"accuracy": 0.25, "score": -0.5, "samples": []}
+    after = {"accuracy": 0.75, "score": 1.5, "samples": []}
+    assert ppo.eval_row(after) == {"accuracy": 0.75, "score": 1.5}
+    assert ppo.results(before, after) == {
+        "accuracy_before": 0.25,
+        "accuracy_after": 0.75,
+        "score_before": -0.5,
+        "score_after": 1.5,
+    }
+    assert ppo.headline(before, after) == "held-out accuracy 0.250 -> 0.750; reward -0.500 -> 1.500"
+
+
 def test_value_loss_clip_branch():
     # ε_v = 0.2, V_old = 0, R = 1. V = 0.5: clipped V = 0.2, (0.2 - 1)² = 0.64 > (0.5 - 1)² = 0.25, so 0.64 is used
     # V = 0.1: inside the range, both terms (0.1 - 1)² = 0.81. loss = ½ (0.64 + 0.81) / 2 = 0.3625
