@@ -35,13 +35,12 @@ import torch
 import common
 import grpo
 from infra import distributed
-from infra import groups
 from infra import fsdp
 from infra import metrics
 from infra import models
 from infra import runs
 from infra import stepmetrics
-from task import batch_rewards, tasks
+from task import tasks
 from common import require
 
 
@@ -60,13 +59,8 @@ def check_args(args: Args) -> None:
         f"--first-samples must be at least 2 and below --group-size {args.group_size}, not {args.first_samples}",
     )
     require(
-        args.reward_model is None and args.scale_rewards == "group",
-        "--reward-model and --scale-rewards are not supported here: the ragged groups normalise their own; use grpo.py",
-    )
-    require(
-        args.entropy_coef == 0 and args.top_entropy_quantile == 1 and args.entropy_target is None,
-        "--entropy-coef, --entropy-target and --top-entropy-quantile are grpo.py's: the ragged forward logs the "
-        "entropy only",
+        args.reward_model is None,
+        "--reward-model is not supported here (the ragged groups score with the verifier and --rewards); use grpo.py",
     )
 
 
@@ -95,7 +89,7 @@ def ragged_group_advantages(
 def ragged_group_logprobs(
     model, sequences: tuple, rows: slice, group_index: torch.Tensor, temperature: float, entropy=False
 ):
-    """groups.group_logprobs for ragged groups: log π of the completions in `rows` (and their entropy), each prompt
+    """grpo.group_logprobs for ragged groups: log π of the completions in `rows` (and their entropy), each prompt
     encoded once for its rows, which are consecutive. sequences = (prompt_ids (P, S), prompt_mask (P, S),
     completion_ids (N, T)), group_index (N,) -> (N_rows, T), and (N_rows, T) or None"""
     prompt_ids, prompt_mask, completion_ids = sequences
@@ -137,11 +131,15 @@ def sample_and_score(
     answers = [p.answer for p in problems for _ in range(count)]
     scored = tasks.score_completions(texts, answers, args.rewards, reward_fn, device)
     runs.check_rewards(scored.rewards, step)
-    weights = scored.rewards.new_tensor(args.reward_weights or [1.0] * len(args.rewards))
-    scores = batch_rewards.weighted_rewards(scored.rewards, weights, args.reward_clip)
-    rewards = scores + batch_rewards.overlong_penalty(
-        mask.sum(1), args.max_new_tokens, args.overlong_buffer, args.overlong_penalty
-    )
+    if args.reward_weights is None:
+        scores = scored.rewards.sum(dim=1)  # (N,) r_i = Σ_k r_ik
+    else:  # DeepSeek-R1's weighted rewards, summed as TRL sums them: r_i = Σ_k w_k r_ik
+        scores = scored.rewards @ scored.rewards.new_tensor(args.reward_weights)
+    rewards = scores
+    if args.overlong_buffer > 0:  # DAPO's soft overlong punishment
+        rewards = scores + grpo.overlong_penalty(
+            mask.sum(1), args.max_new_tokens, args.overlong_buffer, args.overlong_penalty
+        )
     return Sampled(completion_ids, mask, sampler_logprobs, rewards, scores, scored)
 
 
@@ -163,7 +161,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     train_stream, heldout = tasks.load_problems(
         args.dataset, args.seed, args.eval_size, args.prompts_per_step
     )
-    train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)  # held-out too
+    # DeepSeek-R1's template: <think> … </think><answer> … </answer>, held-out too
+    if args.prompt_style == "r1":
+        train_stream, heldout = tasks.with_prompt_style("r1", train_stream, heldout)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
     policy, ref_model = models.load_policy(
@@ -233,7 +233,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
         # ---- 2. the rewards (above, with each part's sampling), and what they say ----------------------
         # the first round's: every prompt's G0, an unbiased draw of the policy; `score` below is every sample's
-        stats = batch_rewards.reward_stats(first.rewards, first.scores, first.scored, args.rewards, G0, False)
+        stats = metrics.reward_stats(first.rewards, first.scores, first.scored, args.rewards, G0, False)
         stats["samples"] = distributed.all_sum(len(rewards))  # every rank's
         stats["frac_prompts_sampled_again"] = uniform.float().mean().item()
         stats["score"] = scores.mean().item()
@@ -253,30 +253,30 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         advantages = ragged_group_advantages(rewards, group_index, args.scale_by_std)  # (N,)
         # the groups still all equal after the extra samples: 0 advantages; --dynamic-sampling drops them
         signal = torch.zeros(P, device=device).index_add(0, group_index, (advantages != 0).float())  # (P,)
-        no_signal = signal == 0
-        stats["frac_reward_zero_std/after"] = no_signal.float().mean().item()
-        keep_groups = ~no_signal if args.dynamic_sampling else torch.ones_like(no_signal)
-        keep = keep_groups[group_index]  # (N,)
-        # the columns that are padding in every kept row go
-        width = int((mask * keep[:, None]).sum(1).max()) if keep.any() else 0
-        # the kept prompts, renumbered 0..P'-1 in order
-        renumber = torch.cumsum(keep_groups.long(), 0) - 1
-        prompt_ids, prompt_mask = prompt_ids[keep_groups], prompt_mask[keep_groups]
-        group_index = renumber[group_index[keep]]
-        completion_ids, mask = completion_ids[keep, :width], mask[keep, :width]
-        sampler_logprobs = sampler_logprobs[keep, :width]
-        advantages = advantages[keep]
-        # DAPO's overlong filtering: a completion cut at --max-new-tokens (no EOS) carries no loss
-        mask = (
-            mask
-            * grpo.loss_rows(completion_ids, tokenizer.eos_token_id, args.mask_truncated_completions)[:, None]
-        )
+        stats["frac_reward_zero_std/after"] = (signal == 0).float().mean().item()
+        if args.dynamic_sampling:  # DAPO: drop the groups whose every advantage is 0 (equal rewards)
+            keep_groups = signal > 0  # (P,)
+            keep = keep_groups[group_index]  # (N,)
+            # the columns that are padding in every kept row go
+            width = int((mask * keep[:, None]).sum(1).max()) if keep.any() else 0
+            # the kept prompts, renumbered 0..P'-1 in order
+            renumber = torch.cumsum(keep_groups.long(), 0) - 1
+            prompt_ids = prompt_ids[keep_groups]
+            prompt_mask = prompt_mask[keep_groups]
+            group_index = renumber[group_index[keep]]
+            completion_ids = completion_ids[keep, :width]
+            mask = mask[keep, :width]
+            sampler_logprobs = sampler_logprobs[keep, :width]
+            advantages = advantages[keep]
+        # DAPO's overlong filtering: a completion cut at the limit has no loss
+        if args.mask_truncated_completions:
+            mask = mask * grpo.completion_ended(completion_ids, tokenizer.eos_token_id)[:, None]
         B = completion_ids.shape[0]
-        update = B > 0  # a batch left with no group makes no update, but counts as a step
         t1 = time.time()
 
         # ---- 4. old and reference log-probs, once per batch -------------------------------------
-        if update:
+        # a batch left with no group (dynamic sampling) makes no update, but counts as a step
+        if B > 0:
             # the batch's rows: each kept prompt once, and its completions
             sequences = (prompt_ids, prompt_mask, completion_ids)
             micro = min(args.batch_size or B, B)
@@ -315,10 +315,15 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         ref_logprobs[s] if ref_logprobs is not None else None,
                         advantages[s],
                         mask[s],
-                        **groups.loss_options(args, args.entropy_coef),
+                        args.eps_low,
+                        args.eps_high,
+                        args.beta,
+                        args.loss_agg,
+                        args.max_new_tokens,
+                        args.kl_estimator,
                     )
                     run.check_finite(loss, step)
-                    weight = groups.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
+                    weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
                     # kl, clip_ratio: token means over the whole batch; entropy: iteration 0's (None after)
                     sums.add(m, mask[s], loss, weight, entropy)
@@ -336,17 +341,15 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         time_train = time.time() - t1
 
         # ---- 6. log -------------------------------------------------------------------------------
-        if update:
+        if B > 0:
             stats.update(sums.totals())
             # the sampler against the trainer, at the tokens sampled
             stats.update(common.mismatch_metrics(torch.cat(trainer_logprobs), sampler_logprobs, mask))
             stats["grad_norm"] = grad_norm.item()
-            stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
         else:
             stats["skipped"] = 1
-        stats["time/train"] = time_train
-        stats["time/step"] = time.time() - t0
-        stats["tokens_per_second"] = lengths.sum().item() / stats["time/step"]
+        # time/train, time/step and the tokens a second sampled and trained
+        stats.update(metrics.speeds(t0, time_train, lengths.sum(), mask.sum() * args.num_iterations))
         # each rank's mean over an equal share: their mean is the batch's
         stats = distributed.mean_over_ranks(stats)
         run.log(step, stats, ("reward", "samples", "kl", "skipped"))

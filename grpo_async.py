@@ -57,12 +57,11 @@ import common
 import grpo
 from infra import distributed
 from infra import fsdp
-from infra import groups
 from infra import metrics
 from infra import models
 from infra import runs
 from infra import stepmetrics
-from task import batch_rewards, tasks
+from task import tasks
 from common import masked_mean, masked_sum, require
 
 Correction = Literal["none", "token-truncate", "token-mask", "sequence-truncate", "sequence-mask"]
@@ -91,10 +90,6 @@ class Args(grpo.Args):
 
 def check_args(args: Args) -> None:
     grpo.check_args(args)
-    require(
-        args.entropy_target is None,
-        "--entropy-target adapts grpo.py's coefficient; grpo_async.py takes --entropy-coef",
-    )
     require(args.is_cap > 1, f"--is-cap must be > 1 (weights are kept within [1/C, C]), not {args.is_cap}")
     require(args.staleness >= 0, f"--staleness must be >= 0, not {args.staleness}")
     require(
@@ -185,18 +180,19 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     train_stream, heldout = tasks.load_problems(
         args.dataset, args.seed, args.eval_size, args.prompts_per_step
     )
-    train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)  # held-out too
+    # DeepSeek-R1's template: <think> … </think><answer> … </answer>, held-out too
+    if args.prompt_style == "r1":
+        train_stream, heldout = tasks.with_prompt_style("r1", train_stream, heldout)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
     policy, ref_model = models.load_policy(
         args, tokenizer, device, precision, kernels_on, resumed, args.beta != 0
     )
     common.check_fits(policy, tasks.longest_prompt(tokenizer, heldout), args.max_new_tokens)
-    reward_models = [
-        models.load_reward_model(path, tokenizer, device, precision, kernels_on)
-        for path in args.reward_model or ()
-    ]
-    fsdp.shard(args.run.fsdp, policy, ref_model, *reward_models)  # --fsdp: 1/N of each model's weights
+    reward_model = None
+    if args.reward_model is not None:
+        reward_model = models.load_reward_model(args.reward_model, tokenizer, device, precision, kernels_on)
+    fsdp.shard(args.run.fsdp, policy, ref_model, reward_model)  # --fsdp: 1/N of each model's weights
     optimizer, scheduler = common.make_optimizer(
         policy, args.lr, args.weight_decay, args.warmup_steps, args.steps if args.lr_decay else 0
     )
@@ -219,8 +215,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         step = run.first_step + index  # the step that trains on this batch
         # ---- 1. sample G completions per prompt from the current policy -------------------------
         t0 = time.time()
-        # P/N on a rank
-        problems = distributed.share([next(train_stream) for _ in range(args.prompts_per_step)])
+        problems = distributed.share([next(train_stream) for _ in range(args.prompts_per_step)])  # P/N a rank
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
         # (B, T) each: the tokens, and their log-probs as the sampler drew them
@@ -239,43 +234,42 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         mask = common.completion_mask(completion_ids, tokenizer.eos_token_id)  # (B, T), EOS included
         time_generate = time.time() - t0
 
-        # ---- 2. score with each of --rewards (a verifier or a reward model, the format) -----------
+        # ---- 2. score with each of --rewards (the verifier or a reward model, the format) ---------
         texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
-        # the reward models' scores (B,), one model's or the ensemble's, in place of the verifier's; None without
-        learned = batch_rewards.learned_scores(
-            reward_models, prompt_ids, prompt_mask, completion_ids, mask, G, args.reward_ensemble
-        )
+        learned = None  # a reward model's scores (B,), in place of the verifier's
+        if reward_model is not None:
+            learned = grpo.learned_scores(reward_model, prompt_ids, prompt_mask, completion_ids, mask, G)
         scored = tasks.score_completions(texts, answers, args.rewards, reward_fn, device, learned)
         runs.check_rewards(scored.rewards, step)
-        per_reward = batch_rewards.capped_rewards(scored.rewards, args.reward_clip)  # (B, K)
-        weights = per_reward.new_tensor(args.reward_weights or [1.0] * len(args.rewards))  # (K,)
-        # (B,) Σ_k w_k r_ik, or with normalize-then-sum (GDPO) each r_k normalised in its group first
-        scores = batch_rewards.weighted_sum(per_reward, weights, G, args.multi_objective_aggregation)
+        if args.reward_weights is None:
+            scores = scored.rewards.sum(1)  # (B,) r_i = Σ_k r_ik
+        else:  # DeepSeek-R1's weighted rewards, summed as TRL sums them: r_i = Σ_k w_k r_ik
+            scores = scored.rewards @ scored.rewards.new_tensor(args.reward_weights)
         lengths = mask.sum(1)  # (B,)
-        rewards = scores + batch_rewards.overlong_penalty(
-            lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty
-        )
+        rewards = scores
+        if args.overlong_buffer > 0:  # DAPO's soft overlong punishment
+            rewards = scores + grpo.overlong_penalty(
+                lengths, args.max_new_tokens, args.overlong_buffer, args.overlong_penalty
+            )
 
         # ---- 3. group-relative advantages -------------------------------------------------------
-        scale = args.scale_rewards if args.scale_by_std else "none"  # --no-scale-by-std: none
-        advantages = grpo.group_advantages(rewards, G, scale != "none", std_over=scale)  # (B,)
-        stats = batch_rewards.reward_stats(rewards, scores, scored, args.rewards, G, learned is not None)
+        advantages = grpo.group_advantages(rewards, G, args.scale_by_std)  # (B,)
+        stats = metrics.reward_stats(rewards, scores, scored, args.rewards, G, learned is not None)
         stats.update(metrics.completion_stats(completion_ids, mask, tokenizer.eos_token_id, G, time_generate))
-        # DAPO's dynamic sampling drops the groups whose every advantage is 0 (equal rewards)
-        no_signal = (advantages.view(len(problems), -1) == 0).all(1)  # (P,)
-        keep_groups = ~no_signal if args.dynamic_sampling else torch.ones_like(no_signal)
-        keep = keep_groups.repeat_interleave(G)  # (B,)
-        width = int((mask * keep[:, None]).sum(1).max())  # the columns that are padding in every kept row go
-        prompt_ids, prompt_mask = prompt_ids[keep_groups], prompt_mask[keep_groups]
-        completion_ids, mask = completion_ids[keep, :width], mask[keep, :width]
-        sampler_logprobs = sampler_logprobs[keep, :width]
-        advantages = advantages[keep]
-        # DAPO's overlong filtering: a completion cut at --max-new-tokens (no EOS) carries no loss
-        mask = (
-            mask
-            * grpo.loss_rows(completion_ids, tokenizer.eos_token_id, args.mask_truncated_completions)[:, None]
-        )
+        if args.dynamic_sampling:  # DAPO: drop the groups whose every advantage is 0 (equal rewards)
+            keep_groups = (advantages.view(len(problems), -1) != 0).any(1)  # (P,)
+            keep = keep_groups.repeat_interleave(G)  # (B,)
+            width = int((mask * keep[:, None]).sum(1).max())  # the columns padding in every kept row go
+            prompt_ids = prompt_ids[keep_groups]
+            prompt_mask = prompt_mask[keep_groups]
+            completion_ids = completion_ids[keep, :width]
+            mask = mask[keep, :width]
+            sampler_logprobs = sampler_logprobs[keep, :width]
+            advantages = advantages[keep]
+        # DAPO's overlong filtering: a completion cut at the limit has no loss
+        if args.mask_truncated_completions:
+            mask = mask * grpo.completion_ended(completion_ids, tokenizer.eos_token_id)[:, None]
         return Batch(
             prompt_ids,
             prompt_mask,
@@ -300,11 +294,11 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         advantages = batch.advantages
         stats = dict(batch.stats)  # its sampling's, some steps ago
         B = completion_ids.shape[0]
-        update = B > 0  # a batch left with no group makes no update, but counts as a step
         t1 = time.time()
 
         # ---- 4. old and reference log-probs, once per batch -------------------------------------
-        if update:
+        # a batch left with no group (dynamic sampling) makes no update, but counts as a step
+        if B > 0:
             # the batch's rows: each kept prompt once, and its G completions
             sequences = (prompt_ids, prompt_mask, completion_ids)
             micro = min(args.batch_size or B, B)
@@ -316,13 +310,13 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 old_logprobs = None
                 if args.num_iterations > 1:
                     old_logprobs = torch.cat(
-                        [groups.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
+                        [grpo.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
                     )
                 ref_logprobs = None
                 if args.beta != 0.0:
                     with common.reference(policy, ref_model) as ref:
                         ref_logprobs = torch.cat(
-                            [groups.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
+                            [grpo.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
                         )
 
             # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
@@ -332,8 +326,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
             for iteration in range(args.num_iterations):
                 for s in slices:
-                    logprobs, entropy = groups.group_logprobs(
-                        policy, sequences, s, G, args.temperature, *groups.entropy_wanted(args, iteration)
+                    # the entropy is logged at the first iteration: the sampling policy's
+                    logprobs, entropy = grpo.group_logprobs(
+                        policy, sequences, s, G, args.temperature, iteration == 0
                     )
                     # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
                     old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
@@ -347,18 +342,22 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         ref_logprobs[s] if ref_logprobs is not None else None,
                         advantages[s],
                         mask[s],
-                        entropy=entropy,
-                        **groups.loss_options(args, args.entropy_coef),
-                        is_weights=is_weights,
+                        args.eps_low,
+                        args.eps_high,
+                        args.beta,
+                        args.loss_agg,
+                        args.max_new_tokens,
+                        args.kl_estimator,
+                        is_weights,
                     )
                     if args.is_correction != "none":
                         m["is/weight_mean"] = masked_mean(is_weights, mask[s]).item()
                         m["is/frac_cut"] = masked_mean(cut.float(), mask[s]).item()
                     run.check_finite(loss, step)
-                    weight = groups.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
+                    weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
                     # kl, clip_ratio: token means over the whole batch; the entropy logged: iteration 0's, the sampler's
-                    sums.add(m, mask[s], loss, weight, entropy if iteration == 0 else None)
+                    sums.add(m, mask[s], loss, weight, entropy)
                     if iteration == 0:  # π_θold's log-probs, to hold against the sampler's
                         trainer_logprobs.append(old)
                 # Σ over the ranks: each one's loss is its part of the batch's
@@ -373,18 +372,15 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         time_train = time.time() - t1
 
         # ---- 6. log -------------------------------------------------------------------------------
-        if update:
+        if B > 0:
             stats.update(sums.totals())
             # the sampler against the trainer, at the tokens sampled
             stats.update(common.mismatch_metrics(torch.cat(trainer_logprobs), batch.sampler_logprobs, mask))
             stats["grad_norm"] = grad_norm.item()
-            stats["entropy_coef"] = args.entropy_coef  # fixed here: --entropy-target is grpo.py's
-            stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
         else:
             stats["skipped"] = 1
-        stats["time/train"] = time_train
-        stats["time/step"] = time.time() - t0
-        stats["tokens_per_second"] = batch.sampled_tokens / stats["time/step"]
+        # time/train, time/step and the tokens a second sampled and trained
+        stats.update(metrics.speeds(t0, time_train, batch.sampled_tokens, mask.sum() * args.num_iterations))
         # each rank's mean over an equal share: their mean is the batch's
         stats = distributed.mean_over_ranks(stats)
         run.log(step, stats, ("reward", "completion_length", "kl", "skipped"))

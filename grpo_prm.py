@@ -35,12 +35,11 @@ import common
 import grpo
 from infra import distributed
 from infra import fsdp
-from infra import groups
 from infra import metrics
 from infra import models
 from infra import runs
 from infra import stepmetrics
-from task import batch_rewards, stepwise, tasks
+from task import stepwise, tasks
 from common import masked_mean, require
 
 
@@ -66,17 +65,11 @@ def check_args(args: Args) -> None:
         args.reward_weights,
         args.overlong_buffer,
         args.overlong_penalty,
-        args.reward_clip,
     )
     require(
-        args.scale_rewards == "group",
-        "--scale-rewards: --prm normalises the step scores over each group (--no-scale-by-std: the mean only)",
-    )
-    require(
-        outcome == (None, ("correct",), None, 0, Args.overlong_penalty, None),
+        outcome == (None, ("correct",), None, 0, Args.overlong_penalty),
         "--prm takes its advantages from the PRM's step scores alone: drop --reward-model, --rewards, "
-        "--reward-weights, --reward-clip, --overlong-buffer and --overlong-penalty, which shape the outcome reward "
-        "it only logs",
+        "--reward-weights, --overlong-buffer and --overlong-penalty, which shape the outcome reward it only logs",
     )
 
 
@@ -93,7 +86,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     train_stream, heldout = tasks.load_problems(
         args.dataset, args.seed, args.eval_size, args.prompts_per_step
     )
-    train_stream, heldout = tasks.with_prompt_style(args.prompt_style, train_stream, heldout)  # held-out too
+    # DeepSeek-R1's template: <think> … </think><answer> … </answer>, held-out too
+    if args.prompt_style == "r1":
+        train_stream, heldout = tasks.with_prompt_style("r1", train_stream, heldout)
     tokenizer = models.load_tokenizer(args.model, args.run.prompt_format)
     # the reference is the starting model, also when resuming; with LoRA it is the policy with its adapter off
     policy, ref_model = models.load_policy(
@@ -111,8 +106,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
 
     run = runs.Run(args, "grpo-prm", tokenizer, device, resumed)  # the run folder, metrics.jsonl, checkpoints
     # what a checkpoint holds; resumed here
-    adaptive = groups.entropy_state(args, resumed)
-    run.checkpointed(policy, generator, optimizer=optimizer, scheduler=scheduler, extra=adaptive.copy)
+    run.checkpointed(policy, generator, optimizer=optimizer, scheduler=scheduler)
     # a resumed run's data position: P problems a step
     train_stream = itertools.islice(train_stream, (run.first_step - 1) * args.prompts_per_step, None)
 
@@ -124,8 +118,7 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
     for step in range(run.first_step, args.steps + 1):
         # ---- 1. sample G completions per prompt from the current policy -------------------------
         t0 = time.time()
-        # P/N on a rank
-        problems = distributed.share([next(train_stream) for _ in range(args.prompts_per_step)])
+        problems = distributed.share([next(train_stream) for _ in range(args.prompts_per_step)])  # P/N a rank
         prompt_ids, prompt_mask = tasks.tokenize_prompts(tokenizer, [p.prompt for p in problems], device)
         policy.eval()
         # (B, T) each: the tokens, and their log-probs as the sampler drew them
@@ -158,30 +151,29 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         )
 
         # ---- 3. process-supervised advantages (above), and the groups they leave ----------------
-        stats = batch_rewards.reward_stats(rewards, rewards, scored, ("correct",), G, False)
+        stats = metrics.reward_stats(rewards, rewards, scored, ("correct",), G, False)
         stats.update(metrics.completion_stats(completion_ids, mask, tokenizer.eos_token_id, G, time_generate))
         stats["prm/step_score"] = masked_mean(step_scores, step_mask).item()
         stats["prm/steps"] = step_mask.sum(1).float().mean().item()
-        # DAPO's dynamic sampling drops the groups whose every advantage is 0: equal step scores
-        no_signal = (advantages.view(len(problems), -1) == 0).all(1)  # (P,)
-        keep_groups = ~no_signal if args.dynamic_sampling else torch.ones_like(no_signal)
-        keep = keep_groups.repeat_interleave(G)  # (B,)
-        width = int((mask * keep[:, None]).sum(1).max())  # the columns that are padding in every kept row go
-        prompt_ids, prompt_mask = prompt_ids[keep_groups], prompt_mask[keep_groups]
-        completion_ids, mask = completion_ids[keep, :width], mask[keep, :width]
-        sampler_logprobs = sampler_logprobs[keep, :width]
-        advantages = advantages[keep, :width]
-        # DAPO's overlong filtering: a completion cut at --max-new-tokens (no EOS) carries no loss
-        mask = (
-            mask
-            * grpo.loss_rows(completion_ids, tokenizer.eos_token_id, args.mask_truncated_completions)[:, None]
-        )
+        if args.dynamic_sampling:  # DAPO: drop the groups whose every advantage is 0 (equal step scores)
+            keep_groups = (advantages.view(len(problems), -1) != 0).any(1)  # (P,)
+            keep = keep_groups.repeat_interleave(G)  # (B,)
+            width = int((mask * keep[:, None]).sum(1).max())  # the columns padding in every kept row go
+            prompt_ids = prompt_ids[keep_groups]
+            prompt_mask = prompt_mask[keep_groups]
+            completion_ids = completion_ids[keep, :width]
+            mask = mask[keep, :width]
+            sampler_logprobs = sampler_logprobs[keep, :width]
+            advantages = advantages[keep, :width]
+        # DAPO's overlong filtering: a completion cut at the limit has no loss
+        if args.mask_truncated_completions:
+            mask = mask * grpo.completion_ended(completion_ids, tokenizer.eos_token_id)[:, None]
         B = completion_ids.shape[0]
-        update = B > 0  # a batch left with no group makes no update, but counts as a step
         t1 = time.time()
 
         # ---- 4. old and reference log-probs, once per batch -------------------------------------
-        if update:
+        # a batch left with no group (dynamic sampling) makes no update, but counts as a step
+        if B > 0:
             # the batch's rows: each kept prompt once, and its G completions
             sequences = (prompt_ids, prompt_mask, completion_ids)
             micro = min(args.batch_size or B, B)
@@ -193,13 +185,13 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 old_logprobs = None
                 if args.num_iterations > 1:
                     old_logprobs = torch.cat(
-                        [groups.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
+                        [grpo.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
                     )
                 ref_logprobs = None
                 if args.beta != 0.0:
                     with common.reference(policy, ref_model) as ref:
                         ref_logprobs = torch.cat(
-                            [groups.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
+                            [grpo.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
                         )
 
             # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
@@ -209,8 +201,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
             for iteration in range(args.num_iterations):
                 for s in slices:
-                    logprobs, entropy = groups.group_logprobs(
-                        policy, sequences, s, G, args.temperature, *groups.entropy_wanted(args, iteration)
+                    logprobs, entropy = grpo.group_logprobs(
+                        policy, sequences, s, G, args.temperature, iteration == 0
                     )
                     # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
                     old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
@@ -220,14 +212,18 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                         ref_logprobs[s] if ref_logprobs is not None else None,
                         advantages[s],
                         mask[s],
-                        entropy=entropy,
-                        **groups.loss_options(args, adaptive["entropy_coef"]),
+                        args.eps_low,
+                        args.eps_high,
+                        args.beta,
+                        args.loss_agg,
+                        args.max_new_tokens,
+                        args.kl_estimator,
                     )
                     run.check_finite(loss, step)
-                    weight = groups.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
+                    weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), batch_rows)
                     (loss * weight).backward()
-                    # kl, clip_ratio: token means over the whole batch; the entropy logged: iteration 0's, the sampler's
-                    sums.add(m, mask[s], loss, weight, entropy if iteration == 0 else None)
+                    # kl, clip_ratio: token means over the whole batch; the entropy: iteration 0's, the sampler's
+                    sums.add(m, mask[s], loss, weight, entropy)
                     if iteration == 0:  # π_θold's log-probs, to hold against the sampler's
                         trainer_logprobs.append(old)
                 # Σ over the ranks: each one's loss is its part of the batch's
@@ -236,30 +232,22 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                 run.check_finite(grad_norm, step, "gradient norm")
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)  # now, not at the next backward: idle through sampling
-            # the next step's entropy coefficient
-            adaptive["entropy_coef"] = grpo.adapted_entropy_coef(
-                args, adaptive["entropy_coef"], sums.totals()["entropy"]
-            )
         # the rate this step used, or would have: warm-up counts batches, skipped too
         stats["lr"] = scheduler.get_last_lr()[0]
         scheduler.step()
         time_train = time.time() - t1
 
         # ---- 6. log -------------------------------------------------------------------------------
-        if update:
+        if B > 0:
             stats.update(sums.totals())
             # the sampler against the trainer, at the tokens sampled
             stats.update(common.mismatch_metrics(torch.cat(trainer_logprobs), sampler_logprobs, mask))
             stats["grad_norm"] = grad_norm.item()
-            stats.update(adaptive)
-            stats["tokens_per_second/train"] = mask.sum().item() * args.num_iterations / time_train
         else:
             stats["skipped"] = 1
-        stats["time/train"] = time_train
-        stats["time/step"] = time.time() - t0
-        stats["tokens_per_second"] = lengths.sum().item() / stats["time/step"]
-        # each rank's mean over an equal share: their mean is the batch's
-        stats = distributed.mean_over_ranks(stats)
+        # time/train, time/step and the tokens a second sampled and trained
+        stats.update(metrics.speeds(t0, time_train, lengths.sum(), mask.sum() * args.num_iterations))
+        stats = distributed.mean_over_ranks(stats)  # each rank's mean over an equal share
         run.log(step, stats, ("reward", "completion_length", "kl", "skipped"))
 
         # ---- 7. evaluate and checkpoint -----------------------------------------------------------

@@ -36,7 +36,6 @@ import torch
 import common
 import grpo
 from infra import distributed
-from infra import groups
 from infra import models
 from infra import runs
 from infra import stepmetrics
@@ -61,16 +60,12 @@ NOT_READ = (
     "dataset",
     "prompt_style",
     "reward_model",
-    "multi_objective_aggregation",
     "rewards",
     "reward_weights",
-    "reward_clip",
     "dynamic_sampling",
     "mask_truncated_completions",
-    "scale_rewards",
     "overlong_buffer",
     "overlong_penalty",
-    "entropy_target",
     "pass_k",
 )
 
@@ -300,13 +295,13 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
             old_logprobs = None
             if args.num_iterations > 1:
                 old_logprobs = torch.cat(
-                    [groups.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
+                    [grpo.group_logprobs(policy, sequences, s, G, args.temperature)[0] for s in slices]
                 )
             ref_logprobs = None
             if args.beta != 0.0:
                 with common.reference(policy, ref_model) as ref:
                     ref_logprobs = torch.cat(
-                        [groups.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
+                        [grpo.group_logprobs(ref, sequences, s, G, args.temperature)[0] for s in slices]
                     )
 
         # ---- 5. μ policy updates on this batch, accumulating over micro-batches ----------------
@@ -316,8 +311,9 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         trainer_logprobs = []  # π_θold's, the trainer's at the update's start, a micro-batch each
         for iteration in range(args.num_iterations):
             for s in slices:
-                logprobs, entropy = groups.group_logprobs(
-                    policy, sequences, s, G, args.temperature, *groups.entropy_wanted(args, iteration)
+                # the entropy is logged at the first iteration: the sampling policy's
+                logprobs, entropy = grpo.group_logprobs(
+                    policy, sequences, s, G, args.temperature, iteration == 0
                 )
                 # μ = 1: π_θold is π_θ itself, so ρ = 1 exactly; β = 0: no reference
                 old = old_logprobs[s] if old_logprobs is not None else logprobs.detach()
@@ -327,14 +323,18 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
                     ref_logprobs[s] if ref_logprobs is not None else None,
                     advantages[s],
                     mask[s],
-                    entropy=entropy,
-                    **groups.loss_options(args, args.entropy_coef),
+                    args.eps_low,
+                    args.eps_high,
+                    args.beta,
+                    args.loss_agg,
+                    args.max_new_tokens,
+                    args.kl_estimator,
                 )
                 run.check_finite(loss, step)
-                weight = groups.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), B)
+                weight = grpo.micro_batch_weight(args.loss_agg, mask[s], int(batch_tokens), B)
                 (loss * weight).backward()
                 # kl, clip_ratio: token means over the whole batch; the entropy logged: iteration 0's, the sampler's
-                sums.add(m, mask[s], loss, weight, entropy if iteration == 0 else None)
+                sums.add(m, mask[s], loss, weight, entropy)
                 if iteration == 0:  # π_θold's log-probs, to hold against the sampler's
                     trainer_logprobs.append(old)
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)

@@ -317,18 +317,7 @@ def main(args: Args, reward_fn: Callable[[str, str], float] = tasks.verify) -> d
         run.evaluate(step, evaluate)
         run.save_if_due(step)
 
-    return run.finish(
-        evaluate,
-        lambda before, after: {
-            **tasks.before_and_after(before, after),
-            "score_before": before["score"],
-            "score_after": after["score"],
-        },
-        lambda before, after: (
-            f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}; "
-            f"reward {before['score']:.3f} -> {after['score']:.3f}"
-        ),
-    )
+    return run.finish(evaluate, ppo.results, ppo.headline)
 
 
 if __name__ == "__main__":

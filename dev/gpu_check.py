@@ -456,7 +456,7 @@ def update(check: Check) -> dict:
     import torch
 
     import common
-    from infra import groups
+    import grpo
     from infra import launches
     from infra import models
     from infra import runs
@@ -484,11 +484,11 @@ def update(check: Check) -> dict:
     def reference_pass(reference, slices):
         with torch.no_grad():
             for s in slices:
-                groups.group_logprobs(reference, sequences, s, group, 1.0)
+                grpo.group_logprobs(reference, sequences, s, group, 1.0)
 
     def forward_backward(slices):
         for s in slices:
-            logprobs, entropy = groups.group_logprobs(policy, sequences, s, group, 1.0, True)
+            logprobs, entropy = grpo.group_logprobs(policy, sequences, s, group, 1.0, True)
             (logprobs.mean() * (s.stop - s.start) / rows).backward()
 
     def optimizer_step():

@@ -18,10 +18,53 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PAIRS = "tests/data/pairs.jsonl"
 TINY = ["--model", "tiny", "--steps", "3", "--eval-size", "8", "--seed", "0"]
+# concise (1 for 1 to 8 words) varies within a tiny model's groups, where the verifier scores every completion 0
+VARIED = [*TINY, "--rewards", "correct", "concise", "--max-new-tokens", "12"]
 RUNS = {
     "grpo": ["grpo.py", *TINY],
+    "grpo-varied": ["grpo.py", *VARIED],
+    "grpo-dapo": ["grpo.py", *VARIED, "--loss-agg", "token-mean", "--eps-high", "0.28", "--dynamic-sampling"],
+    "grpo-drgrpo": ["grpo.py", *VARIED, "--no-scale-by-std", "--loss-agg", "seq-mean-token-sum-norm"],
+    "grpo-mu2-k2": ["grpo.py", *VARIED, "--num-iterations", "2", "--kl-estimator", "k2", "--batch-size", "8"],
+    "grpo-overlong": ["grpo.py", *VARIED, "--overlong-buffer", "4", "--mask-truncated-completions"],
+    "grpo-r1": [
+        "grpo.py",
+        *TINY,
+        "--rewards",
+        "correct",
+        "format",
+        "--reward-weights",
+        "1",
+        "0.5",
+        "--prompt-style",
+        "r1",
+    ],
+    "gspo": ["grpo_options.py", *VARIED, "--importance-level", "sequence", "--num-iterations", "2"],
+    "cispo": ["grpo_options.py", *VARIED, "--loss-type", "cispo", "--num-iterations", "2"],
+    "sapo": ["grpo_options.py", *VARIED, "--loss-type", "sapo", "--num-iterations", "2"],
+    "vespo": ["grpo_options.py", *VARIED, "--loss-type", "vespo", "--num-iterations", "2"],
+    "luspo": ["grpo_options.py", *VARIED, "--loss-type", "luspo", "--importance-level", "sequence"],
+    "delta": ["grpo_options.py", *VARIED, "--delta", "1.3", "--num-iterations", "2"],
+    "entropy-bonus": ["grpo_options.py", *VARIED, "--entropy-coef", "0.01"],
+    "entropy-target": ["grpo_options.py", *VARIED, "--entropy-target", "5", "--entropy-coef-step", "0.01"],
+    "top-entropy": ["grpo_options.py", *VARIED, "--top-entropy-quantile", "0.2"],
+    "batch-std": ["grpo_options.py", *VARIED, "--scale-rewards", "batch"],
+    "gdpo": [
+        "grpo_options.py",
+        *VARIED,
+        "--multi-objective-aggregation",
+        "normalize-then-sum",
+        "--scale-rewards",
+        "batch",
+    ],
+    "reward-clip": ["grpo_options.py", *VARIED, "--reward-clip", "0.5", "0.5", "--reward-weights", "1", "2"],
+    "grpo_async": ["grpo_async.py", *VARIED, "--staleness", "1", "--is-correction", "token-truncate"],
+    "grpo_adaptive": ["grpo_adaptive.py", *VARIED],
+    "grpo_tools": ["grpo_tools.py", *TINY],
     "dpo": ["dpo.py", *TINY, "--dataset", PAIRS],
+    "dpo-options": ["dpo.py", *TINY, "--dataset", PAIRS, "--beta", "0.3", "--label-smoothing", "0.1"],
     "ppo-verifier": ["ppo.py", "--reward", "verifier", *TINY],
+    "ppo-options": ["ppo.py", "--reward", "verifier", *TINY, "--gamma", "0.99", "--lam", "0.9"],
     "sft": ["sft.py", *TINY, "--num-demonstrations", "20"],
     "reward_model": ["reward_model.py", "--model", "tiny", "--steps", "3", "--dataset", PAIRS],
     "ipo": ["variants.py", "--algo", "ipo", *TINY, "--dataset", PAIRS],
@@ -41,10 +84,12 @@ def steady(value):
     return value
 
 
-def collect(out: Path) -> None:
+def collect(out: Path, only: list[str]) -> None:
     numbers = {}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHF_CACHE": str(out / "cache")}
     for name, argv in RUNS.items():
+        if only and name not in only:
+            continue
         output_dir = out / name
         proc = subprocess.run(
             [sys.executable, *argv, "--output-dir", str(output_dir)],
@@ -92,7 +137,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--compare", type=Path, nargs=2)
+    parser.add_argument("--only", nargs="*", default=[], help="these runs alone (the names of RUNS)")
     options = parser.parse_args()
     if options.compare:
         sys.exit(compare(*options.compare))
-    collect(options.out)
+    collect(options.out, options.only)

@@ -1,6 +1,6 @@
-"""What a run logs and no loss reads: metrics.jsonl (and TensorBoard or Weights & Biases), curves.png, and what a
-step's sampled completions look like: their length, how many the limit cut, how many of a group are alike (mode
-collapse), and how fast they came."""
+"""What a run logs and no loss reads: metrics.jsonl (and TensorBoard or Weights & Biases), curves.png, a batch's
+reward metrics (reward_stats), and what a step's sampled completions look like: their length, how many the limit cut,
+how many of a group are alike (mode collapse), and how fast they came (speeds)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,37 @@ def completion_stats(
         "completion_truncated": (~(completion_ids == eos).any(1)).float().mean().item(),  # cut: no EOS
         "time/generate": seconds,
         "tokens_per_second/generate": lengths.sum().item() / seconds,
+    }
+
+
+def reward_stats(rewards, scores, scored, names: tuple[str, ...], group_size: int, learned: bool) -> dict:
+    """TRL's reward metrics of a batch, as floats: the reward (B,) and its spread within the groups, the score (B,)
+    before any overlong penalty, each of --rewards (scored: tasks.Scored), and with a learned reward the verifier
+    beside it (the true one)."""
+    grouped = rewards.view(-1, group_size)  # (P, G)
+    stats = {
+        "reward": rewards.mean().item(),
+        "reward_std": grouped.std(dim=1, unbiased=False).mean().item(),
+        "frac_reward_zero_std": (grouped.amax(1) == grouped.amin(1)).float().mean().item(),
+        "score": scores.mean().item(),
+        **{f"rewards/{name}/mean": scored.rewards[:, k].mean().item() for k, name in enumerate(names)},
+        "reward/unearned": sum(scored.unearned) / len(scored.unearned),
+    }
+    if learned:
+        stats["verifier"] = scored.verified.mean().item()
+    return stats
+
+
+def speeds(start: float, time_train: float, sampled_tokens, trained_tokens) -> dict:
+    """A step's wall time since `start` (time.time()) and its training phase's, and the tokens a second of each: the
+    completion tokens sampled over the whole step, and those the update read (μ passes over a batch); the counts as
+    numbers or one-element tensors."""
+    step = time.time() - start
+    return {
+        "time/train": time_train,
+        "time/step": step,
+        "tokens_per_second": float(sampled_tokens) / step,
+        "tokens_per_second/train": float(trained_tokens) / time_train,
     }
 
 

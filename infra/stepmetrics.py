@@ -1,6 +1,7 @@
-"""A step's metrics, gathered one call per concern so that the loops keep only their algorithm: the wall time and
-memory of each phase (PhaseClock), PPO's means over its minibatches (MinibatchMeans), GRPO's token-weighted sums over
-its micro-batches and iterations (MicroBatchSums). Each is exact: the numbers a loop would get by summing by hand."""
+"""A step's metrics, gathered one call per concern so that the loops keep only their algorithm: the wall time and memory
+of each phase (PhaseClock), PPO's means over its minibatches (MinibatchMeans), GRPO's token-weighted sums over its
+micro-batches and iterations (MicroBatchSums), where its clip binds (clip_fractions). Each is exact: the numbers a
+loop would get by summing by hand."""
 
 from __future__ import annotations
 
@@ -151,3 +152,17 @@ def ppo_step_stats(
     }
     # the batch's (but distinct: within a rank's share; timings)
     return distributed.mean_over_ranks(stats)
+
+
+def clip_fractions(
+    ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, eps_low: float, eps_high: float
+) -> dict:
+    """The share of the masked tokens where GRPO's clip binds, as TRL logs it: below 1 - eps_low where Â < 0 (where it
+    lowers J), above 1 + eps_high where Â > 0, and either. (B, T) ρ, (B, 1) or (B, T) Â, (B, T) mask -> floats"""
+    low = (ratio < 1.0 - eps_low) & (adv < 0)
+    high = (ratio > 1.0 + eps_high) & (adv > 0)
+    return {
+        "clip_ratio": masked_mean((low | high).float(), mask).item(),
+        "clip_ratio/low": masked_mean(low.float(), mask).item(),
+        "clip_ratio/high": masked_mean(high.float(), mask).item(),
+    }

@@ -25,7 +25,7 @@ from infra import kernels  # noqa: E402
 from infra import models  # noqa: E402
 from task import tasks  # noqa: E402
 from test_dpo import tiny_args as dpo_tiny_args  # noqa: E402
-from test_grpo import spy_on_grpo_loss  # noqa: E402
+from test_grpo import spy_on_loss  # noqa: E402
 from test_grpo import tiny_args as grpo_tiny_args  # noqa: E402
 from conftest import PAIRS, REPO, assert_resume_is_exact, digit_fraction, metrics_of, run_script  # noqa: E402
 
@@ -47,7 +47,7 @@ def grpo_args(tmp_path, **overrides) -> grpo.Args:
 def test_the_first_update_has_ratio_one_and_dpo_starts_at_ln_2(tmp_path, monkeypatch):
     # μ = 2: log π_θold comes from a forward of its own before the first update; the same weights, kernels and
     # batch give the same numbers, so ρ = 1 and nothing clips
-    calls = spy_on_grpo_loss(monkeypatch)
+    calls = spy_on_loss(monkeypatch)
     grpo.main(
         grpo_args(tmp_path / "grpo", steps=1, beta=0.1, num_iterations=2, temperature=0.7),
         reward_fn=digit_fraction,

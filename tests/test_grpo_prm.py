@@ -19,7 +19,7 @@ from conftest import (
     run_script_here,
 )
 from grpo_prm import Args, main
-from test_grpo import spy_on_grpo_loss
+from test_grpo import spy_on_loss
 from test_grpo import tiny_args as grpo_tiny_args
 
 
@@ -96,7 +96,7 @@ def test_dynamic_sampling_with_a_prm_keeps_the_groups_whose_step_scores_differ(t
 def test_no_scale_by_std_reaches_the_process_advantages(tmp_path, monkeypatch, tiny_prm):
     # the same completions and step scores (one seed), once per setting: within a group the scaled advantages are
     # the unscaled ones ÷ (std(R) + eps), one factor a group, so their ratio is constant there and not 1
-    calls = spy_on_grpo_loss(monkeypatch)
+    calls = spy_on_loss(monkeypatch)
     for scale_by_std in (True, False):
         args = tiny_args(
             tmp_path / str(scale_by_std),

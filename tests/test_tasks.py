@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import common
+import grpo_options
 from infra import models
 from infra import runs
-from task import batch_rewards, preferences, rewards, tasks
+from task import preferences, rewards, tasks
 
 
 # ---- the task -------------------------------------------------------------------------------------------------
@@ -181,8 +182,8 @@ def test_summed_correct_and_concise_tie_right_but_long_with_wrong_but_short_and_
     scored = tasks.score_completions(texts, ["109"] * 4, ("correct", "concise"), tasks.verify, "cpu")
     assert scored.rewards.tolist() == [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]
     weights = torch.tensor([1.0, 1.0])
-    assert batch_rewards.weighted_sum(scored.rewards, weights, 4).tolist() == [2.0, 1.0, 1.0, 1.0]
-    gdpo = batch_rewards.weighted_sum(scored.rewards, weights, 4, "normalize-then-sum")
+    assert (scored.rewards @ weights).tolist() == [2.0, 1.0, 1.0, 1.0]
+    gdpo = grpo_options.normalised_sum(scored.rewards, weights, 4)
     assert gdpo.tolist() == pytest.approx([1.577017, -0.731851, -0.422583, -0.422583], abs=1e-5)
 
 
