@@ -433,9 +433,8 @@ def main(args: Args, reward_fn: Optional[Callable[[str, str], float]] = None) ->
         # ---- 2. score with each of --rewards, capped, then summed or normalised apart (GDPO) ------
         texts = tasks.decode_completions(tokenizer, completion_ids, mask)
         answers = [p.answer for p in problems for _ in range(G)]
-        learned = (
-            None  # the reward models' scores (B,), one model's or the ensemble's, in place of the verifier's
-        )
+        # the reward models' scores (B,), one model's or the ensemble's, in place of the verifier's
+        learned = None
         if reward_models:
             each = [
                 grpo.learned_scores(m, prompt_ids, prompt_mask, completion_ids, mask, G)

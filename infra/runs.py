@@ -182,9 +182,41 @@ def check_options(
         ) from None
 
 
+# TRL's names for options these scripts have under their own: a TRL flag is answered with ours, in one line
+TRL_NAMES = {
+    "--num-generations": "--group-size",
+    "--learning-rate": "--lr",
+    "--max-completion-length": "--max-new-tokens",
+    "--per-device-train-batch-size": "--batch-size",
+}
+# TRL's GRPO --loss-type values, as --loss-agg here (DAPO's clip-higher is --eps-high 0.28)
+TRL_LOSS_TYPES = {
+    "bnpo": "--loss-agg token-mean",
+    "dapo": "--loss-agg token-mean (DAPO's clip-higher: --eps-high 0.28)",
+    "dr_grpo": "--loss-agg seq-mean-token-sum-norm --no-scale-by-std",
+}
+
+
 def cli(main: Callable, args_class) -> dict:
-    """The command-line entry: parse `args_class` with tyro, then run_main."""
+    """The command-line entry: TRL's names refused in one line that names ours (trl_name), then `args_class` parsed
+    with tyro and run_main."""
+    ours = {field.name for field in dataclasses.fields(args_class)}
+    argv = sys.argv[1:]
+    for flag, value in zip(argv, [*argv[1:], ""]):
+        hint = trl_name(flag.split("=")[0], value, ours)
+        if hint:
+            _one_line_error(hint)
     return run_main(main, tyro.cli(args_class))
+
+
+def trl_name(flag, value, ours):
+    """The line for a TRL flag (a str, and the value after it) this script has under another name (`ours`: the
+    names of its Args' fields), else None."""
+    if flag in TRL_NAMES and TRL_NAMES[flag][2:].replace("-", "_") in ours:
+        return f"TRL's {flag} is {TRL_NAMES[flag]} here"
+    if flag == "--loss-type" and value in TRL_LOSS_TYPES and "loss_agg" in ours:
+        return f"TRL's --loss-type {value} is {TRL_LOSS_TYPES[value]} here"
+    return None
 
 
 def run_main(main: Callable, args) -> dict:
@@ -428,6 +460,7 @@ class Run:
         self.first_step = resumed["step"] + 1 if resumed else 1
         self.evals: list[dict] = resumed["evals"] if resumed else []
         self.before: Optional[dict] = resumed["before"] if resumed else None
+        self.flat_steps = 0  # steps whose groups all had equal rewards
         print(f"run folder: {self.dir}")  # rank 0's; under torchrun the others print to nowhere (join_ranks)
 
     def checkpointed(
@@ -479,6 +512,14 @@ class Run:
         a tuple of the names of the stats it shows (those present)."""
         self.metrics.write(step, {**stats, "memory/peak_gb": peak_memory_gb(self.device)})
         self.bar.update(1)
+        # a batch whose every group's rewards are equal: every advantage 0, no policy gradient
+        if stats.get("frac_reward_zero_std") == 1:
+            self.flat_steps += 1
+            if self.flat_steps == 1 and self.main:
+                self.bar.write(
+                    f"step {step}: every group's rewards were equal, so every advantage is 0 and the policy "
+                    "gradient is 0 (with a random --model tiny every completion scores 0)"
+                )
         if isinstance(postfix, tuple):
             postfix = {name: f"{stats[name]:.4g}" for name in postfix if name in stats}
         self.bar.set_postfix(postfix or {})
@@ -584,6 +625,10 @@ class Run:
             f"{line}\nwall time {minutes} min {seconds} s; "
             f"peak memory {result['memory/peak_gb']:.2f} GiB\nrun folder {result['run_dir']}"
         )
+        if self.flat_steps:
+            print(
+                f"{self.flat_steps} of {last_step - self.first_step + 1} steps had no reward spread: no policy gradient"
+            )
         # under torchrun: every rank done, the group left, the process ended here
         distributed.barrier(leave=True)
         return result

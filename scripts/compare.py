@@ -60,6 +60,8 @@ sys.path.insert(0, str(REPO))
 GRPO = ["grpo.py", "--prompts-per-step", "4"]
 # the same shape, as an asynchronous trainer runs it (grpo_async.py: --staleness, --is-correction)
 GRPO_ASYNC = ["grpo_async.py", "--prompts-per-step", "4"]
+# the same shape, with the later papers' options (grpo_options.py, the catalogue: --loss-type, --importance-level, ...)
+GRPO_OPTIONS = ["grpo_options.py", "--prompts-per-step", "4"]
 # PPO at the budget's scale: 8 completions a step in one minibatch (ppo.py's default batch is 128)
 PPO_SHAPE = ["--batch-size", "8", "--minibatch-size", "8"]
 # slug: (name in the table, command after `python`, training completions per step)
@@ -84,6 +86,8 @@ ALGORITHMS = {
     # the search for the budget where PPO learns (ppo_budget.py)
     "ppo-verifier-defaults": ("PPO, verifier, ppo.py's batch", ["ppo.py", "--reward", "verifier"], 128),
     "grpo-defaults": ("GRPO, grpo.py's batch", ["grpo.py"], 128),
+    # the same run through the catalogue, whose options at their defaults are grpo.py's: the 2026 options' study
+    "grpo-options-defaults": ("GRPO, grpo.py's batch, the catalogue", ["grpo_options.py"], 128),
     # its variant with the mitigations of over-optimisation (--ensemble-agg, --reward-clip, ...), all off
     "ppo-rm-overoptimisation": (
         "PPO, reward model, over-optimisation variant",
@@ -107,7 +111,7 @@ ALGORITHMS = {
     "gspo": (
         "GSPO, μ = 2",
         [
-            *GRPO,
+            *GRPO_OPTIONS,
             "--num-iterations",
             "2",
             "--importance-level",
@@ -119,7 +123,7 @@ ALGORITHMS = {
         ],
         32,
     ),
-    "cispo": ("CISPO, μ = 2", [*GRPO, "--num-iterations", "2", "--loss-type", "cispo"], 32),
+    "cispo": ("CISPO, μ = 2", [*GRPO_OPTIONS, "--num-iterations", "2", "--loss-type", "cispo"], 32),
     "r1-rewards": (
         "GRPO, correct + 0.5 format, R1 prompt",
         [*GRPO, "--rewards", "correct", "format", "--reward-weights", "1", "0.5", "--prompt-style", "r1"],
@@ -158,6 +162,7 @@ NOT_BY_DEFAULT = (
     "grpo-stale2-tis",
     "grpo-stale4",
     "grpo-stale4-tis",
+    "grpo-options-defaults",
 )
 CPU_BUDGET, GPU_BUDGET = 160, 3200  # training completions per run
 

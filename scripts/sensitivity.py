@@ -208,11 +208,12 @@ STUDIES = {
             ("rewards/rejected", "last quarter"),
         ),
     ),
-    # 10 of grpo.py's default steps; the loss types differ only off-policy (at μ = 1 every ρ is 1: docs/grpo.md)
+    # 10 of grpo.py's default steps, through the catalogue (grpo_options.py); the loss types differ only off-policy
+    # (at μ = 1 every ρ is 1: docs/grpo.md)
     "grpo-2026": Study(
         "TRL's GRPO options of 2025-26: soft gates, length-unbiased and two-sided ratios, batch std, per-reward "
         "normalisation, entropy bonus and control, truncation mask, high-entropy tokens",
-        "grpo-defaults",
+        "grpo-options-defaults",
         1280,
         (
             ("default (clip, μ = 1)", ()),

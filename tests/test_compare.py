@@ -39,11 +39,12 @@ def test_completions_per_step_are_the_scripts_own_defaults():
     import variants
 
     per_step = {slug: n for slug, (_, _, n) in compare.ALGORITHMS.items()}
-    grpo_scripts = ("grpo.py", "grpo_async.py")  # grpo.py and its variant for an asynchronous trainer
+    # grpo.py, its catalogue and its variant for an asynchronous trainer
+    grpo_scripts = ("grpo.py", "grpo_options.py", "grpo_async.py")
     grpo_rows = [
         command
         for slug, (_, command, _) in compare.ALGORITHMS.items()
-        if command[0] in grpo_scripts and slug != "grpo-defaults"
+        if command[0] in grpo_scripts and slug not in ("grpo-defaults", "grpo-options-defaults")
     ]
     # the table's shape; one row keeps grpo.py's own batch, for the study of its options at its defaults
     assert all(command[1:3] == ["--prompts-per-step", "4"] for command in grpo_rows)

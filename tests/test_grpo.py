@@ -1002,6 +1002,41 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, argv, message):
         assert "Offline choices: --model smollm2" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--num-generations", "4"], "TRL's --num-generations is --group-size here"),
+        (["--learning-rate", "1e-5"], "TRL's --learning-rate is --lr here"),
+        (["--max-completion-length", "64"], "TRL's --max-completion-length is --max-new-tokens here"),
+        (["--per-device-train-batch-size", "4"], "TRL's --per-device-train-batch-size is --batch-size here"),
+        (
+            ["--loss-type", "dapo"],
+            "TRL's --loss-type dapo is --loss-agg token-mean (DAPO's clip-higher: --eps-high",
+        ),
+        (["--loss-type", "bnpo"], "TRL's --loss-type bnpo is --loss-agg token-mean here"),
+        (
+            ["--loss-type", "dr_grpo"],
+            "TRL's --loss-type dr_grpo is --loss-agg seq-mean-token-sum-norm --no-scale-by-std",
+        ),
+    ],
+)
+def test_trls_names_are_answered_with_ours_in_one_line(tmp_path, argv, message):
+    proc = run_script_here("grpo.py", "--model", "tiny", "--output-dir", str(tmp_path), *argv)
+    assert_one_line_error(proc, message)
+    assert not os.listdir(tmp_path)  # refused before anything started
+
+
+def test_a_run_whose_groups_all_score_alike_says_it_learned_nothing(tmp_path, capsys):
+    # every completion scores 0: each step's groups have no spread, so every advantage and policy gradient is 0
+    main(tiny_args(tmp_path, steps=3, save_model=False), reward_fn=lambda completion, answer: 0.0)
+    out = capsys.readouterr().out
+    assert out.count("every group's rewards were equal") == 1  # once a run, at the first such step
+    assert "step 1: every group's rewards were equal" in out
+    assert "3 of 3 steps had no reward spread: no policy gradient" in out
+    main(tiny_args(tmp_path, steps=2, save_model=False), reward_fn=digit_fraction)  # rewards that differ
+    assert "no reward spread" not in capsys.readouterr().out
+
+
 def test_kl_estimator_k1_is_not_a_choice_of_the_command_line():
     # k1 in the loss has zero expected gradient (the enumeration above), and grpo_loss refuses it: --kl-estimator
     # offers k2 and k3 only
