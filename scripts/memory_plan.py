@@ -4,12 +4,12 @@
     python scripts/memory_plan.py ppo --reward-model runs/rm-.../model --lora-r 16
     python scripts/memory_plan.py grpo --model meta-llama/Llama-2-7b-hf --prompt-tokens 512 --precision bf16-true
 
-The first word names the script (grpo, dpo, ppo, sft, reward_model, variants, prm); the rest are that script's own
-options, parsed by its Args. Each row is one model the algorithm holds through its training loop (policy, reference,
-reward models, critic, PRM): its weights and, for a trained model, its gradients, AdamW state and one micro-batch's
-activations. prm.py's labelling policy (--policy) samples before the PRM loads and is freed first: it is no row.
---prompt-tokens sets the prompt length the plan assumes (default: the longest held-out prompt, arithmetic or, for
-prm, the multi-step chains).
+The first word names the script (grpo, grpo_options, dpo, ppo, sft, reward_model, variants, prm); the rest are that
+script's own options, parsed by its Args. Each row is one model the algorithm holds through its training loop (policy,
+reference, reward models, critic, PRM): its weights and, for a trained model, its gradients, AdamW state and one
+micro-batch's activations. prm.py's labelling policy (--policy) samples before the PRM loads and is freed first: it is
+no row. --prompt-tokens sets the prompt length the plan assumes (default: the longest held-out prompt, arithmetic or,
+for prm, the multi-step chains).
 --ranks N plans one rank of `torchrun --nproc_per_node N script.py --fsdp`: each model's weights, gradients and AdamW
 state are split over the N ranks (FSDP2 shards every parameter); the activations are one rank's micro-batch, as given.
 """
@@ -157,7 +157,7 @@ def kv_cache_bytes(config, rows: int, tokens: int, precision: str) -> int:
 def sampled_rows(algo: str, args) -> int:
     """The sequences a training step samples at once (its key/value cache's rows), 0 for a script that samples
     none while it trains."""
-    if algo == "grpo":
+    if algo in ("grpo", "grpo_options"):
         return args.prompts_per_step * args.group_size
     if algo == "ppo":
         return args.batch_size
@@ -264,12 +264,16 @@ def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[l
     as `algo` holds them. With LoRA the reference is the policy with its adapter off: no second copy."""
     config, S, lora = model_config(args.model, vocab_size), prompt_tokens, args.lora.lora_r
     policy, reference = ("policy", config, "lm", True), ("reference", config, "lm", False)
-    if algo == "grpo":  # one micro-batch shares each prompt's forward among its G completions
+    if algo in (
+        "grpo",
+        "grpo_options",
+    ):  # one micro-batch shares each prompt's forward among its G completions
         batch = args.prompts_per_step * args.group_size
         micro = min(args.batch_size or batch, batch)
         T = args.max_new_tokens
         rows = [policy] + [reference] * (args.beta != 0 and not lora)
-        paths = args.reward_model or ()  # several: an ensemble, each model held
+        # grpo.py's one reward model, or the catalogue's several: an ensemble, each model held
+        paths = (args.reward_model,) if isinstance(args.reward_model, str) else args.reward_model or ()
         for i, path in enumerate(paths):
             name = f"reward model {i + 1}" if len(paths) > 1 else "reward model"
             rows.append((name, model_config(path, vocab_size), "score", False))
@@ -319,7 +323,7 @@ def models_held(algo: str, args, vocab_size: int, prompt_tokens: int) -> tuple[l
 
 
 def main(argv: list[str]) -> dict:
-    scripts = ("grpo", "dpo", "ppo", "sft", "reward_model", "variants", "prm")
+    scripts = ("grpo", "grpo_options", "dpo", "ppo", "sft", "reward_model", "variants", "prm")
     runs.require(
         bool(argv) and argv[0] in scripts, f"usage: scripts/memory_plan.py {{{','.join(scripts)}}} [options]"
     )

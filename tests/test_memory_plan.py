@@ -294,9 +294,9 @@ def test_grpo_plan_counts_a_reward_model_and_the_prompt_length_can_be_set(dropou
     assert plan["memory_plan"][2]["gradients_gb"] == 0 and plan["memory_plan"][2]["weights_gb"] > 0
     longer = memory_plan.main(["grpo", "--model", "tiny", "--prompt-tokens", "400"])
     assert longer["memory_plan"][0]["activations_gb"] > plan["memory_plan"][0]["activations_gb"]
-    # an ensemble: each of its reward models held
+    # the catalogue's ensemble: each of its reward models held
     two = memory_plan.main(
-        ["grpo", "--model", "tiny", "--reward-model", dropout_checkpoint, dropout_checkpoint]
+        ["grpo_options", "--model", "tiny", "--reward-model", dropout_checkpoint, dropout_checkpoint]
     )
     assert [row["model"] for row in two["memory_plan"]][2:] == ["reward model 1", "reward model 2"]
 
