@@ -28,8 +28,7 @@ Beside the loss, each its own function:
 Run:
     python grpo_options.py --loss-type cispo --num-iterations 2
     python grpo_options.py --importance-level sequence --eps-low 3e-4 --eps-high 4e-4       # GSPO
-    python grpo_options.py --rewards correct concise --multi-objective-aggregation normalize-then-sum \
-        --scale-rewards batch                                                              # GDPO
+    python grpo_options.py --multi-objective-aggregation normalize-then-sum --scale-rewards batch  # GDPO
     python grpo_options.py --model tiny --steps 3 --loss-type sapo
 
 Shapes: P prompts, G completions per prompt, B = P*G sequences, T completion tokens.
@@ -287,7 +286,6 @@ def vespo_loss(ratio, adv, logprobs, log_ratio, mask, k: Knobs) -> torch.Tensor:
 
 # --loss-type -> its per-token loss. LUSPO's tokens are GSPO's clip; it changes the aggregation (options_loss).
 LOSSES = {"clip": clip_loss, "cispo": cispo_loss, "sapo": sapo_loss, "vespo": vespo_loss, "luspo": clip_loss}
-LOSS_TYPES = tuple(LOSSES)
 
 
 def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
